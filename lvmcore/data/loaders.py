@@ -1,0 +1,272 @@
+"""Named data sets and user files as xarray Datasets, and their zarr stores.
+
+A loaded data set is an ``xarray.Dataset`` with
+
+- ``Y`` (point, feature): the data every single-view model fits (for multi-view data the
+  concatenation of the views);
+- ``view_<v>`` (point, feature_<v>) for multi-view data, listed in ``attrs["views"]``;
+- optional ``label`` (point) int classes, ``color`` (point) the manifold parameter used for
+  colouring, ``truth`` (point, truth_dim) the true latent coordinates (``attrs["truth_metric"]``
+  names the distance to compare with: ``euclidean`` or ``cityblock`` for tree codes);
+- attributes ``name``, ``source``, ``params`` (JSON of the generator options), ``seed`` and
+  ``code_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from lvmcore import __version__
+from lvmcore.data import synthetic
+
+__all__ = ["load", "ingest", "open_dataset", "list_datasets", "DATASETS", "views_of"]
+
+
+def _finish(Y, *, name, source, params, label=None, color=None, truth=None, truth_metric="euclidean",
+            views=None):
+    Y = np.asarray(Y, dtype=np.float64)
+    data = {"Y": (("point", "feature"), Y)}
+    if views is not None:
+        for v, Yv in enumerate(views):
+            data[f"view_{v}"] = ((("point", f"feature_{v}")), np.asarray(Yv, dtype=np.float64))
+    if label is not None:
+        data["label"] = ("point", np.asarray(label, dtype=np.int64))
+    if color is not None:
+        data["color"] = ("point", np.asarray(color, dtype=np.float64))
+    if truth is not None:
+        data["truth"] = (("point", "truth_dim"), np.asarray(truth, dtype=np.float64))
+    attrs = {
+        "name": name,
+        "source": source,
+        "params": json.dumps(params, sort_keys=True, default=str),
+        "seed": -1 if params.get("seed") is None else int(params["seed"]),
+        "code_version": __version__,
+        "truth_metric": truth_metric,
+        "views": [f"view_{v}" for v in range(len(views))] if views is not None else [],
+    }
+    return xr.Dataset(data, attrs=attrs)
+
+
+def _gen_manifold(fn, default_n, color_col=0):
+    def make(n=default_n, seed=0):
+        Y, lat = fn(n, seed)[:2]
+        return dict(Y=Y, truth=lat, color=lat[:, color_col])
+
+    return make
+
+
+def _lllvm_roll(n=400, seed=0):
+    Y, lat, iso = synthetic.lllvm_swiss_roll(n, seed)
+    return dict(Y=Y, truth=iso, color=lat[:, 0])
+
+
+def _tree(depth=4, n_per_node=20, seed=0):
+    Y, node, codes, depth_label = synthetic.binary_tree(depth, n_per_node, seed)
+    return dict(Y=Y, truth=codes[node], truth_metric="cityblock", label=depth_label, color=depth_label)
+
+
+def _mrd_toy(n=100, seed=0, noise=0.1):
+    views, signals = synthetic.mrd_toy(n, seed, noise)
+    return dict(Y=np.hstack(views), views=views, truth=signals, color=np.linspace(0, 4 * np.pi, n))
+
+
+def _digits(classes=5, n_per_class=None, seed=0):
+    """scikit-learn's bundled 8x8 digits (no download); the first ``classes`` digit classes,
+    optionally ``n_per_class`` drawn per class with ``seed``."""
+    from sklearn.datasets import load_digits
+
+    if not 2 <= int(classes) <= 10:
+        raise ValueError(f"digits: classes must be in 2..10, got {classes}")
+    d = load_digits()
+    keep = np.flatnonzero(d.target < int(classes))
+    if n_per_class is not None:
+        rng = np.random.default_rng(seed)
+        keep = np.concatenate([
+            rng.choice(np.flatnonzero(d.target == c), size=int(n_per_class), replace=False)
+            for c in range(int(classes))
+        ])
+        keep.sort()
+    return dict(Y=d.data[keep] / 16.0, label=d.target[keep], color=d.target[keep])
+
+
+#: name -> (maker, description)
+DATASETS = {
+    "swiss_roll": (_gen_manifold(synthetic.swiss_roll, 1000), "scikit-learn Swiss roll (paper 001); n, seed"),
+    "lllvm_swiss_roll": (_lllvm_roll, "LL-LVM authors' Swiss roll (papers 000/003); n, seed"),
+    "s_curve": (_gen_manifold(synthetic.s_curve, 1000), "scikit-learn S-curve (paper 001); n, seed"),
+    "swiss_hole": (_gen_manifold(synthetic.swiss_hole, 1000), "Swiss roll with a hole (paper 001); n, seed"),
+    "severed_bowl": (_gen_manifold(synthetic.severed_bowl, 1000), "severed bowl (paper 001); n, seed"),
+    "gaussian_blob": (_gen_manifold(synthetic.gaussian_blob, 800), "3-D Gaussian bump (paper 000); n, seed"),
+    "binary_tree": (_tree, "synthetic binary tree (paper 002); depth, n_per_node, seed"),
+    "mrd_toy": (_mrd_toy, "two-view sine/cosine toy (paper 004); n, seed, noise"),
+    "digits": (_digits, "scikit-learn 8x8 digits, bundled; classes, n_per_class, seed"),
+}
+
+
+def list_datasets() -> dict[str, str]:
+    """Names that :func:`load` accepts, with a one-line description each."""
+    return {k: v[1] for k, v in DATASETS.items()}
+
+
+def _check_finite(ds: xr.Dataset, where: str):
+    for name in ["Y", *ds.attrs.get("views", [])]:
+        a = ds[name].values
+        if not np.all(np.isfinite(a)):
+            r, c = np.argwhere(~np.isfinite(a))[0]
+            raise ValueError(
+                f"{where}: {name} contains NaN or inf (first at row {r}, column {c}, "
+                f"{int((~np.isfinite(a)).sum())} values in all); remove or impute them before loading"
+            )
+
+
+def _load_file(path: Path, options):
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if not path.exists():
+        raise ValueError(f"data file {str(path)!r} does not exist; check the path")
+    if suffix == ".npy":
+        try:
+            Y = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise ValueError(
+                f"{path} holds pickled Python objects, not a numeric array; save it with "
+                "np.save(path, np.asarray(data, dtype=float))"
+            ) from e
+        except Exception as e:  # truncated or corrupt header
+            raise ValueError(f"{path} is not a readable .npy file ({e}); re-export it with np.save") from e
+        if Y.dtype.kind not in "fiu":
+            raise ValueError(f"{path} holds dtype {Y.dtype}; a numeric (float or int) array is needed")
+        if Y.ndim != 2:
+            raise ValueError(f"{path} holds an array of shape {Y.shape}; an (N, D) array is needed")
+        return dict(Y=Y)
+    if suffix == ".csv":
+        import pandas as pd
+
+        label_column = options.pop("label_column", None)
+        try:
+            df = pd.read_csv(path)
+        except Exception as e:
+            raise ValueError(f"{path} is not a readable CSV file ({e})") from e
+        out = {}
+        if label_column is not None:
+            if label_column not in df.columns:
+                raise ValueError(f"label_column {label_column!r} not in {path}; columns: {list(df.columns)}")
+            out["label"] = pd.factorize(df.pop(label_column))[0]
+        bad = [c for c in df.columns if df[c].dtype.kind not in "fiu"]
+        if bad:
+            raise ValueError(
+                f"{path}: non-numeric columns {bad}; drop them or name the label column with label_column=..."
+            )
+        out["Y"] = df.to_numpy(dtype=np.float64)
+        return out
+    if suffix == ".h5ad":
+        try:
+            import anndata
+        except ImportError as e:
+            raise ValueError(f"reading {path} needs anndata: pip install 'embed-sweep[h5ad]'") from e
+        try:
+            ad = anndata.read_h5ad(path)
+        except Exception as e:
+            raise ValueError(f"{path} is not a readable .h5ad file ({e})") from e
+        X = ad.X.toarray() if hasattr(ad.X, "toarray") else np.asarray(ad.X)
+        out = {"Y": X}
+        label_column = options.pop("label_column", None)
+        if label_column is not None:
+            out["label"] = ad.obs[label_column].astype("category").cat.codes.to_numpy()
+        return out
+    raise ValueError(f"unsupported file type {suffix!r} for {path}; use .npy, .csv, .zarr or .h5ad")
+
+
+def load(name_or_path, **options) -> xr.Dataset:
+    """Load a named data set (see :func:`list_datasets`) or a user file as an xarray Dataset.
+
+    Named sets take their generator options (``n``, ``seed``, ``depth`` ...). Files: ``.npy``
+    (loaded with ``allow_pickle=False``), ``.csv`` (numeric columns; ``label_column=`` names a
+    label column), ``.zarr`` (a store written by :func:`ingest`), ``.h5ad`` (needs anndata).
+    """
+    src = str(name_or_path)
+    if src in DATASETS:
+        maker = DATASETS[src][0]
+        try:
+            parts = maker(**options)
+        except TypeError as e:
+            raise ValueError(f"bad options {options} for data set {src!r}: {e}") from e
+        params = dict(options)
+        params.setdefault("seed", 0 if "seed" in maker.__code__.co_varnames else None)
+        ds = _finish(name=src, source=f"generator:{src}", params=params, **parts)
+    else:
+        path = Path(src)
+        if path.suffix.lower() == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
+            return open_dataset(path)
+        if path.suffix == "" and not path.exists():
+            raise ValueError(
+                f"unknown data set {src!r}; known names: {', '.join(DATASETS)}; or give a .npy/.csv/.zarr/.h5ad path"
+            )
+        opts = dict(options)
+        parts = _load_file(path, opts)
+        ds = _finish(name=path.stem, source=f"file:{path.resolve()}", params=opts, **parts)
+    _check_finite(ds, src)
+    return ds
+
+
+def views_of(ds: xr.Dataset) -> list[np.ndarray]:
+    """The views of a multi-view data set as arrays (a single-view set gives [Y])."""
+    names = list(ds.attrs.get("views", []))
+    return [ds[v].values for v in names] if names else [ds["Y"].values]
+
+
+def open_dataset(path) -> xr.Dataset:
+    """Open a data store written by :func:`ingest`, with a clear error if it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"data store {str(path)!r} does not exist; run ingest first")
+    try:
+        ds = xr.open_zarr(path, consolidated=False)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable zarr data store ({type(e).__name__}: {e}); "
+                         "delete it and ingest again") from e
+    if "Y" not in ds:
+        raise ValueError(f"{path} has no 'Y' variable; it was not written by lvmcore.data.ingest")
+    if isinstance(ds.attrs.get("views"), str):
+        ds.attrs["views"] = json.loads(ds.attrs["views"])
+    return ds
+
+
+def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False, **options) -> Path:
+    """Write a data set to a chunked zarr store at ``path`` (row chunks of ``chunk_rows``).
+
+    The store is written beside the target under a temporary name and renamed into place once
+    complete, so a crash never leaves a half-written store under the final name. An existing
+    store is kept unless ``overwrite=True``.
+    """
+    ds = ds_or_name if isinstance(ds_or_name, xr.Dataset) else load(ds_or_name, **options)
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} already exists; pass overwrite=True or choose another path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    encoding = {}
+    for name, var in ds.data_vars.items():
+        chunks = tuple(min(chunk_rows, s) if d == "point" else s for d, s in zip(var.dims, var.shape))
+        encoding[name] = {"chunks": chunks}
+    out = ds.copy()
+    out.attrs = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in ds.attrs.items()}
+    try:
+        out.to_zarr(tmp, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path

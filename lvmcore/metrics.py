@@ -1,0 +1,163 @@
+"""Embedding quality metrics.
+
+Every function takes the data ``Y`` (N, D) and/or an embedding ``X`` (N, Q). Where a geometry
+other than Euclidean applies (hyperbolic embeddings), pass a precomputed (N, N) distance matrix
+with ``metric="precomputed"``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.spatial.distance import pdist, squareform
+from scipy.stats import pearsonr, spearmanr
+
+__all__ = [
+    "trustworthiness",
+    "continuity",
+    "knn_accuracy",
+    "distance_correlation",
+    "pearson_distance_correlation",
+    "shepard_goodness",
+    "procrustes_disparity",
+    "pairwise_distances",
+]
+
+
+def _as2d(A, name):
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {A.shape}")
+    if not np.all(np.isfinite(A)):
+        raise ValueError(f"{name} contains NaN or inf; metrics need finite coordinates")
+    return A
+
+
+def pairwise_distances(A, metric: str = "euclidean") -> np.ndarray:
+    """Full (N, N) distance matrix; ``metric="precomputed"`` returns A checked as square."""
+    A = _as2d(A, "A")
+    if metric == "precomputed":
+        if A.shape[0] != A.shape[1]:
+            raise ValueError(f"a precomputed distance matrix must be square, got {A.shape}")
+        return A
+    return squareform(pdist(A, metric=metric))
+
+
+def _ranks_excluding_self(D):
+    """rank[i, j] = position of j in i's neighbour order (1 = nearest), self excluded."""
+    n = D.shape[0]
+    D = D.copy()
+    np.fill_diagonal(D, np.inf)
+    order = np.argsort(D, axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    ranks[np.arange(n)[:, None], order] = np.arange(1, n + 1)[None, :]
+    return order, ranks
+
+
+def trustworthiness(Y, X, n_neighbors: int = 5, metric: str = "euclidean", metric_x: str | None = None):
+    """Trustworthiness (Venna & Kaski): penalises points that are neighbours in X but not in Y.
+
+    T(k) = 1 - 2 / (N k (2N - 3k - 1)) * sum_i sum_{j in U_k(i)} (r(i, j) - k), where U_k(i) are
+    the embedding neighbours of i that are not data neighbours and r the rank in the data space.
+    ``metric`` applies to Y, ``metric_x`` (default ``metric`` unless that is precomputed) to X.
+    """
+    n = np.asarray(Y).shape[0]
+    k = int(n_neighbors)
+    if not 1 <= k < n / 2:
+        raise ValueError(f"n_neighbors must be in [1, N/2) = [1, {n / 2}), got {n_neighbors}")
+    mx = metric_x or ("euclidean" if metric == "precomputed" else metric)
+    Dy = pairwise_distances(Y, metric)
+    Dx = pairwise_distances(X, mx)
+    if Dx.shape[0] != n:
+        raise ValueError(f"Y has {n} points but X has {Dx.shape[0]}")
+    _, rank_y = _ranks_excluding_self(Dy)
+    order_x, _ = _ranks_excluding_self(Dx)
+    nn_x = order_x[:, :k]
+    r = rank_y[np.arange(n)[:, None], nn_x] - k
+    penalty = np.sum(np.clip(r, 0, None))
+    return float(1.0 - 2.0 / (n * k * (2.0 * n - 3.0 * k - 1.0)) * penalty)
+
+
+def continuity(Y, X, n_neighbors: int = 5, metric: str = "euclidean", metric_x: str | None = None):
+    """Continuity: trustworthiness with the roles of data and embedding swapped."""
+    mx = metric_x or ("euclidean" if metric == "precomputed" else metric)
+    return trustworthiness(X, Y, n_neighbors=n_neighbors, metric=mx, metric_x=metric)
+
+
+def knn_accuracy(X, labels, n_neighbors: int = 1, n_splits: int = 5, random_state=0, metric="euclidean"):
+    """Mean accuracy of a k-NN classifier on the embedding, stratified ``n_splits``-fold CV.
+
+    With ``metric="precomputed"`` X is an (N, N) distance matrix.
+    """
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    X = _as2d(X, "X")
+    labels = np.asarray(labels)
+    if labels.shape[0] != X.shape[0]:
+        raise ValueError(f"labels has {labels.shape[0]} entries but X has {X.shape[0]} rows")
+    counts = np.unique(labels, return_counts=True)[1]
+    splits = int(min(n_splits, counts.min()))
+    if splits < 2:
+        raise ValueError("knn_accuracy needs at least 2 samples of every class")
+    cv = StratifiedKFold(n_splits=splits, shuffle=True, random_state=random_state)
+    clf = KNeighborsClassifier(n_neighbors=n_neighbors, metric=metric)
+    return float(np.mean(cross_val_score(clf, X, labels, cv=cv)))
+
+
+def _double_centre(D):
+    return D - D.mean(axis=0, keepdims=True) - D.mean(axis=1, keepdims=True) + D.mean()
+
+
+def distance_correlation(A, B, metric_a: str = "euclidean", metric_b: str = "euclidean") -> float:
+    """Szekely's (biased, V-statistic) distance correlation between two point sets.
+
+    dCor^2 = dCov^2(A, B) / sqrt(dVar^2(A) dVar^2(B)) from double-centred distance matrices.
+    Either side may be a precomputed distance matrix (e.g. hyperbolic distances).
+    """
+    a = _double_centre(pairwise_distances(A, metric_a))
+    b = _double_centre(pairwise_distances(B, metric_b))
+    if a.shape != b.shape:
+        raise ValueError(f"point counts differ: {a.shape[0]} vs {b.shape[0]}")
+    dcov2 = np.mean(a * b)
+    dvar = np.sqrt(np.mean(a * a) * np.mean(b * b))
+    if dvar <= 0:
+        return 0.0
+    return float(np.sqrt(max(dcov2, 0.0) / dvar))
+
+
+def _upper(D):
+    iu = np.triu_indices(D.shape[0], k=1)
+    return D[iu]
+
+
+def pearson_distance_correlation(A, B, metric_a="euclidean", metric_b="euclidean") -> float:
+    """Pearson correlation of pairwise distances over pairs i < j (paper 002's Table 2 score)."""
+    return float(pearsonr(_upper(pairwise_distances(A, metric_a)), _upper(pairwise_distances(B, metric_b)))[0])
+
+
+def shepard_goodness(Y, X, metric_y="euclidean", metric_x="euclidean") -> float:
+    """Shepard goodness: Spearman correlation of pairwise distances in data and embedding."""
+    return float(spearmanr(_upper(pairwise_distances(Y, metric_y)), _upper(pairwise_distances(X, metric_x)))[0])
+
+
+def procrustes_disparity(truth, X) -> float:
+    """Procrustes disparity (sum of squared differences after optimal translation, scaling,
+    rotation/reflection, both sides normalised to unit Frobenius norm) of X against truth.
+
+    Columns are zero-padded to the wider of the two, as scipy's ``procrustes`` requires equal shapes.
+    """
+    T = _as2d(truth, "truth")
+    X = _as2d(X, "X")
+    if T.shape[0] != X.shape[0]:
+        raise ValueError(f"truth has {T.shape[0]} points but X has {X.shape[0]}")
+    q = max(T.shape[1], X.shape[1])
+    T = np.pad(T, ((0, 0), (0, q - T.shape[1])))
+    X = np.pad(X, ((0, 0), (0, q - X.shape[1])))
+    T = T - T.mean(0)
+    X = X - X.mean(0)
+    nt, nx = np.linalg.norm(T), np.linalg.norm(X)
+    if nt == 0 or nx == 0:
+        raise ValueError("procrustes_disparity needs non-constant coordinates")
+    T, X = T / nt, X / nx
+    U, s, Vt = np.linalg.svd(T.T @ X)
+    return float(1.0 - np.sum(s) ** 2)
