@@ -1,0 +1,77 @@
+"""Evaluate one fitted grid point: neighbourhood preservation, label accuracy, agreement with
+the true latent coordinates. Hyperbolic embeddings are compared by hyperbolic distances."""
+
+from __future__ import annotations
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from scipy.spatial.distance import pdist, squareform
+
+from lvmcore import metrics
+from tasks.inputs import load_data
+from tasks.registry import MODELS
+from tasks.store import PointResult
+
+#: pairwise metrics are O(N^2): above this many points they use a fixed random subset
+MAX_EVAL_POINTS = 2000
+EVAL_NEIGHBORS = 10
+
+
+def poincare_distances(P) -> np.ndarray:
+    """Hyperbolic distances between points of the Poincare ball:
+    d(u, v) = arccosh(1 + 2 |u - v|^2 / ((1 - |u|^2)(1 - |v|^2)))."""
+    P = np.asarray(P, dtype=np.float64)
+    sq = np.sum(P**2, axis=1)
+    den = np.clip(1.0 - sq, 1e-15, None)
+    d2 = squareform(pdist(P, "sqeuclidean"))
+    return np.arccosh(1.0 + 2.0 * d2 / np.outer(den, den))
+
+
+def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResult:
+    if res.status != "done":
+        return res
+    spec = MODELS[res.key]
+    data = load_data(data_path)
+    Y, X = data["Y"], res.embedding
+    n = Y.shape[0]
+    sel = np.arange(n)
+    if n > MAX_EVAL_POINTS:
+        sel = np.sort(np.random.default_rng(seed).choice(n, MAX_EVAL_POINTS, replace=False))
+    Ys, Xs = Y[sel], X[sel]
+    DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
+    DY = squareform(pdist(Ys))
+    k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))
+    m = res.metrics
+    try:
+        m["trustworthiness"] = metrics.trustworthiness(
+            DY, DX, n_neighbors=k, metric="precomputed", metric_x="precomputed"
+        )
+        m["continuity"] = metrics.continuity(
+            DY, DX, n_neighbors=k, metric="precomputed", metric_x="precomputed"
+        )
+        m["shepard_goodness"] = metrics.shepard_goodness(
+            DY, DX, metric_y="precomputed", metric_x="precomputed"
+        )
+        if data["label"] is not None:
+            m["knn_accuracy"] = metrics.knn_accuracy(
+                DX, data["label"][sel], n_neighbors=1, metric="precomputed"
+            )
+        if data["truth"] is not None:
+            T = data["truth"][sel]
+            tm = data["truth_metric"]
+            DT = squareform(pdist(T, tm))
+            m["distance_correlation"] = metrics.distance_correlation(DT, DX, "precomputed", "precomputed")
+            m["pearson_distance_correlation"] = metrics.pearson_distance_correlation(
+                DT, DX, "precomputed", "precomputed"
+            )
+            if tm == "euclidean" and not spec.hyperbolic:
+                m["procrustes_disparity"] = metrics.procrustes_disparity(T, Xs)
+    except Exception as e:  # a metric that cannot be computed is recorded, the fit is kept
+        res.error = f"evaluation: {type(e).__name__}: {e}"
+    return res
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(res: PointResult, data_path: str) -> PointResult:
+    return evaluate_point(res, data_path)

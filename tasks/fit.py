@@ -1,0 +1,91 @@
+"""Fit one model at one grid point."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.inputs import load_data, load_graph
+from tasks.registry import MODELS
+from tasks.store import PointResult
+
+
+def _dask_context():
+    """Inside a Dask worker: secede via ``worker_client`` so the fit's own Dask work runs on the
+    same cluster without deadlocking the single worker thread (shared/STACK.md)."""
+    try:
+        from distributed import get_worker, worker_client
+
+        get_worker()
+    except (ImportError, ValueError):
+        return contextlib.nullcontext()
+    return worker_client(separate_thread=True)
+
+
+def fit_point(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    index: tuple,
+    point: dict,
+    n_generations: int = 0,
+) -> PointResult:
+    """Fit model ``key`` at grid ``point``; exceptions become a failed result with the error."""
+    spec = MODELS[key]
+    res = PointResult(key=key, index=tuple(index), point=dict(point), status="failed")
+    try:
+        data = load_data(data_path)
+        est = spec.estimator_class()(**spec.constructor_args(point, options))
+        t0 = time.perf_counter()
+        with _dask_context():
+            if spec.multiview:
+                est.fit(data["views"])
+            elif "k" in spec.dims:
+                idx, _ = load_graph(graph_path)
+                est.fit(data["Y"], graph=idx[:, : point["k"]])
+            else:
+                est.fit(data["Y"])
+            res.fit_seconds = time.perf_counter() - t0
+            if "generations" in spec.extras and n_generations > 0:
+                res.extras["generations"] = np.asarray(
+                    est.sample(n_generations, random_state=point.get("seed", 0))
+                )
+        res.embedding = np.asarray(est.embedding_, dtype=np.float64)
+        if not np.all(np.isfinite(res.embedding)):
+            raise FloatingPointError("the fitted embedding contains NaN or inf")
+        var = getattr(est, "embedding_var_", None)
+        if var is not None:
+            var = np.asarray(var, dtype=np.float64)
+            res.embedding_var = np.broadcast_to(var, res.embedding.shape) if var.ndim < 2 else var
+        res.elbo = float(est.elbo_)
+        res.elbo_trace = np.asarray(getattr(est, "elbo_trace_", [res.elbo]), dtype=np.float64)
+        res.n_iter = float(getattr(est, "n_iter_", len(res.elbo_trace)))
+        if "ard_weights" in spec.extras and hasattr(est, "ard_weights_"):
+            res.extras["ard_weights"] = np.asarray(est.ard_weights_, dtype=np.float64)
+        if spec.hyperbolic and hasattr(est, "lorentz_embedding_"):
+            res.extras["_lorentz"] = np.asarray(est.lorentz_embedding_, dtype=np.float64)
+        res.status = "done"
+    except Exception as e:  # recorded per grid point; the sweep goes on
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        res.error = f"{type(e).__name__}: {e} [{last.filename.rsplit('/', 1)[-1]}:{last.lineno}]"
+        res.status = "failed"
+    return res
+
+
+@task(name="fit", cache_policy=NO_CACHE, task_run_name="fit-{key}-{point}")
+def fit_task(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    index: tuple,
+    point: dict,
+    n_generations: int = 0,
+) -> PointResult:
+    return fit_point(key, options, data_path, graph_path, index, point, n_generations)

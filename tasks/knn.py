@@ -1,0 +1,41 @@
+"""The sweep's kNN graph: computed once at the largest k, stored, sliced per grid point."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import xarray as xr
+from prefect import task
+
+from lvmcore.graph import knn
+from tasks.inputs import load_data
+
+
+def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "exact") -> str:
+    """kNN indices and distances at ``k_max`` written to ``graph_path`` (aside, then renamed)."""
+    p = Path(graph_path)
+    if p.exists():
+        g = xr.open_zarr(p, consolidated=False)
+        if g.attrs.get("k") == k_max and g.attrs.get("method") == method:
+            return str(p)
+        shutil.rmtree(p)
+    Y = load_data(data_path)["Y"]
+    idx, dist = knn(Y, k_max, method=method)
+    ds = xr.Dataset(
+        {"indices": (("point", "neighbor"), idx), "distances": (("point", "neighbor"), dist)},
+        attrs={"k": int(k_max), "method": method, "data": str(data_path)},
+    )
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    ds.to_zarr(tmp, mode="w", consolidated=False)
+    tmp.rename(p)
+    return str(p)
+
+
+@task(name="knn", retries=1)
+def knn_task(data_path: str, k_max: int, graph_path: str, method: str = "exact") -> str:
+    if k_max < 1:
+        return ""
+    return build_graph(data_path, int(k_max), graph_path, method)

@@ -1,0 +1,221 @@
+"""Which models a sweep can fit, which sweep dimensions apply to each, and how a grid point
+becomes constructor arguments. Plain Python: no Prefect, no Dask.
+
+A *family* (``glle``) names every variant; a *key* (``glle_em``) names one variant and is the
+group name in the result store.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from importlib import import_module
+
+import numpy as np
+
+#: sweep dimensions in store order, and the constructor argument each maps to
+SWEEP_DIMS = ("k", "latent_dim", "kappa", "seed")
+_PARAM_OF_DIM = {"k": "n_neighbors", "latent_dim": "n_components", "kappa": "kappa", "seed": "random_state"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    key: str
+    family: str
+    target: str  # "module:Class"
+    dims: tuple[str, ...]
+    fixed: dict = field(default_factory=dict)
+    multiview: bool = False
+    #: the embedding lives in the Poincare ball: distances are hyperbolic
+    hyperbolic: bool = False
+    #: the model has posterior variances of the embedding
+    has_variance: bool = False
+    #: extra per-grid-point outputs: name -> dims after the sweep dims
+    extras: dict = field(default_factory=dict)
+    description: str = ""
+
+    def estimator_class(self):
+        mod, cls = self.target.split(":")
+        return getattr(import_module(mod), cls)
+
+    def constructor_args(self, point: dict, options: dict) -> dict:
+        args = dict(self.fixed)
+        args.update(options)
+        for d in self.dims:
+            args[_PARAM_OF_DIM[d]] = point[d]
+        return args
+
+
+def _spec(key, family, target, dims, **kw):
+    return ModelSpec(key=key, family=family, target=target, dims=tuple(dims), **kw)
+
+
+MODELS: dict[str, ModelSpec] = {
+    s.key: s
+    for s in [
+        _spec(
+            "ppca",
+            "ppca",
+            "tasks.baselines:PPCA",
+            ("latent_dim", "seed"),
+            has_variance=False,
+            description="probabilistic PCA baseline (closed form)",
+        ),
+        _spec(
+            "lllvm",
+            "lllvm",
+            "lvmcore.models.lllvm:LLLVM",
+            ("k", "latent_dim", "seed"),
+            has_variance=True,
+            description="locally linear latent variable model, variational EM (paper 000)",
+        ),
+        _spec(
+            "glle_em",
+            "glle",
+            "lvmcore.models.glle:GLLE",
+            ("k", "latent_dim", "seed"),
+            fixed={"method": "em"},
+            extras={"generations": ("generation", "point", "component")},
+            description="generative LLE, EM (paper 001, Algorithm 1)",
+        ),
+        _spec(
+            "glle_direct",
+            "glle",
+            "lvmcore.models.glle:GLLE",
+            ("k", "latent_dim", "seed"),
+            fixed={"method": "direct"},
+            extras={"generations": ("generation", "point", "component")},
+            description="generative LLE, direct sampling (paper 001, Algorithm 2)",
+        ),
+        _spec(
+            "bgplvm_rbf",
+            "bgplvm",
+            "lvmcore.models.bgplvm:BayesianGPLVM",
+            ("latent_dim", "seed"),
+            fixed={"kernel": "rbf"},
+            has_variance=True,
+            extras={"ard_weights": ("component",)},
+            description="Bayesian GP-LVM, RBF-ARD kernel (paper 004)",
+        ),
+        _spec(
+            "bgplvm_linear",
+            "bgplvm",
+            "lvmcore.models.bgplvm:BayesianGPLVM",
+            ("latent_dim", "seed"),
+            fixed={"kernel": "linear"},
+            has_variance=True,
+            extras={"ard_weights": ("component",)},
+            description="Bayesian GP-LVM, linear-ARD kernel (paper 004)",
+        ),
+        _spec(
+            "mrd",
+            "mrd",
+            "lvmcore.models.mrd:MRD",
+            ("latent_dim", "seed"),
+            multiview=True,
+            has_variance=True,
+            extras={"ard_weights": ("view", "component")},
+            description="manifold relevance determination, views share q(X) (paper 004)",
+        ),
+        _spec(
+            "hgplvm_point",
+            "hgplvm",
+            "lvmcore.models.hgplvm:HyperboloidGPLVM",
+            ("kappa", "latent_dim", "seed"),
+            fixed={"variant": "point"},
+            hyperbolic=True,
+            description="hyperboloid GP-LVM, exact (paper 002, eq. 4)",
+        ),
+        _spec(
+            "hgplvm_sparse",
+            "hgplvm",
+            "lvmcore.models.hgplvm:HyperboloidGPLVM",
+            ("kappa", "latent_dim", "seed"),
+            fixed={"variant": "sparse"},
+            hyperbolic=True,
+            description="hyperboloid GP-LVM, sparse active set (paper 002, eq. 5)",
+        ),
+        _spec(
+            "hgplvm_bayesian",
+            "hgplvm",
+            "lvmcore.models.hgplvm:HyperboloidGPLVM",
+            ("kappa", "latent_dim", "seed"),
+            fixed={"variant": "bayesian"},
+            hyperbolic=True,
+            has_variance=True,
+            description="hyperboloid GP-LVM, wrapped-Gaussian variational (paper 002, eq. 6)",
+        ),
+    ]
+}
+
+FAMILIES = sorted({s.family for s in MODELS.values()})
+
+
+def resolve_models(names) -> list[ModelSpec]:
+    """Model keys for a list of family names or keys (``"all"`` = every model), validated."""
+    if isinstance(names, str):
+        names = [names]
+    if not names:
+        raise ValueError("models is empty; name at least one of " + ", ".join(FAMILIES + list(MODELS)))
+    out: list[ModelSpec] = []
+    for name in names:
+        if name == "all":
+            picked = list(MODELS.values())
+        elif name in MODELS:
+            picked = [MODELS[name]]
+        elif name in FAMILIES:
+            picked = [s for s in MODELS.values() if s.family == name]
+        else:
+            raise ValueError(
+                f"unknown model {name!r}; choose from families {FAMILIES}, keys {sorted(MODELS)} or 'all'"
+            )
+        out.extend(s for s in picked if s not in out)
+    return out
+
+
+def normalise_grid(grid: dict) -> dict[str, list]:
+    """Validate a sweep grid: every dimension a non-empty list of distinct values."""
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError(f"grid must be a non-empty mapping of {list(SWEEP_DIMS)} to lists, got {grid!r}")
+    unknown = set(grid) - set(SWEEP_DIMS)
+    if unknown:
+        raise ValueError(f"unknown grid dimensions {sorted(unknown)}; allowed: {list(SWEEP_DIMS)}")
+    out = {}
+    for d in SWEEP_DIMS:
+        if d not in grid:
+            continue
+        vals = grid[d]
+        vals = list(vals) if isinstance(vals, (list, tuple, np.ndarray)) else [vals]
+        if not vals:
+            raise ValueError(f"grid[{d!r}] is empty; give at least one value")
+        if len(set(vals)) != len(vals):
+            raise ValueError(f"grid[{d!r}] has repeated values {vals}")
+        if d in ("k", "latent_dim", "seed"):
+            if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in vals):
+                raise ValueError(f"grid[{d!r}] must hold integers, got {vals}")
+            vals = [int(v) for v in vals]
+            lo = 0 if d == "seed" else 1
+            if min(vals) < lo:
+                raise ValueError(f"grid[{d!r}] values must be >= {lo}, got {vals}")
+        else:
+            vals = [float(v) for v in vals]
+            if min(vals) <= 0:
+                raise ValueError(f"grid['kappa'] values must be > 0, got {vals}")
+        out[d] = sorted(vals)
+    return out
+
+
+DEFAULT_DIM_VALUE = {"k": 10, "latent_dim": 2, "kappa": 100.0, "seed": 0}
+
+
+def model_grid(spec: ModelSpec, grid: dict) -> dict[str, list]:
+    """The part of the grid that applies to one model (a missing dimension takes its default)."""
+    return {d: grid.get(d, [DEFAULT_DIM_VALUE[d]]) for d in spec.dims}
+
+
+def grid_points(spec: ModelSpec, grid: dict):
+    """Every grid point of one model as (index tuple, value dict)."""
+    g = model_grid(spec, grid)
+    dims = list(g)
+    for idx in itertools.product(*(range(len(g[d])) for d in dims)):
+        yield idx, {d: g[d][i] for d, i in zip(dims, idx)}
