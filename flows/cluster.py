@@ -4,6 +4,7 @@ dask-jobqueue, Kubernetes through dask-kubernetes. Each is validated before any 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 
@@ -79,6 +80,7 @@ def start_cluster(spec: dict):
 
         kw = {
             "n_workers": 2,
+            "silence_logs": logging.WARNING,
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
@@ -105,6 +107,8 @@ def start_cluster(spec: dict):
         cluster = KubeCluster(n_workers=n, env=env, **spec)
         if adapt:
             cluster.adapt(**adapt)
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         yield cluster.scheduler_address, getattr(cluster, "dashboard_link", ""), cluster
     finally:

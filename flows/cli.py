@@ -1,0 +1,155 @@
+"""`embed-sweep` command line: run, show, report, datasets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+#: the README's main job: small real sweeps over every model, a few minutes on 2 cores
+DEFAULT_SWEEPS = [
+    {
+        "dataset": {"name": "swiss_roll", "n": 400, "seed": 0},
+        "models": ["ppca", "lllvm", "glle", "bgplvm", "hgplvm"],
+        "grid": {"k": [8, 12], "latent_dim": [2], "kappa": [10.0, 100.0], "seed": [0]},
+        "store": "roll.zarr",
+        "model_options": {"lllvm": {"max_iter": 20}, "hgplvm": {"max_iter": 300}},
+    },
+    {
+        "dataset": {"name": "mrd_toy", "n": 100, "seed": 0},
+        "models": ["mrd"],
+        "grid": {"latent_dim": [8], "seed": [0]},
+        "store": "mrd_toy.zarr",
+    },
+]
+
+
+def _env_defaults():
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+
+
+def _json_arg(text, what):
+    if text is None:
+        return None
+    p = Path(text)
+    try:
+        return json.loads(p.read_text() if p.suffix == ".json" and p.exists() else text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--{what}: not valid JSON ({e}): {text!r}") from e
+
+
+def cmd_run(a) -> int:
+    _env_defaults()
+    from flows.server import local_server
+    from flows.sweep import embed_sweep
+    from tasks.report import summary_table
+
+    out = Path(a.out)
+    if a.dataset or a.models or a.grid or a.config:
+        cfg = _json_arg(a.config, "config") or {}
+        sweeps = [
+            {
+                "dataset": _json_arg(a.dataset, "dataset")
+                if a.dataset and a.dataset.startswith("{")
+                else (a.dataset or cfg.get("dataset", "swiss_roll")),
+                "models": a.models.split(",") if a.models else cfg.get("models", "all"),
+                "grid": _json_arg(a.grid, "grid") if a.grid else cfg.get("grid"),
+                "store": a.store or cfg.get("store", "sweep.zarr"),
+                "model_options": _json_arg(a.options, "options") if a.options else cfg.get("model_options"),
+            }
+        ]
+    else:
+        sweeps = DEFAULT_SWEEPS
+    cluster = _json_arg(a.cluster, "cluster") if a.cluster and a.cluster.startswith("{") else a.cluster
+    if isinstance(cluster, str) and cluster.isdigit():
+        cluster = {"type": "local", "n_workers": int(cluster)}
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    with local_server(out / "prefect-server.log") as url:
+        print(f"Prefect API: {url}")
+        for sw in sweeps:
+            store = str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"]
+            print(f"\n== sweep {sw['dataset']} -> {store}")
+            res = embed_sweep(
+                dataset=sw["dataset"],
+                models=sw["models"],
+                grid=sw["grid"],
+                store=store,
+                model_options=sw.get("model_options"),
+                cluster=cluster,
+                report=not a.no_report,
+            )
+            print(summary_table(store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            if res.get("report"):
+                print(f"report: {res['report']}")
+    print(f"\nall sweeps finished in {time.perf_counter() - t0:.0f} s; results under {out}/")
+    return 0
+
+
+def cmd_show(a) -> int:
+    import pandas as pd
+
+    from tasks.report import summary_table
+
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(summary_table(a.store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def cmd_report(a) -> int:
+    from tasks.report import make_report
+
+    print(make_report(a.store, a.out))
+    return 0
+
+
+def cmd_datasets(a) -> int:
+    from lvmcore.data import list_datasets
+
+    for name, desc in list_datasets().items():
+        print(f"{name:18s} {desc}")
+    print("files: .npy, .csv (label_column=...), .zarr (from ingest), .h5ad (with anndata)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="embed-sweep", description="Sweeps of probabilistic manifold-learning models"
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a sweep (default: the built-in demo sweeps over every model)")
+    r.add_argument("--dataset", help='name, path, or JSON like \'{"name": "swiss_roll", "n": 1000}\'')
+    r.add_argument("--models", help="comma-separated families or keys (default all)")
+    r.add_argument("--grid", help='JSON, e.g. \'{"k": [8, 10], "latent_dim": [2], "seed": [0, 1]}\'')
+    r.add_argument("--options", help="JSON {model: {option: value}}")
+    r.add_argument("--config", help="JSON file with dataset, models, grid, store, model_options")
+    r.add_argument("--store", help="result store name under --out (default sweep.zarr)")
+    r.add_argument("--cluster", help="number of local workers, tcp://scheduler:8786, or a JSON spec")
+    r.add_argument("--out", default="results", help="output folder (default results/)")
+    r.add_argument("--no-report", action="store_true")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("show", help="summary table of a result store")
+    s.add_argument("store")
+    s.set_defaults(fn=cmd_show)
+    rp = sub.add_parser("report", help="PNG figures and an HTML page for a result store")
+    rp.add_argument("store")
+    rp.add_argument("--out", help="folder (default beside the store)")
+    rp.set_defaults(fn=cmd_report)
+    d = sub.add_parser("datasets", help="what can be loaded")
+    d.set_defaults(fn=cmd_datasets)
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except ValueError as e:
+        print(f"embed-sweep: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

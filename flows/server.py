@@ -1,0 +1,77 @@
+"""A throw-away local Prefect API server for `embed-sweep run` when none is configured.
+
+Dask worker processes each start their own temporary API server when no server is set, which
+costs minutes and spews kill warnings (shared/STACK.md); a real server on 127.0.0.1 avoids it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+SERVER_START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(
+    url: str, proc: subprocess.Popen | None = None, timeout: float = SERVER_START_TIMEOUT_S
+) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited with code {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the Prefect server at {url} was not healthy after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def local_server(log_path: Path | None = None):
+    """Use $PREFECT_API_URL if set; otherwise start a server on 127.0.0.1 for the duration."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    exe = Path(sys.executable).with_name("prefect")
+    cmd = [
+        str(exe) if exe.exists() else "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(url, proc)
+        os.environ["PREFECT_API_URL"] = url
+        yield url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if log is not subprocess.DEVNULL:
+            log.close()

@@ -1,0 +1,83 @@
+"""End to end with real parts: a Prefect server on 127.0.0.1, a process work pool, `prefect deploy`
+from deploy/prefect.yaml, `prefect deployment run`, a worker with --run-once, and the result
+store read back as an xarray DataTree."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from flows.server import free_port, wait_healthy
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false", EMBED_SWEEP_HOME=str(ROOT))
+    log = open(home / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(url, proc)
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _run(args, env, timeout=300):
+    r = subprocess.run([PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"prefect {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout + r.stderr
+
+
+def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
+    env = server
+    for pool in ("local-pool", "slurm-pool", "k8s-pool"):
+        _run(["work-pool", "create", pool, "--type", "process"], env)
+    out = _run(["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"], env)
+    assert "embed-sweep/local" in out
+    store = tmp_path / "deployed.zarr"
+    grid = {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]}
+    out = _run(["deployment", "run", "embed-sweep/local",
+                "--param", f"store={store}",
+                "--param", 'models=["ppca", "glle_em"]',
+                "--param", f"grid={json.dumps(grid)}",
+                "--param", 'dataset={"name": "swiss_roll", "n": 200, "seed": 3}',
+                "--param", "report=false"], env)
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    wout = _run(["worker", "start", "--pool", "local-pool", "--type", "process", "--run-once"], env, timeout=600)
+    info = _run(["flow-run", "inspect", run_id], env)
+    assert "COMPLETED" in info, wout[-4000:]
+
+    tree = xr.open_datatree(store, engine="zarr", consolidated=False)
+    assert set(tree.children) == {"ppca", "glle_em"}
+    ppca = tree["ppca"].ds
+    assert dict(ppca["status"].sizes) == {"latent_dim": 2, "seed": 1}
+    assert "k" not in ppca.dims  # k does not apply to PPCA
+    glle = tree["glle_em"].ds
+    assert dict(glle["status"].sizes) == {"k": 2, "latent_dim": 2, "seed": 1}
+    for ds in (ppca, glle):
+        assert ds.sizes["point"] == 200
+        # no grid point left pending: each is done or recorded as failed with its reason
+        st = ds["status"].values
+        assert np.all(st > 0)
+        assert all(e for e in ds["error"].values[st == 2])
+    assert np.all(ppca["status"].values == 1)
+    assert np.isfinite(ppca["elbo"].values).all()
+    assert json.loads(tree.attrs["identity"])["grid"]["k"] == [6, 8]
