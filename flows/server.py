@@ -42,10 +42,21 @@ def wait_healthy(
 
 
 @contextlib.contextmanager
+def use_api(url: str):
+    """Point this process's Prefect client at ``url`` (the settings are read at import time, so
+    the environment variable alone does not reach an already-imported Prefect)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
+
+
+@contextlib.contextmanager
 def local_server(log_path: Path | None = None):
     """Use $PREFECT_API_URL if set; otherwise start a server on 127.0.0.1 for the duration."""
     if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
+        with use_api(os.environ["PREFECT_API_URL"]):
+            yield os.environ["PREFECT_API_URL"]
         return
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
@@ -65,7 +76,8 @@ def local_server(log_path: Path | None = None):
     try:
         wait_healthy(url, proc)
         os.environ["PREFECT_API_URL"] = url
-        yield url
+        with use_api(url):
+            yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)
         proc.terminate()

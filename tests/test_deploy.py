@@ -5,39 +5,23 @@ store read back as an xarray DataTree."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import xarray as xr
 
-from flows.server import free_port, wait_healthy
+from tests.prefect_server import PREFECT, prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false", EMBED_SWEEP_HOME=str(ROOT))
-    log = open(home / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(url, proc)
+    with prefect_server(tmp_path_factory.mktemp("prefect-home"), {"EMBED_SWEEP_HOME": str(ROOT)}) as env:
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def _run(args, env, timeout=300):
@@ -54,14 +38,28 @@ def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
     assert "embed-sweep/local" in out
     store = tmp_path / "deployed.zarr"
     grid = {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]}
-    out = _run(["deployment", "run", "embed-sweep/local",
-                "--param", f"store={store}",
-                "--param", 'models=["ppca", "glle_em"]',
-                "--param", f"grid={json.dumps(grid)}",
-                "--param", 'dataset={"name": "swiss_roll", "n": 200, "seed": 3}',
-                "--param", "report=false"], env)
+    out = _run(
+        [
+            "deployment",
+            "run",
+            "embed-sweep/local",
+            "--param",
+            f"store={store}",
+            "--param",
+            'models=["ppca", "glle_em"]',
+            "--param",
+            f"grid={json.dumps(grid)}",
+            "--param",
+            'dataset={"name": "swiss_roll", "n": 200, "seed": 3}',
+            "--param",
+            "report=false",
+        ],
+        env,
+    )
     run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
-    wout = _run(["worker", "start", "--pool", "local-pool", "--type", "process", "--run-once"], env, timeout=600)
+    wout = _run(
+        ["worker", "start", "--pool", "local-pool", "--type", "process", "--run-once"], env, timeout=600
+    )
     info = _run(["flow-run", "inspect", run_id], env)
     assert "COMPLETED" in info, wout[-4000:]
 

@@ -1,0 +1,46 @@
+"""A real Prefect API server on 127.0.0.1 for the pipeline tests (started once per module)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flows.server import free_port, wait_healthy
+
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path, extra_env: dict | None = None):
+    """Start `prefect server start` on a free loopback port; yield the environment to use."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_API_URL=url,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        **(extra_env or {}),
+    )
+    log = open(home / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_healthy(url, proc)
+        yield env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

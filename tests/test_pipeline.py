@@ -1,0 +1,171 @@
+"""The embed-sweep flow with real parts: a Prefect server, a 2-process Dask LocalCluster and zarr
+stores on disk. Bad input is refused before any work; re-runs resume; failures are recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from flows.cli import main as cli_main
+from flows.server import use_api
+from flows.sweep import check_store, embed_sweep, plan_sweep
+from tasks.registry import resolve_models
+from tasks.report import make_report, summary_table
+from tests.prefect_server import prefect_server
+
+TINY = {"name": "swiss_roll", "n": 150, "seed": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server(tmp_path_factory):
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+        old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+        os.environ.update({k: env[k] for k in old})
+        with use_api(env["PREFECT_API_URL"]):
+            yield env
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _tree_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"models": ["umap"]}, "unknown model 'umap'"),
+        ({"models": []}, "models is empty"),
+        ({"dataset": "no_such_set"}, "unknown data set 'no_such_set'"),
+        ({"grid": {}}, "grid must be a non-empty mapping"),
+        ({"grid": {"k": []}}, "grid['k'] is empty"),
+        ({"grid": {"depth": [1]}}, "unknown grid dimensions ['depth']"),
+        ({"grid": {"k": [500]}, "models": ["glle"]}, "grid k = 500 needs more than 150 points"),
+        ({"models": ["mrd"]}, "needs a multi-view data set"),
+        ({"grid": {"latent_dim": [3]}, "models": ["ppca"]}, "must be below the data dimension 3"),
+        ({"model_options": {"lllvm": {"max_iter": 3}}, "models": ["ppca"]}, "not in this sweep's models"),
+    ],
+)
+def test_bad_sweep_parameters_are_refused_before_any_work(tmp_path, kwargs, message):
+    args = {"dataset": TINY, "models": ["ppca"], "grid": {"latent_dim": [1]}, "model_options": None}
+    args.update(kwargs)
+    with pytest.raises(ValueError) as e:
+        plan_sweep(
+            args["dataset"],
+            args["models"],
+            args["grid"],
+            str(tmp_path / "s.zarr"),
+            args["model_options"],
+            0,
+            "exact",
+        )
+    assert message in str(e.value)
+    with pytest.raises(ValueError):
+        embed_sweep(store=str(tmp_path / "s.zarr"), report=False, **args)
+    assert not (tmp_path / "s.zarr").exists()
+    assert not (tmp_path / "s.inputs").exists()
+
+
+def test_unknown_cluster_type_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown cluster type 'yarn'"):
+        embed_sweep(
+            dataset=TINY,
+            models="ppca",
+            grid={"latent_dim": [1]},
+            store=str(tmp_path / "s.zarr"),
+            cluster={"type": "yarn"},
+        )
+    with pytest.raises(ValueError, match="no `sbatch` on PATH"):
+        embed_sweep(
+            dataset=TINY,
+            models="ppca",
+            grid={"latent_dim": [1]},
+            store=str(tmp_path / "s.zarr"),
+            cluster={"type": "slurm", "cores": 1, "memory": "1GB"},
+        )
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(tmp_path):
+    store = tmp_path / "sweep.zarr"
+    grid = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
+    res = embed_sweep(
+        dataset=TINY, models=["ppca", "glle_em"], grid=grid, store=str(store), report=True, n_generations=2
+    )
+    assert res["ran"] == res["total"] == 4 + 8
+    tree = xr.open_datatree(store, engine="zarr", consolidated=False)
+    ppca = tree["ppca"].ds
+    assert ppca["embedding"].dims == ("latent_dim", "seed", "point", "component")
+    assert ppca.sizes["component"] == 2 and ppca.sizes["point"] == 150
+    assert np.all(ppca["status"].values == 1)
+    # the 1-D fits are padded with NaN in the second component, the 2-D fits are complete
+    emb = ppca["embedding"]
+    assert np.isfinite(emb.sel(latent_dim=1).values[..., 0]).all()
+    assert np.isnan(emb.sel(latent_dim=1).values[..., 1]).all()
+    assert np.isfinite(emb.sel(latent_dim=2).values).all()
+    # metrics computed against the known truth and data
+    assert (ppca["trustworthiness"].values > 0.5).all()
+    assert np.isfinite(ppca["procrustes_disparity"].values).all()
+    assert tree["glle_em"].ds["status"].dims == ("k", "latent_dim", "seed")
+    assert Path(res["report"]).exists()
+    assert (store.parent / "sweep.report" / "embeddings.png").stat().st_size > 1000
+
+    before = _tree_digest(store)
+    again = embed_sweep(
+        dataset=TINY, models=["ppca", "glle_em"], grid=grid, store=str(store), report=False, n_generations=2
+    )
+    assert again["ran"] == 0 and again["total"] == 12
+    assert _tree_digest(store) == before
+
+    with pytest.raises(ValueError, match="holds a different sweep"):
+        embed_sweep(dataset=TINY, models=["ppca"], grid={"latent_dim": [1, 2], "seed": [0]}, store=str(store))
+    assert _tree_digest(store) == before
+
+    table = summary_table(store)
+    assert set(table["model"]) == {"ppca", "glle_em", "glle_direct"} - {"glle_direct"}
+    assert (table.loc[table.model == "ppca", "done"] == 4).all()
+    assert cli_main(["show", str(store)]) == 0
+    assert Path(make_report(store, tmp_path / "rep")).read_text().count("<img") >= 2
+
+
+def test_store_that_is_not_a_sweep_is_refused(tmp_path):
+    bogus = tmp_path / "other.zarr"
+    bogus.mkdir()
+    (bogus / "zarr.json").write_text("{not json")
+    ident = plan_sweep(TINY, ["ppca"], {"latent_dim": [1]}, str(bogus), None, 0, "exact")["identity"]
+    with pytest.raises(ValueError, match="not a readable zarr store"):
+        check_store(str(bogus), ident)
+    assert (bogus / "zarr.json").read_text() == "{not json"
+
+
+def test_registry_families_expand_to_every_variant():
+    keys = [s.key for s in resolve_models(["hgplvm", "glle", "bgplvm"])]
+    assert keys == [
+        "hgplvm_point",
+        "hgplvm_sparse",
+        "hgplvm_bayesian",
+        "glle_em",
+        "glle_direct",
+        "bgplvm_rbf",
+        "bgplvm_linear",
+    ]
+    assert {s.key for s in resolve_models("all")} >= {"lllvm", "mrd", "ppca"}
+
+
+def test_cli_datasets_lists_every_generator(capsys):
+    assert cli_main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("swiss_roll", "binary_tree", "mrd_toy", "digits", "severed_bowl"):
+        assert name in out
