@@ -15,10 +15,9 @@ from prefect_dask import DaskTaskRunner
 
 from flows.cluster import normalise_cluster, start_cluster
 from lvmcore.data import load
-from tasks.evaluate import evaluate_task
-from tasks.fit import fit_task
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
+from tasks.point import batch_size, grid_points_task
 from tasks.registry import ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
 from tasks.report import report_task
 from tasks.store import (
@@ -29,9 +28,20 @@ from tasks.store import (
     read_status,
     sweep_id,
 )
-from tasks.write import write_task
 
 DEFAULT_GRID = {"k": [8, 12], "latent_dim": [2], "kappa": [100.0], "seed": [0]}
+
+
+def get_dask_worker_count() -> int:
+    """Number of workers (threads) of the Dask cluster this flow's task runner uses (0 outside one)."""
+    try:
+        from prefect.context import FlowRunContext
+
+        runner = FlowRunContext.get().task_runner
+        info = runner._client.scheduler_info(n_workers=-1)["workers"]
+        return sum(int(w.get("nthreads", 1)) for w in info.values())
+    except Exception:  # not on a Dask task runner: batch for a single worker
+        return 0
 
 
 def input_paths(store: str) -> tuple[str, str]:
@@ -147,6 +157,7 @@ def sweep_grid(
     n_generations: int,
     make_report: bool,
     dashboard: str = "",
+    points_per_task: int | None = None,
 ) -> dict:
     """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster."""
     logger = get_run_logger()
@@ -177,29 +188,32 @@ def sweep_grid(
         f"{total - len(todo)} of {total} grid points already in {store}; {len(todo)} to run"
         + (f"; Dask dashboard: {dashboard}" if dashboard else "")
     )
-    writes = []
-    for s, idx, point in todo:
-        opts_s = _options_for(s, plan["options"])
-        fut = fit_task.submit(
-            s.key,
-            opts_s,
-            data_path,
-            graph or None,
-            idx,
-            point,
-            layout.n_generations if "generations" in s.extras else 0,
-        )
-        ev = evaluate_task.submit(fut, data_path)
-        writes.append((write_task.submit(ev, store, layout), s.key, point))
-    by_future = {id(w): (k, p) for w, k, p in writes}
+    futures = {}
+    n_workers = max(1, get_dask_worker_count())
+    size = batch_size(len(todo), n_workers, points_per_task)
+    for s in specs:
+        mine = [(idx, point) for spec, idx, point in todo if spec is s]
+        for b in range(0, len(mine), size):
+            items = mine[b : b + size]
+            fut = grid_points_task.submit(
+                s.key,
+                _options_for(s, plan["options"]),
+                data_path,
+                graph or None,
+                items,
+                store,
+                layout,
+                len(items),
+            )
+            futures[id(fut)] = (fut, s.key, items)
     done = failed = 0
     t0 = time.perf_counter()
-    for w in as_completed([w for w, _, _ in writes]):
-        key, point = by_future[id(w)]
-        state = w.result()
-        done += state == "done"
-        failed += state != "done"
-        print(f"[{done + failed}/{len(todo)}] {key} {point} {state} ({time.perf_counter() - t0:.1f} s)")
+    for fut in as_completed([f for f, _, _ in futures.values()]):
+        _, key, items = futures[id(fut)]
+        for (_, point), state in zip(items, fut.result()):
+            done += state == "done"
+            failed += state == "failed"
+            print(f"[{done + failed}/{len(todo)}] {key} {point} {state} ({time.perf_counter() - t0:.1f} s)")
     if failed:
         logger.warning(f"{failed} grid points failed; their errors are in the store's 'error' variables")
     report = None
@@ -226,6 +240,7 @@ def embed_sweep(
     knn_method: str = "exact",
     n_generations: int = 3,
     report: bool = True,
+    points_per_task: int | None = None,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -235,6 +250,8 @@ def embed_sweep(
         only to the models that have it (k: graph models; kappa: hGP-LVM).
     store: the result zarr store (inputs go beside it in <name>.inputs/).
     model_options: {family_or_key: {constructor option: value}}.
+    points_per_task: grid points per Prefect task run (default: about 4 task runs per worker, at most 8
+        points each); every point is written as soon as it finishes either way.
     cluster: None (local processes), "tcp://host:8786", {"type": "local", "n_workers": 4},
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
     """
@@ -251,5 +268,14 @@ def embed_sweep(
             print(f"Dask dashboard: {dashboard}")
         runner = DaskTaskRunner(address=address)
         return sweep_grid.with_options(task_runner=runner)(
-            dataset, models, grid, store, model_options, knn_method, n_generations, report, dashboard
+            dataset,
+            models,
+            grid,
+            store,
+            model_options,
+            knn_method,
+            n_generations,
+            report,
+            dashboard,
+            points_per_task,
         )

@@ -3,10 +3,13 @@ the true latent coordinates. Hyperbolic embeddings are compared by hyperbolic di
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from scipy.spatial.distance import pdist, squareform
+from scipy.stats import rankdata
 
 from lvmcore import metrics
 from tasks.inputs import load_data
@@ -28,45 +31,50 @@ def poincare_distances(P) -> np.ndarray:
     return np.arccosh(1.0 + 2.0 * d2 / np.outer(den, den))
 
 
+@functools.lru_cache(maxsize=2)
+def _reference(data_path: str, seed: int):
+    """Per-data-set quantities every grid point shares, computed once per worker process: the
+    evaluation subset, data distances, the ranks of the data's pairwise distances (Shepard) and
+    the truth's distances."""
+    data = load_data(data_path)
+    n = data["Y"].shape[0]
+    sel = np.arange(n)
+    if n > MAX_EVAL_POINTS:
+        sel = np.sort(np.random.default_rng(seed).choice(n, MAX_EVAL_POINTS, replace=False))
+    DY = squareform(pdist(data["Y"][sel]))
+    iu = np.triu_indices(len(sel), k=1)
+    rank_y = rankdata(DY[iu])
+    DT = None
+    if data["truth"] is not None:
+        DT = squareform(pdist(data["truth"][sel], data["truth_metric"]))
+    return sel, DY, iu, rank_y, DT
+
+
 def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResult:
     if res.status != "done":
         return res
     spec = MODELS[res.key]
     data = load_data(data_path)
-    Y, X = data["Y"], res.embedding
-    n = Y.shape[0]
-    sel = np.arange(n)
-    if n > MAX_EVAL_POINTS:
-        sel = np.sort(np.random.default_rng(seed).choice(n, MAX_EVAL_POINTS, replace=False))
-    Ys, Xs = Y[sel], X[sel]
+    sel, DY, iu, rank_y, DT = _reference(str(data_path), seed)
+    Xs = res.embedding[sel]
     DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
-    DY = squareform(pdist(Ys))
     k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))
     m = res.metrics
+    pre = {"metric": "precomputed", "metric_x": "precomputed"}
     try:
-        m["trustworthiness"] = metrics.trustworthiness(
-            DY, DX, n_neighbors=k, metric="precomputed", metric_x="precomputed"
-        )
-        m["continuity"] = metrics.continuity(
-            DY, DX, n_neighbors=k, metric="precomputed", metric_x="precomputed"
-        )
-        m["shepard_goodness"] = metrics.shepard_goodness(
-            DY, DX, metric_y="precomputed", metric_x="precomputed"
-        )
+        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, **pre)
+        m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
+        # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
+        m["shepard_goodness"] = float(np.corrcoef(rank_y, rankdata(DX[iu]))[0, 1])
         if data["label"] is not None:
             m["knn_accuracy"] = metrics.knn_accuracy(
                 DX, data["label"][sel], n_neighbors=1, metric="precomputed"
             )
-        if data["truth"] is not None:
-            T = data["truth"][sel]
-            tm = data["truth_metric"]
-            DT = squareform(pdist(T, tm))
+        if DT is not None:
             m["distance_correlation"] = metrics.distance_correlation(DT, DX, "precomputed", "precomputed")
-            m["pearson_distance_correlation"] = metrics.pearson_distance_correlation(
-                DT, DX, "precomputed", "precomputed"
-            )
-            if tm == "euclidean" and not spec.hyperbolic:
-                m["procrustes_disparity"] = metrics.procrustes_disparity(T, Xs)
+            m["pearson_distance_correlation"] = float(np.corrcoef(DT[iu], DX[iu])[0, 1])
+            if data["truth_metric"] == "euclidean" and not spec.hyperbolic:
+                m["procrustes_disparity"] = metrics.procrustes_disparity(data["truth"][sel], Xs)
     except Exception as e:  # a metric that cannot be computed is recorded, the fit is kept
         res.error = f"evaluation: {type(e).__name__}: {e}"
     return res

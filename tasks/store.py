@@ -223,15 +223,16 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
         for name, dims in spec.extras.items():
             if name in res.extras and not (name == "generations" and layout.n_generations == 0):
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
-        xr.Dataset(data).to_zarr(str(path), group=spec.key, region=region, mode="r+", consolidated=False)
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
-    final = xr.Dataset(
-        {
-            "error": var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}")),
-            "status": var((), np.int8(code)),
-        }
-    )
-    final.to_zarr(str(path), group=spec.key, region=region, mode="r+", consolidated=False)
+    data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
+    data["status"] = var((), np.int8(code))
+    # direct zarr writes of whole chunks (a cell is exactly one chunk of every variable): the
+    # same bytes as xarray's region write at a fraction of its per-call cost; status goes last
+    group = zarr.open_group(str(path), mode="r+")[spec.key]
+    sel = tuple(region[d] for d in sdims)
+    for name, (_, arr) in data.items():
+        z = group[name]
+        z[sel + (slice(None),) * (z.ndim - len(sdims))] = arr.astype(z.dtype, copy=False)
 
 
 def open_results(path) -> xr.DataTree:
