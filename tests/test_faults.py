@@ -1,0 +1,138 @@
+"""Fault tolerance with real parts: SIGKILL a Dask worker process during a sweep, and separately
+SIGKILL the whole flow process; after a re-run every grid point is done exactly once and equals
+an uninterrupted run's result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import xarray as xr
+
+from flows.server import use_api
+from flows.sweep import embed_sweep
+from tasks.store import read_status
+from tests.prefect_server import prefect_server
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASET = {"name": "swiss_roll", "n": 1200, "seed": 2}
+MODELS = ["ppca"]
+GRID = {"latent_dim": [1, 2], "seed": list(range(10))}
+N_POINTS = 20
+COMPARE = ["embedding", "elbo", "trustworthiness", "continuity", "shepard_goodness", "procrustes_disparity"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+        with use_api(env["PREFECT_API_URL"]):
+            old = os.environ.get("PREFECT_API_URL")
+            os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
+            yield env
+            if old is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = old
+
+
+def _sweep(store, **kw):
+    return embed_sweep(
+        dataset=DATASET, models=MODELS, grid=GRID, store=str(store), report=False, points_per_task=1, **kw
+    )
+
+
+def _start_flow(store, env):
+    code = (
+        "import json, sys; from flows.sweep import embed_sweep; "
+        f"embed_sweep(dataset={DATASET!r}, models={MODELS!r}, grid=json.loads(sys.argv[1]), "
+        "store=sys.argv[2], report=False, points_per_task=1)"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(GRID), str(store)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _n_done(store):
+    try:
+        return int(np.sum(read_status(store, "ppca") == 1))
+    except Exception:  # the store is not created yet
+        return 0
+
+
+def _wait_for(store, proc, at_least, timeout=240):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        n = _n_done(store)
+        if n >= at_least:
+            return n
+        assert proc.poll() is None, "the flow ended before the fault could be injected"
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {at_least} grid points done after {timeout} s")
+
+
+def _assert_same(store, reference):
+    got = xr.open_datatree(store, engine="zarr", consolidated=False)["ppca"].ds.load()
+    ref = xr.open_datatree(reference, engine="zarr", consolidated=False)["ppca"].ds.load()
+    assert np.all(got["status"].values == 1), got["status"].values
+    assert not any(got["error"].values.ravel())
+    for name in COMPARE:
+        np.testing.assert_allclose(got[name].values, ref[name].values, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+    store = tmp_path_factory.mktemp("ref") / "ref.zarr"
+    res = _sweep(store)
+    assert res["done"] == N_POINTS
+    return store
+
+
+def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, tmp_path):
+    store = tmp_path / "s.zarr"
+    proc = _start_flow(store, env)
+    try:
+        _wait_for(store, proc, 3)
+        workers = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())
+        ]
+        assert len(workers) >= 2, [p.cmdline() for p in workers]
+        os.kill(workers[0].pid, signal.SIGKILL)
+        killed_at = _n_done(store)
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert killed_at < N_POINTS, "the sweep finished before the worker was killed"
+    res = _sweep(store)  # a re-run finds nothing left to do
+    assert res["ran"] == 0
+    _assert_same(store, reference)
+
+
+def test_killing_the_flow_process_then_rerunning_completes_the_sweep(env, reference, tmp_path):
+    store = tmp_path / "s.zarr"
+    proc = _start_flow(store, env)
+    try:
+        _wait_for(store, proc, 3)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the flow and its Dask workers
+        proc.wait(timeout=30)
+    before = read_status(store, "ppca").copy()
+    assert 3 <= int((before == 1).sum()) < N_POINTS
+    res = _sweep(store)
+    assert res["ran"] == int((before == 0).sum()) and res["failed"] == 0
+    _assert_same(store, reference)
