@@ -196,8 +196,9 @@ def require_connected(W, what: str = "the kNN graph") -> None:
     if n_comp > 1:
         sizes = np.bincount(labels)
         order = np.argsort(-sizes)
-        desc = ", ".join(f"{sizes[c]} points (e.g. point {int(np.flatnonzero(labels == c)[0])})"
-                         for c in order[:5])
+        desc = ", ".join(
+            f"{sizes[c]} points (e.g. point {int(np.flatnonzero(labels == c)[0])})" for c in order[:5]
+        )
         raise ValueError(
             f"{what} has {n_comp} connected components: {desc}{' ...' if n_comp > 5 else ''}; "
             "increase k (n_neighbors) or use mode='union' so the graph is connected"

@@ -42,15 +42,40 @@ def pairwise_distances(A, metric: str = "euclidean") -> np.ndarray:
     return squareform(pdist(A, metric=metric))
 
 
-def _ranks_excluding_self(D):
-    """rank[i, j] = position of j in i's neighbour order (1 = nearest), self excluded."""
-    n = D.shape[0]
+def _knn_stable(D, k):
+    """Indices of the k nearest (self excluded) per row, ordered as a stable argsort would order
+    them (ties by index), without sorting whole rows: partition, then fix the rows with ties at
+    the k-th distance."""
     D = D.copy()
     np.fill_diagonal(D, np.inf)
-    order = np.argsort(D, axis=1, kind="stable")
-    ranks = np.empty_like(order)
-    ranks[np.arange(n)[:, None], order] = np.arange(1, n + 1)[None, :]
-    return order, ranks
+    kth = np.partition(D, k - 1, axis=1)[:, k - 1]
+    idx = np.argpartition(D, k - 1, axis=1)[:, :k]
+    tied = np.flatnonzero(np.sum(D <= kth[:, None], axis=1) > k)
+    for i in tied:  # rare for continuous data, common for codes
+        idx[i] = np.argsort(D[i], kind="stable")[:k]
+    vals = np.take_along_axis(D, idx, axis=1)
+    order = np.lexsort((idx, vals), axis=1)
+    return np.take_along_axis(idx, order, axis=1)
+
+
+def _rank_of(D, j_cols):
+    """Stable-argsort rank (1 = nearest, self excluded) of point j_cols[i, c] in row i's order:
+    1 + #{l != i : D[i, l] < D[i, j]} + #{l != i, l < j : D[i, l] == D[i, j]}.
+
+    One (N, N) comparison per column of ``j_cols``: O(N^2 k) time, O(N^2) memory."""
+    n, k = j_cols.shape
+    D = D.copy()
+    np.fill_diagonal(D, np.inf)  # self never counts: distances to other points are finite
+    rows = np.arange(n)
+    cols = np.arange(n)[None, :]
+    ranks = np.empty((n, k), dtype=np.int64)
+    for c in range(k):
+        j = j_cols[:, c]
+        dij = D[rows, j][:, None]
+        less = np.count_nonzero(D < dij, axis=1)
+        eq = np.count_nonzero((D == dij) & (cols < j[:, None]), axis=1)
+        ranks[:, c] = 1 + less + eq
+    return ranks
 
 
 def trustworthiness(Y, X, n_neighbors: int = 5, metric: str = "euclidean", metric_x: str | None = None):
@@ -69,10 +94,8 @@ def trustworthiness(Y, X, n_neighbors: int = 5, metric: str = "euclidean", metri
     Dx = pairwise_distances(X, mx)
     if Dx.shape[0] != n:
         raise ValueError(f"Y has {n} points but X has {Dx.shape[0]}")
-    _, rank_y = _ranks_excluding_self(Dy)
-    order_x, _ = _ranks_excluding_self(Dx)
-    nn_x = order_x[:, :k]
-    r = rank_y[np.arange(n)[:, None], nn_x] - k
+    nn_x = _knn_stable(Dx, k)
+    r = _rank_of(Dy, nn_x) - k
     penalty = np.sum(np.clip(r, 0, None))
     return float(1.0 - 2.0 / (n * k * (2.0 * n - 3.0 * k - 1.0)) * penalty)
 
@@ -132,12 +155,16 @@ def _upper(D):
 
 def pearson_distance_correlation(A, B, metric_a="euclidean", metric_b="euclidean") -> float:
     """Pearson correlation of pairwise distances over pairs i < j (paper 002's Table 2 score)."""
-    return float(pearsonr(_upper(pairwise_distances(A, metric_a)), _upper(pairwise_distances(B, metric_b)))[0])
+    return float(
+        pearsonr(_upper(pairwise_distances(A, metric_a)), _upper(pairwise_distances(B, metric_b)))[0]
+    )
 
 
 def shepard_goodness(Y, X, metric_y="euclidean", metric_x="euclidean") -> float:
     """Shepard goodness: Spearman correlation of pairwise distances in data and embedding."""
-    return float(spearmanr(_upper(pairwise_distances(Y, metric_y)), _upper(pairwise_distances(X, metric_x)))[0])
+    return float(
+        spearmanr(_upper(pairwise_distances(Y, metric_y)), _upper(pairwise_distances(X, metric_x)))[0]
+    )
 
 
 def procrustes_disparity(truth, X) -> float:

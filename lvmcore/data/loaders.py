@@ -29,8 +29,9 @@ from lvmcore.data import synthetic
 __all__ = ["load", "ingest", "open_dataset", "list_datasets", "DATASETS", "views_of"]
 
 
-def _finish(Y, *, name, source, params, label=None, color=None, truth=None, truth_metric="euclidean",
-            views=None):
+def _finish(
+    Y, *, name, source, params, label=None, color=None, truth=None, truth_metric="euclidean", views=None
+):
     Y = np.asarray(Y, dtype=np.float64)
     data = {"Y": (("point", "feature"), Y)}
     if views is not None:
@@ -88,10 +89,12 @@ def _digits(classes=5, n_per_class=None, seed=0):
     keep = np.flatnonzero(d.target < int(classes))
     if n_per_class is not None:
         rng = np.random.default_rng(seed)
-        keep = np.concatenate([
-            rng.choice(np.flatnonzero(d.target == c), size=int(n_per_class), replace=False)
-            for c in range(int(classes))
-        ])
+        keep = np.concatenate(
+            [
+                rng.choice(np.flatnonzero(d.target == c), size=int(n_per_class), replace=False)
+                for c in range(int(classes))
+            ]
+        )
         keep.sort()
     return dict(Y=d.data[keep] / 16.0, label=d.target[keep], color=d.target[keep])
 
@@ -206,7 +209,8 @@ def load(name_or_path, **options) -> xr.Dataset:
             return open_dataset(path)
         if path.suffix == "" and not path.exists():
             raise ValueError(
-                f"unknown data set {src!r}; known names: {', '.join(DATASETS)}; or give a .npy/.csv/.zarr/.h5ad path"
+                f"unknown data set {src!r}; known names: {', '.join(DATASETS)}; "
+                "or give a .npy/.csv/.zarr/.h5ad path"
             )
         opts = dict(options)
         parts = _load_file(path, opts)
@@ -229,8 +233,9 @@ def open_dataset(path) -> xr.Dataset:
     try:
         ds = xr.open_zarr(path, consolidated=False)
     except Exception as e:
-        raise ValueError(f"{path} is not a readable zarr data store ({type(e).__name__}: {e}); "
-                         "delete it and ingest again") from e
+        raise ValueError(
+            f"{path} is not a readable zarr data store ({type(e).__name__}: {e}); delete it and ingest again"
+        ) from e
     if "Y" not in ds:
         raise ValueError(f"{path} has no 'Y' variable; it was not written by lvmcore.data.ingest")
     if isinstance(ds.attrs.get("views"), str):
