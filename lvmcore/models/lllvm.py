@@ -1,0 +1,639 @@
+"""LL-LVM: the locally linear latent variable model (paper 000, appendices B and C) fitted by
+variational EM with learned alpha, beta, gamma.
+
+Model (N points y_i in R^D, latent x_i in R^Q, local maps C_i in R^{D x Q}, symmetric 0/1 graph
+eta with Laplacian L):
+
+* prior on x: N(0, ((alpha I + 2 L) kron I_Q)^{-1})  (eqs. 13-17)
+* prior on C: each of the D rows of C = [C_1 .. C_N] is N(0, (beta (eps_c I + 2 L kron I_Q))^{-1})
+  (eqs. 19-21 with U^{-1} = beta I)
+* likelihood (eq. 23 with V^{-1} = gamma I), with the paper's normaliser (eq. 31/73):
+  log p(y | x, C) = -eps_y/2 sum_i |y_i|^2 - gamma/2 S(x, C) - N D/2 log 2 pi
+                    + D/2 log|eps_y I + 2 gamma L|,
+  S = sum_i sum_j eta_ij |(y_j - y_i) - C_i (x_j - x_i)|^2.
+  (As in the paper this is the quadratic form of eq. 24 with f of eq. 28, not e' Sigma_y e; it is
+  what makes the E-steps of eqs. 50-57 and 64-71 exact coordinate ascent of the bound.)
+
+Variational posterior q(x) q(C), q(x) = N(mu_x, Sigma_x), q(C) = MN(mu_C, I_D, Sigma_C) (every
+row of C shares the covariance Sigma_C, so <C_i^T C_i> = D Sigma_C^(ii) + <C_i>^T <C_i>; the paper's
+eq. 57 drops the factor D).
+
+The bound F (computed every iteration) is
+  F = <log p(y | x, C)> - KL(q(x) || p(x)) - KL(q(C) || p(C)),
+and every update below maximises F exactly in its argument, so F never decreases.
+M-step: beta in closed form; alpha and gamma by 1-D root finding of dF/dtheta, which needs
+log|a I + 2 b L| and tr((a I + 2 b L)^{-1}): from the eigenvalues of L (dense solver) or from a
+sparse Cholesky with selected inversion (sparse solver, no eigendecomposition).
+
+Shapes: N points, D observed dims, Q latent dims, E undirected edges (i < j), M new points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import brentq
+
+from lvmcore.linalg import NumericalError, chol_solve, jitter_cholesky, logdet_from_chol
+from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
+
+__all__ = [
+    "LLLVM",
+    "LLGraph",
+    "QX",
+    "QC",
+    "Theta",
+    "prepare_graph",
+    "update_qx",
+    "update_qc",
+    "expected_S",
+    "update_alpha",
+    "update_beta",
+    "update_gamma",
+    "elbo",
+    "lllvm_fit",
+    "transform_points",
+    "reconstruct",
+]
+
+LOG2PI = np.log(2.0 * np.pi)
+#: problems with N <= this many points use the dense solver under solver="auto"
+AUTO_DENSE_MAX_N = 600
+#: relative tolerance of the 1-D root finding for alpha and gamma
+ROOT_RTOL = 1e-14
+#: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
+OOS_SWEEPS = 50
+
+
+# --------------------------------------------------------------------------- containers
+@dataclass
+class LLGraph:
+    """Graph quantities shared by every update. ``ei, ej``: undirected edges i < j (E,);
+    ``deg``: degrees (N,); ``inc``: (N, E) incidence with ones at (ei, e) and (ej, e);
+    ``omega``: eigenvalues of L (dense solver) or None; ``ls``: level structure (sparse solver)."""
+
+    W: sp.csr_matrix
+    ei: np.ndarray
+    ej: np.ndarray
+    deg: np.ndarray
+    inc: sp.csr_matrix
+    solver: str
+    omega: np.ndarray | None = None
+    ls: LevelStructure | None = None
+
+    @property
+    def n(self) -> int:
+        return self.W.shape[0]
+
+
+@dataclass
+class QX:
+    """q(x): ``mean`` (N, Q); ``cov`` (N, Q, Q) = Sigma_x^(ii); ``cov_edge`` (E, Q, Q) = Sigma_x^(ij)
+    for (ei, ej); ``logdet_prec`` = log|Sigma_x^{-1}|."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    cov_edge: np.ndarray
+    logdet_prec: float
+
+
+@dataclass
+class QC:
+    """q(C): ``mean`` (N, D, Q) = <C_i>; ``cov`` (N, Q, Q) and ``cov_edge`` (E, Q, Q): blocks of the
+    row covariance Sigma_C; ``logdet_prec`` = log|Sigma_C^{-1}| (one row)."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    cov_edge: np.ndarray
+    logdet_prec: float
+
+
+@dataclass
+class Theta:
+    alpha: float
+    beta: float
+    gamma: float
+    eps_c: float
+    eps_y: float
+
+
+def prepare_graph(W, solver: str) -> LLGraph:
+    """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse'."""
+    W = sp.csr_matrix(W, dtype=np.float64)
+    n = W.shape[0]
+    coo = sp.triu(W, k=1).tocoo()
+    ei, ej = coo.row.astype(np.int64), coo.col.astype(np.int64)
+    E = len(ei)
+    inc = sp.csr_matrix((np.ones(2 * E), (np.concatenate([ei, ej]), np.tile(np.arange(E), 2))), shape=(n, E))
+    deg = np.asarray(W.sum(axis=1)).ravel()
+    g = LLGraph(W=W, ei=ei, ej=ej, deg=deg, inc=inc, solver=solver)
+    if solver == "dense":
+        L = np.diag(deg) - W.toarray()
+        g.omega = np.clip(np.linalg.eigvalsh(L), 0.0, None)
+    else:
+        g.ls = LevelStructure(W)
+        if not (np.array_equal(g.ls.ei, ei) and np.array_equal(g.ls.ej, ej)):
+            raise RuntimeError("edge order of the level structure differs from the graph's")
+    return g
+
+
+def _to_points(g: LLGraph, per_edge: np.ndarray) -> np.ndarray:
+    """Sum per-edge arrays (E, ...) onto both end points -> (N, ...)."""
+    flat = per_edge.reshape(per_edge.shape[0], -1)
+    return np.asarray(g.inc @ flat).reshape((g.n,) + per_edge.shape[1:])
+
+
+# --------------------------------------------------------------------------- Gaussian solves
+def _gaussian(g: LLGraph, point_blocks, edge_blocks, rhs, name: str, context: str):
+    """Moments of N(P^{-1} rhs, P^{-1}) for the block-sparse precision P given by its point and edge
+    blocks. Returns mean (N Q, R), covariance point blocks (N, Q, Q), edge blocks (E, Q, Q),
+    log|P|."""
+    n, Q = point_blocks.shape[0], point_blocks.shape[-1]
+    if g.solver == "dense":
+        P = np.zeros((n, Q, n, Q))
+        idx = np.arange(n)
+        P[idx, :, idx, :] = point_blocks
+        P[g.ei, :, g.ej, :] = edge_blocks
+        P[g.ej, :, g.ei, :] = np.swapaxes(edge_blocks, 1, 2)
+        P = P.reshape(n * Q, n * Q)
+        Lc = jitter_cholesky(P, name=name, context=context)
+        S = chol_solve(Lc, np.eye(n * Q)).reshape(n, Q, n, Q)
+        mean = chol_solve(Lc, rhs)
+        return mean, S[idx, :, idx, :], S[g.ei, :, g.ej, :], float(logdet_from_chol(Lc))
+    M = BlockTridiagonal.assemble(g.ls, point_blocks, edge_blocks)
+    M.factor(name=name, context=context)
+    mean = M.solve(rhs)
+    Z = M.selected_inverse()
+    return mean, Z.point_blocks(), Z.edge_blocks(), M.logdet()
+
+
+def _lap(g: LLGraph, a: float, b: float):
+    """log|a I + 2 b L| and tr((a I + 2 b L)^{-1})."""
+    if g.solver == "dense":
+        lam = a + 2.0 * b * g.omega
+        return float(np.sum(np.log(lam))), float(np.sum(1.0 / lam))
+    pb = (a + 2.0 * b * g.deg)[:, None, None]
+    eb = np.full((len(g.ei), 1, 1), -2.0 * b)
+    M = BlockTridiagonal.assemble(g.ls, pb, eb).factor(name="a I + 2 b L")
+    return M.logdet(), float(np.sum(M.selected_inverse().point_blocks()))
+
+
+# --------------------------------------------------------------------------- moments
+def _ctc(qc: QC) -> np.ndarray:
+    """<C_i^T C_i> (N, Q, Q) = D Sigma_C^(ii) + <C_i>^T <C_i>."""
+    D = qc.mean.shape[1]
+    return D * qc.cov + np.einsum("ndq,ndr->nqr", qc.mean, qc.mean)
+
+
+def _dxdx(g: LLGraph, qx: QX) -> np.ndarray:
+    """<(x_j - x_i)(x_j - x_i)^T> per edge (E, Q, Q)."""
+    dm = qx.mean[g.ej] - qx.mean[g.ei]
+    Sij = qx.cov_edge
+    return qx.cov[g.ei] + qx.cov[g.ej] - Sij - np.swapaxes(Sij, 1, 2) + np.einsum("eq,er->eqr", dm, dm)
+
+
+def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "") -> QX:
+    """q(x) of eqs. 50-57: precision <A^{-1}> + Pi^{-1}, mean from <b>."""
+    n, Q = qc.cov.shape[0], qc.cov.shape[-1]
+    M = _ctc(qc)
+    Msum = M[g.ei] + M[g.ej]  # (E, Q, Q)
+    eye = np.eye(Q)
+    point = th.gamma * _to_points(g, Msum) + (th.alpha + 2.0 * g.deg)[:, None, None] * eye
+    edge = -th.gamma * Msum - 2.0 * eye
+    dy = Y[g.ei] - Y[g.ej]  # y_i - y_j per edge
+    Csum = qc.mean[g.ei] + qc.mean[g.ej]  # (E, D, Q)
+    v = np.einsum("edq,ed->eq", Csum, dy)  # (C_i + C_j)^T (y_i - y_j)
+    b = np.zeros((n, Q))
+    np.add.at(b, g.ei, v)
+    np.add.at(b, g.ej, -v)
+    rhs = th.gamma * b.reshape(n * Q, 1)
+    mean, cov, cov_e, ld = _gaussian(g, point, edge, rhs, "precision of q(x)", context)
+    return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld)
+
+
+def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "") -> QC:
+    """q(C) of eqs. 64-71: row precision gamma <Gamma^{-1}> + beta (eps_c I + 2 L kron I)."""
+    n, Q = qx.mean.shape
+    D = Y.shape[1]
+    eye = np.eye(Q)
+    Gam = _to_points(g, _dxdx(g, qx))  # (N, Q, Q)
+    point = th.gamma * Gam + (th.beta * (th.eps_c + 2.0 * g.deg))[:, None, None] * eye
+    edge = np.broadcast_to(-2.0 * th.beta * eye, (len(g.ei), Q, Q))
+    dy = Y[g.ej] - Y[g.ei]
+    dm = qx.mean[g.ej] - qx.mean[g.ei]
+    H = _to_points(g, np.einsum("ed,eq->edq", dy, dm))  # (N, D, Q) = <H_i>
+    rhs = th.gamma * np.swapaxes(H, 1, 2).reshape(n * Q, D)
+    mean, cov, cov_e, ld = _gaussian(g, point, np.ascontiguousarray(edge), rhs, "precision of q(C)", context)
+    return QC(mean=np.swapaxes(mean.reshape(n, Q, D), 1, 2), cov=cov, cov_edge=cov_e, logdet_prec=ld)
+
+
+def expected_S(Y, g: LLGraph, qx: QX, qc: QC) -> float:
+    """<S> = sum_i sum_j eta_ij <|(y_j - y_i) - C_i (x_j - x_i)|^2> under q(x) q(C)."""
+    dy = Y[g.ej] - Y[g.ei]
+    dm = qx.mean[g.ej] - qx.mean[g.ei]
+    M = _ctc(qc)
+    Exx = _dxdx(g, qx)
+    lin = np.einsum("ed,edq,eq->", dy, qc.mean[g.ei] + qc.mean[g.ej], dm)
+    quad = np.einsum("eqr,erq->", M[g.ei] + M[g.ej], Exx)
+    return float(2.0 * np.sum(dy * dy) - 2.0 * lin + quad)
+
+
+def _lap_quad_blocks(g: LLGraph, cov, cov_edge) -> float:
+    """tr((L kron I) Sigma) from the diagonal and edge covariance blocks."""
+    tr_pt = np.trace(cov, axis1=1, axis2=2)
+    return float(np.sum(g.deg * tr_pt) - 2.0 * np.sum(np.trace(cov_edge, axis1=1, axis2=2)))
+
+
+def _lap_quad_mean(g: LLGraph, m) -> float:
+    """tr(m^T (L kron I) m) for per-point rows m (N, ...) = sum_edges |m_i - m_j|^2."""
+    d = m[g.ei] - m[g.ej]
+    return float(np.sum(d * d))
+
+
+# --------------------------------------------------------------------------- M-step
+def _x_stat(qx: QX) -> float:
+    return float(np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + np.sum(qx.mean**2))
+
+
+def update_alpha(g: LLGraph, qx: QX) -> float:
+    """argmax_alpha Q/2 log|alpha I + 2L| - alpha/2 (tr Sigma_x + |mu_x|^2)  (eq. 79)."""
+    n, Q = qx.mean.shape
+    c = _x_stat(qx)
+
+    def grad(a):
+        return 0.5 * Q * _lap(g, a, 1.0)[1] - 0.5 * c
+
+    # tr((aI+2L)^{-1}) lies in [1/a, n/a] for a connected graph, so the root is in [Q/c, Q n/c]
+    lo, hi = Q / c, Q * n / c
+    if grad(hi) >= 0:
+        return hi
+    return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
+
+
+def update_beta(g: LLGraph, qc: QC, th: Theta) -> float:
+    """beta^{-1} = (1 / (N Q)) tr[(eps_c I + 2 L kron I)(Sigma_C + mu_C^T mu_C / D)]  (closed form)."""
+    n, D, Q = qc.mean.shape
+    tr_cov = th.eps_c * np.sum(np.trace(qc.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(
+        g, qc.cov, qc.cov_edge
+    )
+    tr_mean = th.eps_c * np.sum(qc.mean**2) + 2.0 * _lap_quad_mean(g, qc.mean)
+    return float(n * Q / (tr_cov + tr_mean / D))
+
+
+def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
+    """argmax_gamma D/2 log|eps_y I + 2 gamma L| - gamma/2 <S>  (eq. 72-73)."""
+    n, D = Y.shape
+    S = expected_S(Y, g, qx, qc)
+
+    def grad(gam):
+        tr = _lap(g, th.eps_y, gam)[1]
+        return 0.5 * D / gam * (n - th.eps_y * tr) - 0.5 * S
+
+    # n - eps_y tr <= n - 1, so grad(D n / S) < 0; below, shrink until positive
+    hi = D * n / S
+    lo = hi
+    for _ in range(200):
+        lo *= 0.1
+        if grad(lo) > 0:
+            break
+    else:
+        raise NumericalError("no bracket for the gamma update", name="gamma", context="M-step")
+    return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
+
+
+# --------------------------------------------------------------------------- bound
+def elbo(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, *, terms: bool = False):
+    """The variational lower bound F (see the module docstring); ``terms=True`` also returns the
+    parts (expected log-likelihood, -KL(q(x)||p(x)), -KL(q(C)||p(C)))."""
+    n, D = Y.shape
+    Q = qx.mean.shape[1]
+    nQ = n * Q
+    S = expected_S(Y, g, qx, qc)
+    ld_y, _ = _lap(g, th.eps_y, th.gamma)
+    loglik = -0.5 * th.eps_y * np.sum(Y * Y) - 0.5 * n * D * LOG2PI + 0.5 * D * ld_y - 0.5 * th.gamma * S
+    ld_x, _ = _lap(g, th.alpha, 1.0)
+    tr_x = th.alpha * np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(
+        g, qx.cov, qx.cov_edge
+    )
+    mq_x = th.alpha * np.sum(qx.mean**2) + 2.0 * _lap_quad_mean(g, qx.mean)
+    neg_kl_x = 0.5 * (Q * ld_x - qx.logdet_prec - tr_x - mq_x + nQ)
+    ld_c, _ = _lap(g, th.eps_c, 1.0)
+    tr_c = th.beta * (
+        th.eps_c * np.sum(np.trace(qc.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(g, qc.cov, qc.cov_edge)
+    )
+    mq_c = th.beta * (th.eps_c * np.sum(qc.mean**2) + 2.0 * _lap_quad_mean(g, qc.mean))
+    neg_kl_c = 0.5 * D * (nQ * np.log(th.beta) + Q * ld_c - qc.logdet_prec - tr_c + nQ) - 0.5 * mq_c
+    F = float(loglik + neg_kl_x + neg_kl_c)
+    if terms:
+        return F, (float(loglik), float(neg_kl_x), float(neg_kl_c))
+    return F
+
+
+# --------------------------------------------------------------------------- EM driver
+def lllvm_fit(
+    Y,
+    W,
+    *,
+    n_components: int = 2,
+    solver: str = "dense",
+    max_iter: int = 50,
+    tol: float = 0.0,
+    eps_c: float = 1e-3,
+    eps_y: float = 1e-3,
+    alpha0: float = 1.0,
+    beta0: float = 1.0,
+    gamma0: float | None = None,
+    init_mean: np.ndarray | None = None,
+    random_state=None,
+    callback=None,
+):
+    """Variational EM. Each iteration: q(C), q(x), then gamma, beta, alpha, then the bound.
+
+    Returns (qx, qc, theta, graph, trace) with ``trace`` the bound after every iteration. Stops when
+    the relative change of the bound falls below ``tol``.
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    n, D = Y.shape
+    Q = int(n_components)
+    g = prepare_graph(W, solver)
+    if gamma0 is None:
+        dy = Y[g.ej] - Y[g.ei]
+        gamma0 = float(len(g.ei) * D / np.sum(dy * dy))
+    th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
+    if init_mean is None:
+        rng = np.random.default_rng(random_state)
+        init_mean = rng.standard_normal((n, Q))
+    qx = QX(
+        mean=np.array(init_mean, dtype=np.float64),
+        cov=np.zeros((n, Q, Q)),
+        cov_edge=np.zeros((len(g.ei), Q, Q)),
+        logdet_prec=0.0,
+    )
+    trace = []
+    qc = None
+    for it in range(int(max_iter)):
+        ctx = f"EM iteration {it}"
+        qc = update_qc(Y, g, qx, th, ctx)
+        qx = update_qx(Y, g, qc, th, ctx)
+        th.gamma = update_gamma(Y, g, qx, qc, th)
+        th.beta = update_beta(g, qc, th)
+        th.alpha = update_alpha(g, qx)
+        F = elbo(Y, g, qx, qc, th)
+        trace.append(F)
+        if callback is not None:
+            callback(it, qx, qc, th, F)
+        if it > 0 and tol > 0 and abs(F - trace[-2]) <= tol * abs(F):
+            break
+    return qx, qc, th, g, np.asarray(trace)
+
+
+# --------------------------------------------------------------------------- out of sample
+def transform_points(Y, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS):
+    """E-step for new points with the training posterior and theta frozen.
+
+    ``nbr`` (M, k): training neighbours of each new point (the new point joins the graph with these
+    edges; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*) (independent
+    across new points). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    Ynew = np.asarray(Ynew, dtype=np.float64)
+    m, k = nbr.shape
+    D = Y.shape[1]
+    Q = qx.mean.shape[1]
+    eye = np.eye(Q)
+    Mtr = _ctc(qc)  # (N, Q, Q)
+    mu_j = qx.mean[nbr]  # (M, k, Q)
+    S_j = qx.cov[nbr]  # (M, k, Q, Q)
+    Cj = qc.mean[nbr]  # (M, k, D, Q)
+    Mj = Mtr[nbr]
+    a = Y[nbr] - Ynew[:, None, :]  # y_j - y*  (M, k, D)
+    # x-independent pieces of q(x*)
+    P_fix = (th.alpha + 2.0 * k) * eye + th.gamma * Mj.sum(1)
+    h_fix = 2.0 * mu_j.sum(1) + th.gamma * (
+        np.einsum("mkdq,mkd->mq", Cj, -a) + np.einsum("mkqr,mkr->mq", Mj, mu_j)
+    )
+    PC = None
+    mx = mu_j.mean(1)
+    Sx = np.zeros((m, Q, Q))
+    Cs = np.zeros((m, D, Q))
+    SC = np.zeros((m, Q, Q))
+    for _ in range(int(sweeps)):
+        # q(C*): precision gamma Gamma* + beta (eps_c + 2k) I, shared by the D rows
+        dm = mu_j - mx[:, None, :]  # <x_j - x*>
+        Gam = S_j.sum(1) + k * Sx + np.einsum("mkq,mkr->mqr", dm, dm)
+        PC = th.gamma * Gam + th.beta * (th.eps_c + 2.0 * k) * eye
+        Hs = np.einsum("mkd,mkq->mdq", a, dm)
+        rhs = th.gamma * Hs + 2.0 * th.beta * Cj.sum(1)  # (M, D, Q)
+        Lc = np.linalg.cholesky(PC)
+        SC = np.linalg.solve(PC, np.broadcast_to(eye, PC.shape))
+        Cs = np.swapaxes(np.linalg.solve(PC, np.swapaxes(rhs, 1, 2)), 1, 2)
+        del Lc
+        Ms = D * SC + np.einsum("mdq,mdr->mqr", Cs, Cs)
+        # q(x*)
+        P = P_fix + th.gamma * k * Ms
+        h = h_fix + th.gamma * (-np.einsum("mdq,mkd->mq", Cs, a) + np.einsum("mqr,mkr->mq", Ms, mu_j))
+        mx_new = np.linalg.solve(P, h[..., None])[..., 0]
+        Sx = np.linalg.solve(P, np.broadcast_to(eye, P.shape))
+        done = np.max(np.abs(mx_new - mx)) <= 1e-12 * (1.0 + np.max(np.abs(mx_new)))
+        mx = mx_new
+        if done:
+            break
+    return mx, Sx, Cs, SC
+
+
+def reconstruct(Y, qx: QX, qc: QC, X, k: int):
+    """Section 4.2 reconstruction: y* = mean over the k training points nearest to x* in latent
+    space of y_i + <C_i> (x* - <x_i>)."""
+    X = np.asarray(X, dtype=np.float64)
+    d2 = np.sum(X**2, 1)[:, None] + np.sum(qx.mean**2, 1)[None, :] - 2.0 * X @ qx.mean.T
+    nb = np.argsort(d2, axis=1)[:, :k]
+    diff = X[:, None, :] - qx.mean[nb]  # (M, k, Q)
+    return np.mean(Y[nb] + np.einsum("mkdq,mkq->mkd", qc.mean[nb], diff), axis=1)
+
+
+# --------------------------------------------------------------------------- estimator
+_SOLVERS = ("auto", "dense", "sparse")
+
+
+def _check_Y(Y, name="Y"):
+    Y = np.asarray(Y)
+    if Y.dtype == object or not np.issubdtype(Y.dtype, np.number):
+        raise ValueError(f"{name} must be a numeric array, got dtype={Y.dtype}")
+    if Y.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (points x features), got shape {Y.shape}; reshape it to (N, D)")
+    Y = Y.astype(np.float64)
+    if not np.all(np.isfinite(Y)):
+        r, c = np.argwhere(~np.isfinite(Y))[0]
+        raise ValueError(
+            f"{name} contains NaN or inf (first at row {r}, column {c}); remove or impute those values first"
+        )
+    return Y
+
+
+class LLLVM:
+    """Locally linear latent variable model (variational EM over q(x), q(C); alpha, beta, gamma
+    learned). See the module docstring for the model and the bound.
+
+    Parameters
+    ----------
+    n_components : latent dimension Q (< D)
+    n_neighbors : k of the kNN graph (union-symmetrised; the point itself is not counted)
+    solver : "dense" (Cholesky of the full N Q x N Q precisions), "sparse" (block-tridiagonal
+        Cholesky in BFS level order with selected inversion), or "auto" (dense for
+        N <= AUTO_DENSE_MAX_N)
+    max_iter, tol : EM iterations and relative bound change to stop at (0: run max_iter)
+    epsilon_c, epsilon_y : the small fixed precisions of the C prior and of the y likelihood
+    random_state : seed of the random initial latent means
+    """
+
+    def __init__(
+        self,
+        *,
+        n_components: int = 2,
+        n_neighbors: int = 10,
+        solver: str = "auto",
+        max_iter: int = 50,
+        tol: float = 1e-6,
+        epsilon_c: float = 1e-3,
+        epsilon_y: float = 1e-3,
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.n_neighbors = n_neighbors
+        self.solver = solver
+        self.max_iter = max_iter
+        self.tol = tol
+        self.epsilon_c = epsilon_c
+        self.epsilon_y = epsilon_y
+        self.random_state = random_state
+
+    def get_params(self) -> dict:
+        keys = ("n_components", "n_neighbors", "solver", "max_iter", "tol", "epsilon_c", "epsilon_y")
+        return {k: getattr(self, k) for k in keys + ("random_state",)}
+
+    # ------------------------------------------------------------------ checks
+    def _check_params(self, n, D):
+        for name in ("n_components", "n_neighbors", "max_iter"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.solver not in _SOLVERS:
+            raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
+        for name in ("epsilon_c", "epsilon_y"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if not (np.isfinite(self.tol) and self.tol >= 0):
+            raise ValueError(f"tol must be >= 0, got {self.tol!r}")
+        if self.n_components >= D:
+            raise ValueError(
+                f"Expected n_components < n_features, but n_components = {self.n_components}, "
+                f"n_features = {D}; choose a smaller n_components"
+            )
+        if self.n_neighbors >= n:
+            raise ValueError(
+                f"Expected n_neighbors < n_samples, but n_samples = {n}, n_neighbors = {self.n_neighbors}; "
+                "use a smaller n_neighbors"
+            )
+
+    def _graph(self, Y, graph) -> sp.csr_matrix:
+        from lvmcore import graph as lg
+
+        n = Y.shape[0]
+        k = int(self.n_neighbors)
+        if graph is None:
+            idx, _ = lg.knn(Y, k)
+            W = lg.adjacency(idx, mode="union")
+        elif sp.issparse(graph):
+            W = sp.csr_matrix(graph, dtype=np.float64)
+            if W.shape != (n, n):
+                raise ValueError(f"graph adjacency must be ({n}, {n}) for {n} points, got {W.shape}")
+            if abs(W - W.T).max() > 0:
+                raise ValueError("graph adjacency must be symmetric; symmetrise it with W.maximum(W.T)")
+            W.setdiag(0)
+            W.eliminate_zeros()
+            W.data[:] = 1.0
+        else:
+            idx = np.asarray(graph)
+            if idx.ndim != 2 or idx.shape[0] != n or not np.issubdtype(idx.dtype, np.integer):
+                raise ValueError(
+                    f"graph must be None, a sparse adjacency or an int array (N, k) of neighbour "
+                    f"indices with N = {n}; got {type(graph).__name__} of shape {getattr(idx, 'shape', None)}"
+                )
+            if idx.shape[1] < k:
+                raise ValueError(
+                    f"graph has {idx.shape[1]} neighbours per point but n_neighbors = {k}; "
+                    "compute the kNN graph with at least n_neighbors columns"
+                )
+            if idx.min() < 0 or idx.max() >= n:
+                raise ValueError(f"graph indices must lie in [0, {n - 1}]")
+            W = lg.adjacency(idx[:, :k], mode="union")
+        lg.require_connected(W)
+        return W
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, Y, graph=None):
+        Y = _check_Y(Y)
+        n, D = Y.shape
+        self._check_params(n, D)
+        W = self._graph(Y, graph)
+        solver = self.solver
+        if solver == "auto":
+            solver = "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
+        qx, qc, th, g, trace = lllvm_fit(
+            Y,
+            W,
+            n_components=int(self.n_components),
+            solver=solver,
+            max_iter=int(self.max_iter),
+            tol=float(self.tol),
+            eps_c=float(self.epsilon_c),
+            eps_y=float(self.epsilon_y),
+            random_state=self.random_state,
+        )
+        self.Y_train_ = Y
+        self.adjacency_ = W
+        self.solver_ = solver
+        self.qx_, self.qc_, self.theta_ = qx, qc, th
+        self.embedding_ = qx.mean
+        self.embedding_var_ = qx.cov
+        self.C_ = qc.mean
+        self.alpha_, self.beta_, self.gamma_ = th.alpha, th.beta, th.gamma
+        self.elbo_trace_ = trace
+        self.elbo_ = float(trace[-1])
+        self.n_iter_ = len(trace)
+        return self
+
+    def _check_fitted(self):
+        if not hasattr(self, "embedding_"):
+            raise ValueError("this LLLVM instance is not fitted yet; call fit(Y) first")
+
+    def transform(self, Y_new, return_var: bool = False):
+        """Posterior mean of x* for new points: each joins the training graph with edges to its
+        n_neighbors nearest training points; E-step for (x*, C*) with everything else frozen."""
+        self._check_fitted()
+        Ytr = self.Y_train_
+        Y_new = _check_Y(Y_new, "Y_new")
+        if Y_new.shape[1] != Ytr.shape[1]:
+            raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {Ytr.shape[1]}")
+        d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
+        nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
+        mx, Sx, _, _ = transform_points(Ytr, self.qx_, self.qc_, self.theta_, Y_new, nbr)
+        return (mx, Sx) if return_var else mx
+
+    def inverse_transform(self, X):
+        """Reconstruction of section 4.2 from the n_neighbors nearest training latents."""
+        self._check_fitted()
+        X = _check_Y(X, "X")
+        if X.shape[1] != self.embedding_.shape[1]:
+            raise ValueError(
+                f"X has {X.shape[1]} columns, the latent dimension is {self.embedding_.shape[1]}"
+            )
+        return reconstruct(self.Y_train_, self.qx_, self.qc_, X, int(self.n_neighbors))
+
+    def score(self, Y, graph=None) -> float:
+        """The final lower bound of a fit with this estimator's settings on (Y, graph): compare
+        hypothesised graphs (or k) by it (paper section 4.1). Does not change this estimator."""
+        return LLLVM(**self.get_params()).fit(Y, graph).elbo_
