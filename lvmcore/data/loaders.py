@@ -134,9 +134,19 @@ def _load_file(path: Path, options):
     if not path.exists():
         raise ValueError(f"data file {str(path)!r} does not exist; check the path")
     if suffix == ".npy":
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            raise ValueError(
+                f"{path} is not a readable .npy file (no NumPy header; a pickle or another format "
+                "renamed to .npy?); save the array with np.save(path, np.asarray(data, dtype=float))"
+            )
         try:
             Y = np.load(path, allow_pickle=False)
         except ValueError as e:
+            if "pickle" not in str(e):
+                msg = f"{path} is not a readable .npy file ({e}); re-export it with np.save"
+                raise ValueError(msg) from e
             raise ValueError(
                 f"{path} holds pickled Python objects, not a numeric array; save it with "
                 "np.save(path, np.asarray(data, dtype=float))"
