@@ -1,0 +1,160 @@
+"""Embedding metrics against independent references."""
+
+import dcor
+import numpy as np
+import pytest
+from scipy.spatial import procrustes
+from scipy.spatial.distance import pdist, squareform
+from scipy.stats import spearmanr
+from sklearn.manifold import trustworthiness as sk_trustworthiness
+
+from lvmcore import metrics
+
+
+@pytest.fixture
+def pair():
+    rng = np.random.default_rng(0)
+    Y = rng.normal(size=(150, 6))
+    X = Y[:, :2] @ rng.normal(size=(2, 2)) + 0.3 * rng.normal(size=(150, 2))
+    return Y, X
+
+
+@pytest.mark.parametrize("k", [1, 5, 12])
+def test_trustworthiness_matches_sklearn(pair, k):
+    Y, X = pair
+    ours = metrics.trustworthiness(Y, X, n_neighbors=k)
+    assert ours == pytest.approx(sk_trustworthiness(Y, X, n_neighbors=k), abs=1e-12)
+    assert ours < 0.99  # a noisy projection is not perfectly trustworthy
+
+
+def test_trustworthiness_precomputed_and_perfect(pair):
+    Y, X = pair
+    Dy = squareform(pdist(Y))
+    assert metrics.trustworthiness(Dy, X, 5, metric="precomputed") == pytest.approx(
+        sk_trustworthiness(Y, X, n_neighbors=5), abs=1e-12
+    )
+    assert metrics.trustworthiness(Y, 3.0 * Y + 1.0, 7) == pytest.approx(1.0)
+
+
+def test_continuity_is_swapped_trustworthiness(pair):
+    Y, X = pair
+    for k in (3, 10):
+        ref = sk_trustworthiness(X, Y, n_neighbors=k)
+        assert metrics.continuity(Y, X, k) == pytest.approx(ref, abs=1e-12)
+    assert metrics.continuity(Y, X, 5) != pytest.approx(metrics.trustworthiness(Y, X, 5), abs=1e-6)
+
+
+def test_trustworthiness_ties_follow_stable_order():
+    """Integer data with many tied distances: our rank rule is a stable argsort of each row."""
+    rng = np.random.default_rng(1)
+    Y = rng.integers(0, 3, size=(60, 4)).astype(float)
+    X = rng.integers(0, 3, size=(60, 2)).astype(float)
+    k = 4
+    n = len(Y)
+    Dy, Dx = squareform(pdist(Y)), squareform(pdist(X))
+    penalty = 0
+    for i in range(n):  # slow reference: full stable sorts per row
+        oy = [j for j in np.argsort(Dy[i], kind="stable") if j != i]
+        ox = [j for j in np.argsort(Dx[i], kind="stable") if j != i]
+        rank = {j: r + 1 for r, j in enumerate(oy)}
+        penalty += sum(max(rank[j] - k, 0) for j in ox[:k])
+    ref = 1 - 2.0 / (n * k * (2 * n - 3 * k - 1)) * penalty
+    assert metrics.trustworthiness(Y, X, k) == pytest.approx(ref, abs=1e-12)
+
+
+def test_knn_accuracy_matches_manual_cv():
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.neighbors import KNeighborsClassifier
+
+    rng = np.random.default_rng(2)
+    labels = np.repeat(np.arange(3), 30)
+    X = rng.normal(size=(90, 2)) + 1.2 * labels[:, None]
+    for k in (1, 3):
+        accs = []
+        for tr, te in StratifiedKFold(5, shuffle=True, random_state=7).split(X, labels):
+            clf = KNeighborsClassifier(n_neighbors=k).fit(X[tr], labels[tr])
+            accs.append(np.mean(clf.predict(X[te]) == labels[te]))
+        ours = metrics.knn_accuracy(X, labels, n_neighbors=k, n_splits=5, random_state=7)
+        assert ours == pytest.approx(np.mean(accs), abs=1e-12)
+        assert 0.5 < ours < 1.0
+    with pytest.raises(ValueError, match="labels has 10 entries"):
+        metrics.knn_accuracy(X, labels[:10])
+
+
+def _dcor_loop(A, B):
+    """Direct O(n^2) double loop for Szekely's (V-statistic) distance correlation."""
+    n = len(A)
+    a = np.array([[np.linalg.norm(A[i] - A[j]) for j in range(n)] for i in range(n)])
+    b = np.array([[np.linalg.norm(B[i] - B[j]) for j in range(n)] for i in range(n)])
+    ra, rb = a.mean(1), b.mean(1)
+    ma, mb = a.mean(), b.mean()
+    sab = saa = sbb = 0.0
+    for i in range(n):
+        for j in range(n):
+            Aij = a[i, j] - ra[i] - ra[j] + ma
+            Bij = b[i, j] - rb[i] - rb[j] + mb
+            sab += Aij * Bij
+            saa += Aij * Aij
+            sbb += Bij * Bij
+    return np.sqrt(sab / np.sqrt(saa * sbb))
+
+
+def test_distance_correlation_matches_loop_and_dcor(pair):
+    Y, X = pair
+    Y, X = Y[:50], X[:50]
+    ours = metrics.distance_correlation(Y, X)
+    assert ours == pytest.approx(_dcor_loop(Y, X), abs=1e-12)
+    assert ours == pytest.approx(dcor.distance_correlation(Y, X), abs=1e-10)
+    # precomputed (e.g. hyperbolic) distances on one side give the same number
+    pre = metrics.distance_correlation(squareform(pdist(Y)), X, metric_a="precomputed")
+    assert pre == pytest.approx(ours)
+    rng = np.random.default_rng(3)
+    assert metrics.distance_correlation(Y, rng.normal(size=(50, 2))) < ours
+
+
+def test_shepard_goodness_matches_spearmanr(pair):
+    Y, X = pair
+    ref = spearmanr(pdist(Y), pdist(X))[0]
+    assert metrics.shepard_goodness(Y, X) == pytest.approx(ref, abs=1e-12)
+    assert metrics.shepard_goodness(Y, X, metric_y="cityblock") == pytest.approx(
+        spearmanr(pdist(Y, "cityblock"), pdist(X))[0], abs=1e-12
+    )
+
+
+def test_pearson_distance_correlation(pair):
+    Y, X = pair
+    assert metrics.pearson_distance_correlation(Y, X) == pytest.approx(
+        np.corrcoef(pdist(Y), pdist(X))[0, 1], abs=1e-12
+    )
+
+
+def test_procrustes_matches_scipy(pair):
+    Y, X = pair
+    T = Y[:, :2]
+    assert metrics.procrustes_disparity(T, X) == pytest.approx(procrustes(T, X)[2], abs=1e-12)
+    # rotated, scaled, shifted copy: disparity 0
+    c, s = np.cos(0.7), np.sin(0.7)
+    moved = 3 * T @ np.array([[c, -s], [s, c]]) + 5
+    assert metrics.procrustes_disparity(T, moved) == pytest.approx(0, abs=1e-12)
+    # wider embedding is compared after zero-padding the truth, as scipy needs equal shapes
+    X3 = np.column_stack([X, 0.1 * Y[:, 3]])
+    assert metrics.procrustes_disparity(T, X3) == pytest.approx(
+        procrustes(np.column_stack([T, np.zeros(len(T))]), X3)[2], abs=1e-12
+    )
+
+
+def test_metric_bad_input(pair):
+    Y, X = pair
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    for fn in (metrics.trustworthiness, metrics.shepard_goodness, metrics.distance_correlation):
+        with pytest.raises(ValueError, match="NaN or inf"):
+            fn(Y, Xn)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        metrics.procrustes_disparity(Y[:, 0], X)
+    with pytest.raises(ValueError, match="n_neighbors must be in"):
+        metrics.trustworthiness(Y, X, n_neighbors=75)
+    with pytest.raises(ValueError, match="150 points but X has 100"):
+        metrics.trustworthiness(Y, X[:100])
+    with pytest.raises(ValueError, match="square"):
+        metrics.trustworthiness(Y, X, metric="precomputed")
