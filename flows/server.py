@@ -41,6 +41,16 @@ def wait_healthy(
     raise RuntimeError(f"the Prefect server at {url} was not healthy after {timeout:.0f} s")
 
 
+def _flush_prefect_logs() -> None:
+    """Send buffered run logs while the server is still up (else the exit waits on retries)."""
+    try:
+        from prefect._internal.concurrency.services import QueueService
+
+        QueueService.drain_all(timeout=10)  # run logs and events
+    except Exception:  # logging must never fail the run
+        pass
+
+
 @contextlib.contextmanager
 def use_api(url: str):
     """Point this process's Prefect client at ``url`` (the settings are read at import time, so
@@ -79,6 +89,7 @@ def local_server(log_path: Path | None = None):
         with use_api(url):
             yield url
     finally:
+        _flush_prefect_logs()
         os.environ.pop("PREFECT_API_URL", None)
         proc.terminate()
         try:

@@ -62,14 +62,15 @@ def fit_point(
         var = getattr(est, "embedding_var_", None)
         if var is not None:
             var = np.asarray(var, dtype=np.float64)
-            res.embedding_var = np.broadcast_to(var, res.embedding.shape) if var.ndim < 2 else var
+            if var.ndim == 3:  # full (N, Q, Q) posterior covariances: keep the marginal variances
+                var = np.diagonal(var, axis1=1, axis2=2)
+            res.embedding_var = np.broadcast_to(var, res.embedding.shape)
         res.elbo = float(est.elbo_)
         res.elbo_trace = np.asarray(getattr(est, "elbo_trace_", [res.elbo]), dtype=np.float64)
         res.n_iter = float(getattr(est, "n_iter_", len(res.elbo_trace)))
-        if "ard_weights" in spec.extras and hasattr(est, "ard_weights_"):
-            res.extras["ard_weights"] = np.asarray(est.ard_weights_, dtype=np.float64)
-        if spec.hyperbolic and hasattr(est, "lorentz_embedding_"):
-            res.extras["_lorentz"] = np.asarray(est.lorentz_embedding_, dtype=np.float64)
+        for name in spec.extras:  # learned quantities the registry asks for, e.g. ard_weights_, alpha_
+            if name != "generations" and getattr(est, name + "_", None) is not None:
+                res.extras[name] = np.asarray(getattr(est, name + "_"), dtype=np.float64)
         res.status = "done"
     except Exception as e:  # recorded per grid point; the sweep goes on
         last = traceback.extract_tb(e.__traceback__)[-1]

@@ -67,6 +67,7 @@ MODELS: dict[str, ModelSpec] = {
             "lvmcore.models.lllvm:LLLVM",
             ("k", "latent_dim", "seed"),
             has_variance=True,
+            extras={"alpha": (), "beta": (), "gamma": ()},
             description="locally linear latent variable model, variational EM (paper 000)",
         ),
         _spec(
