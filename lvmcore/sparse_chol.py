@@ -79,6 +79,23 @@ class LevelStructure:
         self.ei, self.ej = coo.row.astype(np.int64), coo.col.astype(np.int64)
         if np.any(np.abs(level[self.ei] - level[self.ej]) > 1):  # cannot happen for BFS levels
             raise RuntimeError("BFS levels violated: an edge spans more than one level")
+        # per-level index sets, computed once: points, edges inside the level, edges to the level
+        # above (oriented so that r is in this level and c in the previous one)
+        ei, ej = self.ei, self.ej
+        flip = level[ei] < level[ej]
+        self.edge_flip = flip
+        r = np.where(flip, ej, ei)
+        c = np.where(flip, ei, ej)
+        lr, lc = level[r], level[c]
+        e_order = np.argsort(lr, kind="stable")
+        e_ptr = np.searchsorted(lr[e_order], np.arange(self.n_levels + 1))
+        self.level_points, self.level_same, self.level_down = [], [], []
+        for lv in range(self.n_levels):
+            self.level_points.append(perm[self.ptr[lv] : self.ptr[lv + 1]])
+            es = e_order[e_ptr[lv] : e_ptr[lv + 1]]
+            self.level_same.append(es[lc[es] == lv])
+            self.level_down.append(es[lc[es] == lv - 1])
+        self.edge_r, self.edge_c = r, c
 
     @property
     def sizes(self) -> np.ndarray:
@@ -111,29 +128,31 @@ class BlockTridiagonal:
         for the structure's edges (i, j) = (ei[e], ej[e]), i < j; block (j, i) is its transpose."""
         Q = point_blocks.shape[-1]
         M = cls(ls, Q)
-        lev, loc = ls.level, ls.local
+        loc = ls.local
+        r, c = ls.edge_r, ls.edge_c
+        # block (r, c) with level(r) >= level(c): edge_blocks[e] or its transpose
+        B = np.where(ls.edge_flip[:, None, None], np.swapaxes(edge_blocks, 1, 2), edge_blocks)
         for lv in range(ls.n_levels):
-            pts = ls.perm[ls.ptr[lv] : ls.ptr[lv + 1]]
-            D = M.diag[lv].reshape(len(pts), Q, len(pts), Q)
-            D[loc[pts], :, loc[pts], :] = point_blocks[pts]
-        ei, ej = ls.ei, ls.ej
-        # orient so that (r, c) has level(r) >= level(c); block (r, c) = B or B^T
-        flip = lev[ei] < lev[ej]
-        r = np.where(flip, ej, ei)
-        c = np.where(flip, ei, ej)
-        B = np.where(flip[:, None, None], np.swapaxes(edge_blocks, 1, 2), edge_blocks)
-        for lv in range(ls.n_levels):
-            sel = lev[r] == lv
-            same = sel & (lev[c] == lv)
-            s = ls.sizes[lv]
+            pts = ls.level_points[lv]
+            s = len(pts)
             D = M.diag[lv].reshape(s, Q, s, Q)
-            if same.any():
+            D[loc[pts], :, loc[pts], :] = point_blocks[pts]
+            same = ls.level_same[lv]
+            if len(same):
                 D[loc[r[same]], :, loc[c[same]], :] = B[same]
                 D[loc[c[same]], :, loc[r[same]], :] = np.swapaxes(B[same], 1, 2)
-            down = sel & (lev[c] == lv - 1)
-            if down.any():
+            down = ls.level_down[lv]
+            if len(down):
                 S = M.sub[lv - 1].reshape(s, Q, ls.sizes[lv - 1], Q)
                 S[loc[r[down]], :, loc[c[down]], :] = B[down]
+        return M
+
+    def combine(self, a: float, other: BlockTridiagonal, b: float) -> BlockTridiagonal:
+        """a * self + b * other (same structure), a new unfactored matrix."""
+        M = BlockTridiagonal.__new__(BlockTridiagonal)
+        M.ls, M.Q, M._factor = self.ls, self.Q, None
+        M.diag = [a * x + b * y for x, y in zip(self.diag, other.diag)]
+        M.sub = [a * x + b * y for x, y in zip(self.sub, other.sub)]
         return M
 
     def to_sparse(self) -> sp.csr_matrix:
@@ -256,7 +275,7 @@ class BlockTridiagonal:
         ls, Q = self.ls, self.Q
         out = np.empty((ls.n, Q, Q))
         for lv in range(ls.n_levels):
-            pts = ls.perm[ls.ptr[lv] : ls.ptr[lv + 1]]
+            pts = ls.level_points[lv]
             s = len(pts)
             D = self.diag[lv].reshape(s, Q, s, Q)
             out[pts] = D[ls.local[pts], :, ls.local[pts], :]
@@ -265,17 +284,17 @@ class BlockTridiagonal:
     def edge_blocks(self) -> np.ndarray:
         """(E, Q, Q) blocks (ei[e], ej[e]) for the structure's edges."""
         ls, Q = self.ls, self.Q
-        ei, ej, lev, loc = ls.ei, ls.ej, ls.level, ls.local
-        out = np.empty((len(ei), Q, Q))
+        loc, r, c = ls.local, ls.edge_r, ls.edge_c
+        out = np.empty((len(ls.ei), Q, Q))  # block (r, c) first, transposed where flipped
         for lv in range(ls.n_levels):
             s = ls.sizes[lv]
             D = self.diag[lv].reshape(s, Q, s, Q)
-            m = (lev[ei] == lv) & (lev[ej] == lv)
-            out[m] = D[loc[ei[m]], :, loc[ej[m]], :]
-            if lv > 0:
+            same = ls.level_same[lv]
+            out[same] = D[loc[r[same]], :, loc[c[same]], :]
+            down = ls.level_down[lv]
+            if len(down):
                 S = self.sub[lv - 1].reshape(s, Q, ls.sizes[lv - 1], Q)
-                m = (lev[ei] == lv) & (lev[ej] == lv - 1)  # block (i, j) with i below
-                out[m] = S[loc[ei[m]], :, loc[ej[m]], :]
-                m = (lev[ej] == lv) & (lev[ei] == lv - 1)  # block (i, j) = S[j, i]^T
-                out[m] = np.swapaxes(S[loc[ej[m]], :, loc[ei[m]], :], 1, 2)
+                out[down] = S[loc[r[down]], :, loc[c[down]], :]
+        flip = ls.edge_flip
+        out[flip] = np.swapaxes(out[flip], 1, 2)
         return out

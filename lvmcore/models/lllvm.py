@@ -82,6 +82,8 @@ class LLGraph:
     solver: str
     omega: np.ndarray | None = None
     ls: LevelStructure | None = None
+    lap_eye: BlockTridiagonal | None = None  # sparse solver: I and 2 L in level-block form
+    lap_2L: BlockTridiagonal | None = None
 
     @property
     def n(self) -> int:
@@ -136,6 +138,8 @@ def prepare_graph(W, solver: str) -> LLGraph:
         g.ls = LevelStructure(W)
         if not (np.array_equal(g.ls.ei, ei) and np.array_equal(g.ls.ej, ej)):
             raise RuntimeError("edge order of the level structure differs from the graph's")
+        g.lap_eye = BlockTridiagonal.assemble(g.ls, np.ones((n, 1, 1)), np.zeros((E, 1, 1)))
+        g.lap_2L = BlockTridiagonal.assemble(g.ls, 2.0 * deg[:, None, None], np.full((E, 1, 1), -2.0))
     return g
 
 
@@ -174,9 +178,7 @@ def _lap(g: LLGraph, a: float, b: float):
     if g.solver == "dense":
         lam = a + 2.0 * b * g.omega
         return float(np.sum(np.log(lam))), float(np.sum(1.0 / lam))
-    pb = (a + 2.0 * b * g.deg)[:, None, None]
-    eb = np.full((len(g.ei), 1, 1), -2.0 * b)
-    M = BlockTridiagonal.assemble(g.ls, pb, eb).factor(name="a I + 2 b L")
+    M = g.lap_eye.combine(a, g.lap_2L, b).factor(name="a I + 2 b L")
     return M.logdet(), float(np.sum(M.selected_inverse().point_blocks()))
 
 
@@ -257,7 +259,19 @@ def _x_stat(qx: QX) -> float:
     return float(np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + np.sum(qx.mean**2))
 
 
-def update_alpha(g: LLGraph, qx: QX) -> float:
+def _bracket(grad, lo, hi, start):
+    """A sign-changing bracket [a, b] inside [lo, hi] for a decreasing grad, near ``start``."""
+    if start is None or not (lo < start < hi):
+        return lo, hi
+    a, b = start / 1.5, start * 1.5
+    while a > lo and grad(a) <= 0:
+        a, b = a / 4.0, a
+    while b < hi and grad(b) >= 0:
+        a, b = b, b * 4.0
+    return max(a, lo), min(b, hi)
+
+
+def update_alpha(g: LLGraph, qx: QX, start: float | None = None) -> float:
     """argmax_alpha Q/2 log|alpha I + 2L| - alpha/2 (tr Sigma_x + |mu_x|^2)  (eq. 79)."""
     n, Q = qx.mean.shape
     c = _x_stat(qx)
@@ -267,9 +281,10 @@ def update_alpha(g: LLGraph, qx: QX) -> float:
 
     # tr((aI+2L)^{-1}) lies in [1/a, n/a] for a connected graph, so the root is in [Q/c, Q n/c]
     lo, hi = Q / c, Q * n / c
-    if grad(hi) >= 0:
+    a, b = _bracket(grad, lo, hi, start)
+    if b == hi and grad(hi) >= 0:
         return hi
-    return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
+    return float(brentq(grad, a, b, rtol=ROOT_RTOL, xtol=1e-300))
 
 
 def update_beta(g: LLGraph, qc: QC, th: Theta) -> float:
@@ -293,11 +308,14 @@ def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
 
     # n - eps_y tr <= n - 1, so grad(D n / S) < 0; below, shrink until positive
     hi = D * n / S
-    lo = hi
+    if th.gamma < hi:
+        lo, hi = _bracket(grad, 0.0, hi, th.gamma)
+    else:
+        lo = hi
     for _ in range(200):
-        lo *= 0.1
-        if grad(lo) > 0:
+        if lo > 0 and grad(lo) > 0:
             break
+        lo = 0.1 * (lo if lo > 0 else hi)
     else:
         raise NumericalError("no bracket for the gamma update", name="gamma", context="M-step")
     return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
@@ -332,6 +350,24 @@ def elbo(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, *, terms: bool = False):
 
 
 # --------------------------------------------------------------------------- EM driver
+def spectral_init(W, Q: int, rng) -> np.ndarray:
+    """Laplacian eigenmaps start: the Q eigenvectors of L after the constant one, each scaled to unit
+    variance, plus 1e-3 N(0, 1) noise from ``rng`` (so seeds give different starts)."""
+    from scipy.sparse.linalg import eigsh
+
+    W = sp.csr_matrix(W)
+    n = W.shape[0]
+    L = sp.diags(np.asarray(W.sum(1)).ravel()) - W
+    if n <= 2000:
+        _, V = np.linalg.eigh(L.toarray())
+    else:
+        v0 = np.random.default_rng(0).standard_normal(n)
+        _, V = eigsh(sp.csc_matrix(L), k=Q + 1, sigma=-1e-6, which="LM", v0=v0)
+    V = V[:, 1 : Q + 1]
+    V = V / V.std(axis=0)
+    return V + 1e-3 * rng.standard_normal(V.shape)
+
+
 def lllvm_fit(
     Y,
     W,
@@ -342,14 +378,18 @@ def lllvm_fit(
     tol: float = 0.0,
     eps_c: float = 1e-3,
     eps_y: float = 1e-3,
-    alpha0: float = 1.0,
+    alpha0: float = 1e-3,
     beta0: float = 1.0,
-    gamma0: float | None = None,
-    init_mean: np.ndarray | None = None,
+    gamma0: float = 1.0,
+    init: str = "random_c",
+    learn_alpha: bool = True,
     random_state=None,
     callback=None,
 ):
-    """Variational EM. Each iteration: q(C), q(x), then gamma, beta, alpha, then the bound.
+    """Variational EM. Each iteration: q(x), q(C), then gamma, beta, alpha, then the bound.
+
+    ``init="random_c"`` starts from q(C) with N(0, 1) means and identity covariance (as the authors'
+    code does); ``"random_x"`` from N(0, 1) latent means.
 
     Returns (qx, qc, theta, graph, trace) with ``trace`` the bound after every iteration. Stops when
     the relative change of the bound falls below ``tol``.
@@ -358,28 +398,36 @@ def lllvm_fit(
     n, D = Y.shape
     Q = int(n_components)
     g = prepare_graph(W, solver)
-    if gamma0 is None:
-        dy = Y[g.ej] - Y[g.ei]
-        gamma0 = float(len(g.ei) * D / np.sum(dy * dy))
     th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
-    if init_mean is None:
-        rng = np.random.default_rng(random_state)
-        init_mean = rng.standard_normal((n, Q))
-    qx = QX(
-        mean=np.array(init_mean, dtype=np.float64),
-        cov=np.zeros((n, Q, Q)),
-        cov_edge=np.zeros((len(g.ei), Q, Q)),
-        logdet_prec=0.0,
-    )
+    rng = np.random.default_rng(random_state)
+    E = len(g.ei)
+    if init == "random_c":  # the authors' start: <C> ~ N(0, 1) entries, Sigma_C = I
+        qc = QC(
+            mean=rng.standard_normal((n, D, Q)),
+            cov=np.broadcast_to(np.eye(Q), (n, Q, Q)).copy(),
+            cov_edge=np.zeros((E, Q, Q)),
+            logdet_prec=0.0,
+        )
+    elif init in ("random_x", "spectral"):  # point-mass q(x): N(0, 1) draws or Laplacian eigenmaps
+        mean0 = rng.standard_normal((n, Q)) if init == "random_x" else spectral_init(W, Q, rng)
+        qx = QX(
+            mean=mean0,
+            cov=np.zeros((n, Q, Q)),
+            cov_edge=np.zeros((E, Q, Q)),
+            logdet_prec=0.0,
+        )
+        qc = update_qc(Y, g, qx, th, "initialisation")
+    else:
+        raise ValueError(f"init must be 'random_c', 'random_x' or 'spectral', got {init!r}")
     trace = []
-    qc = None
     for it in range(int(max_iter)):
         ctx = f"EM iteration {it}"
-        qc = update_qc(Y, g, qx, th, ctx)
         qx = update_qx(Y, g, qc, th, ctx)
+        qc = update_qc(Y, g, qx, th, ctx)
         th.gamma = update_gamma(Y, g, qx, qc, th)
         th.beta = update_beta(g, qc, th)
-        th.alpha = update_alpha(g, qx)
+        if learn_alpha:
+            th.alpha = update_alpha(g, qx, start=th.alpha)
         F = elbo(Y, g, qx, qc, th)
         trace.append(F)
         if callback is not None:
@@ -485,6 +533,9 @@ class LLLVM:
         N <= AUTO_DENSE_MAX_N)
     max_iter, tol : EM iterations and relative bound change to stop at (0: run max_iter)
     epsilon_c, epsilon_y : the small fixed precisions of the C prior and of the y likelihood
+    standardize : centre Y and divide it by its largest absolute entry before fitting (the authors'
+        preprocessing; the priors' unit graph weights make the fit scale-dependent). ``elbo_`` is
+        then the bound of the scaled data; ``Y_train_`` holds the scaled data.
     random_state : seed of the random initial latent means
     """
 
@@ -498,6 +549,7 @@ class LLLVM:
         tol: float = 1e-6,
         epsilon_c: float = 1e-3,
         epsilon_y: float = 1e-3,
+        standardize: bool = True,
         random_state=None,
     ):
         self.n_components = n_components
@@ -507,10 +559,20 @@ class LLLVM:
         self.tol = tol
         self.epsilon_c = epsilon_c
         self.epsilon_y = epsilon_y
+        self.standardize = standardize
         self.random_state = random_state
 
     def get_params(self) -> dict:
-        keys = ("n_components", "n_neighbors", "solver", "max_iter", "tol", "epsilon_c", "epsilon_y")
+        keys = (
+            "n_components",
+            "n_neighbors",
+            "solver",
+            "max_iter",
+            "tol",
+            "epsilon_c",
+            "epsilon_y",
+            "standardize",
+        )
         return {k: getattr(self, k) for k in keys + ("random_state",)}
 
     # ------------------------------------------------------------------ checks
@@ -579,6 +641,12 @@ class LLLVM:
         n, D = Y.shape
         self._check_params(n, D)
         W = self._graph(Y, graph)
+        if self.standardize:  # the authors' preprocessing: centre, divide by the largest |entry|
+            self.center_ = Y.mean(axis=0)
+            self.scale_ = float(np.abs(Y - self.center_).max()) or 1.0
+        else:
+            self.center_, self.scale_ = np.zeros(D), 1.0
+        Y = (Y - self.center_) / self.scale_
         solver = self.solver
         if solver == "auto":
             solver = "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
@@ -618,6 +686,7 @@ class LLLVM:
         Y_new = _check_Y(Y_new, "Y_new")
         if Y_new.shape[1] != Ytr.shape[1]:
             raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {Ytr.shape[1]}")
+        Y_new = (Y_new - self.center_) / self.scale_
         d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
         nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
         mx, Sx, _, _ = transform_points(Ytr, self.qx_, self.qc_, self.theta_, Y_new, nbr)
@@ -631,7 +700,8 @@ class LLLVM:
             raise ValueError(
                 f"X has {X.shape[1]} columns, the latent dimension is {self.embedding_.shape[1]}"
             )
-        return reconstruct(self.Y_train_, self.qx_, self.qc_, X, int(self.n_neighbors))
+        Yhat = reconstruct(self.Y_train_, self.qx_, self.qc_, X, int(self.n_neighbors))
+        return Yhat * self.scale_ + self.center_
 
     def score(self, Y, graph=None) -> float:
         """The final lower bound of a fit with this estimator's settings on (Y, graph): compare
