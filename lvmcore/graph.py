@@ -21,9 +21,12 @@ __all__ = [
     "DEFAULT_BLOCK_ROWS",
 ]
 
-#: query rows per block of the exact search; memory per block is about
-#: block_rows * N * 8 bytes for the distance slab
-DEFAULT_BLOCK_ROWS = 2048
+#: rows per block of the exact search; one task holds a block_rows x block_rows float32 slab
+#: (64 MiB at 4096), so memory is bounded by the block size whatever N is
+DEFAULT_BLOCK_ROWS = 4096
+
+#: extra candidates kept per row beyond k, so float32 rounding rarely forces a fallback
+_EXTRA = 8
 
 
 def _validate(Y, k):
@@ -46,61 +49,179 @@ def _validate(Y, k):
     return Y
 
 
-def _block_topk(Yb, Y, start, k, sq_all):
-    """Exact top-k of the rows Yb (global offset ``start``) against all rows Y, self excluded.
+_KERNEL = None
 
-    Squared distances by the expansion |a|^2 + |b|^2 - 2 a.b (one GEMM per block), partial
-    selection with argpartition, then an exact recomputation of the selected distances so the
-    returned values carry no cancellation error.
+
+def _kernel():
+    """The numba tile-selection kernel, compiled on first use (numba comes with pynndescent)."""
+    global _KERNEL
+    if _KERNEL is None:
+        from numba import njit
+
+        @njit(nogil=True, cache=True)
+        def tile_select(G, sqa, sqb, diag, row_i, row_v, col_i, col_v):  # pragma: no cover - jitted
+            # approximate squared distances v = |a|^2 + |b|^2 - 2 a.b of one tile (float32); keep
+            # the kk smallest per row (over columns) and, off the diagonal, per column (over rows)
+            na, nb = G.shape
+            kk = row_i.shape[1]
+            col_w = np.empty(nb, np.float32)
+            col_p = np.zeros(nb, np.int64)
+            for c in range(nb):
+                col_w[c] = np.inf
+            for r in range(na):
+                w = np.float32(np.inf)
+                p = 0
+                sa = sqa[r]
+                for c in range(nb):
+                    if diag and c == r:
+                        continue
+                    v = sa + sqb[c] - np.float32(2.0) * G[r, c]
+                    if v < w:
+                        row_v[r, p] = v
+                        row_i[r, p] = c
+                        w = row_v[r, 0]
+                        p = 0
+                        for m in range(1, kk):
+                            if row_v[r, m] > w:
+                                w = row_v[r, m]
+                                p = m
+                    if not diag and v < col_w[c]:
+                        q = col_p[c]
+                        col_v[c, q] = v
+                        col_i[c, q] = r
+                        wc = col_v[c, 0]
+                        q = 0
+                        for m in range(1, kk):
+                            if col_v[c, m] > wc:
+                                wc = col_v[c, m]
+                                q = m
+                        col_w[c] = wc
+                        col_p[c] = q
+
+        _KERNEL = tile_select
+    return _KERNEL
+
+
+def _pair_tile(A, B, kk, diag):
+    """Candidates between row blocks A and B (float32, centred): for every row of A its kk nearest
+    rows of B and, unless A is B (``diag``), for every row of B its kk nearest rows of A.
+
+    One GEMM for both directions (the distance matrix is symmetric, so only tiles on and above the
+    block diagonal are computed), then a single pass of the selection kernel over the tile."""
+    G = A @ B.T
+    sqa = np.einsum("ij,ij->i", A, A)
+    sqb = np.einsum("ij,ij->i", B, B)
+    row_i = np.full((A.shape[0], kk), -1, np.int64)
+    row_v = np.full((A.shape[0], kk), np.inf, np.float32)
+    nb = 0 if diag else B.shape[0]
+    col_i = np.full((nb, kk), -1, np.int64)
+    col_v = np.full((nb, kk), np.inf, np.float32)
+    _kernel()(G, sqa, sqb, bool(diag), row_i, row_v, col_i, col_v)
+    return row_i, row_v, col_i, col_v
+
+
+def _merge_block(start, parts, offsets, Y, sq, k, kk, bound_coef, max_sq):
+    """Exact k nearest of rows start..start+n from the per-tile candidates ``parts`` (one
+    (local index, approx value) pair per column block, offsets giving each block's first row).
+
+    The kk best candidates by the float32 values get exact float64 distances. Every point not among
+    them has approximate squared distance >= tau (the kk-th candidate value), hence exact squared
+    distance >= tau - bound, where bound covers the float32 rounding of the inputs, norms and GEMM
+    (|error| <= (D + 16) 2^-23 (|a|^2 + |b|^2) for centred data). Rows where the exact k-th distance
+    is not below that are recomputed by exact brute force, so the result is exact in all cases.
     """
-    nb = Yb.shape[0]
-    sq_b = np.einsum("ij,ij->i", Yb, Yb)
-    d2 = sq_b[:, None] + sq_all[None, :] - 2.0 * (Yb @ Y.T)
-    rows = np.arange(nb)
-    d2[rows, start + rows] = np.inf  # exclude the point itself
-    # take a few extra candidates so that rounding in the expansion cannot drop a true neighbour
-    kk = min(k + 8, Y.shape[0] - 1)
-    cand = np.argpartition(d2, kk - 1, axis=1)[:, :kk]
-    diff = Yb[:, None, :] - Y[cand]
-    exact = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
-    exact[cand == (start + rows)[:, None]] = np.inf
+    idx = np.concatenate([p[0] + np.where(p[0] >= 0, off, 0) for p, off in zip(parts, offsets)], axis=1)
+    val = np.concatenate([p[1] for p in parts], axis=1).astype(np.float64)
+    val[idx < 0] = np.inf
+    n = idx.shape[0]
+    kk = min(kk, idx.shape[1])
+    sel = np.argpartition(val, kk - 1, axis=1)[:, :kk]
+    cand = np.take_along_axis(idx, sel, axis=1)
+    tau = np.max(np.take_along_axis(val, sel, axis=1), axis=1)
+    rows = np.arange(start, start + n)
+    Yb = Y[start : start + n]
+    diff = Yb[:, None, :] - Y[np.maximum(cand, 0)]
+    exact = np.einsum("ijk,ijk->ij", diff, diff)
+    exact[cand < 0] = np.inf
     order = np.lexsort((cand, exact), axis=1)[:, :k]  # by distance, ties by index
-    idx = np.take_along_axis(cand, order, axis=1)
-    dist = np.take_along_axis(exact, order, axis=1)
-    return idx.astype(np.int64), dist
+    out_i = np.take_along_axis(cand, order, axis=1)
+    out_d = np.take_along_axis(exact, order, axis=1)
+    bound = bound_coef * (sq[start : start + n] + max_sq)
+    unsure = np.flatnonzero(~(out_d[:, -1] < tau - bound))
+    for r in unsure:  # near-ties at the k-th neighbour: exact float64 brute force for this row
+        d2 = np.einsum("ij,ij->i", Y - Yb[r], Y - Yb[r])
+        d2[rows[r]] = np.inf
+        top = np.lexsort((np.arange(Y.shape[0]), d2))[:k]
+        out_i[r], out_d[r] = top, d2[top]
+    return out_i.astype(np.int64), np.sqrt(out_d), unsure.size
 
 
 def _exact_knn(Y, k, block_rows):
+    import dask
     import dask.array as da
 
     if isinstance(Y, da.Array):
-        Yd = Y.rechunk((block_rows, -1)).astype(np.float64)
-        Yfull = Yd.compute()  # the reference side must be whole; query blocks stay chunked
+        bounds = Y.chunks[0] if block_rows is None else None
+        Y = Y.compute()
     else:
-        Yfull = np.ascontiguousarray(Y, dtype=np.float64)
-        Yd = da.from_array(Yfull, chunks=(block_rows, -1))
-    sq_all = np.einsum("ij,ij->i", Yfull, Yfull)
-    offsets = np.cumsum((0,) + Yd.chunks[0][:-1])
+        bounds = None
+    Y = np.asarray(Y, dtype=np.float64)
+    if not np.all(np.isfinite(Y)):
+        bad = np.argwhere(~np.isfinite(Y))[0]
+        raise ValueError(
+            f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
+            "remove or impute those values first"
+        )
+    n, dim = Y.shape
+    if bounds is None:
+        b = DEFAULT_BLOCK_ROWS if block_rows is None else int(block_rows)
+        if b < 1:
+            raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
+        bounds = (b,) * (n // b) + ((n % b,) if n % b else ())
+    Yc = np.ascontiguousarray(Y - Y.mean(axis=0))  # distances are translation invariant
+    sq = np.einsum("ij,ij->i", Yc, Yc)
+    kk = min(k + _EXTRA, n - 1)
+    Y32 = da.from_array(Yc.astype(np.float32), chunks=(bounds, dim)).to_delayed().ravel()
+    offsets = np.concatenate([[0], np.cumsum(bounds)[:-1]]).astype(np.int64)
+    nb = len(bounds)
+    tile = dask.delayed(_pair_tile, pure=True)
+    tiles = {(i, j): tile(Y32[i], Y32[j], kk, i == j) for i in range(nb) for j in range(i, nb)}
+    Yref = dask.delayed(Yc, pure=True)
+    sqref = dask.delayed(sq, pure=True)
+    merge = dask.delayed(_merge_block, pure=True, nout=3)
+    coef = (dim + 16) * 2.0**-23
+    max_sq = float(sq.max())
+    blocks = []
+    for i in range(nb):
+        parts = [tiles[(i, j)][0:2] if j >= i else tiles[(j, i)][2:4] for j in range(nb)]
+        blocks.append(merge(int(offsets[i]), parts, offsets, Yref, sqref, k, kk, coef, max_sq))
+    out = dask.compute(*[(b[0], b[1], b[2]) for b in blocks])
+    idx = np.concatenate([o[0] for o in out])
+    dist = np.concatenate([o[1] for o in out])
+    _exact_knn.last_fallback_rows = int(sum(o[2] for o in out))
+    return idx, dist
 
-    def block(yb, block_info=None):
-        start = int(offsets[block_info[0]["chunk-location"][0]])
-        idx, dist = _block_topk(yb, Yfull, start, k, sq_all)
-        return np.concatenate([idx.astype(np.float64), dist], axis=1)
 
-    out = Yd.map_blocks(block, chunks=(Yd.chunks[0], (2 * k,)), dtype=np.float64).compute()
-    return out[:, :k].astype(np.int64), out[:, k:]
+_exact_knn.last_fallback_rows = 0
 
 
-def knn(Y, k: int, method: str = "exact", *, block_rows: int = DEFAULT_BLOCK_ROWS, random_state=0):
+def knn(Y, k: int, method: str = "exact", *, block_rows: int | None = None, random_state=0):
     """k nearest neighbours of every row of Y, the point itself excluded.
 
     Parameters
     ----------
     Y : (N, D) array or dask.array
     k : number of neighbours (k + 1 <= N)
-    method : ``"exact"`` (blocked brute force: query rows in blocks of ``block_rows`` as a Dask
-        array, each block one GEMM against all points plus a partial sort; memory bounded by
-        ``block_rows * N``) or ``"approx"`` (pynndescent).
+    method : ``"exact"`` or ``"approx"`` (pynndescent, approximate: check with :func:`knn_recall`).
+        Exact is a blocked brute force as a Dask graph (run by ``dask.compute``, so on the cluster
+        when called inside a Dask worker): rows are split into blocks (``block_rows``, default
+        ``DEFAULT_BLOCK_ROWS``, or a dask array's own row chunks); one task per pair of blocks on
+        or above the diagonal does one float32 GEMM and keeps, in one pass, the best k + 8
+        candidates in both directions; one task per block merges its candidates, recomputes their
+        distances in float64 and certifies the result against a rounding bound (rows that cannot
+        be certified, e.g. exact ties at the k-th distance, are redone by float64 brute force).
+        Memory per task is about ``block_rows**2 * 4`` bytes. Ties are broken by lower index.
+    block_rows : rows per block of the exact search.
 
     Returns
     -------
@@ -117,11 +238,13 @@ def knn(Y, k: int, method: str = "exact", *, block_rows: int = DEFAULT_BLOCK_ROW
                 "remove or impute those values first"
             )
     if method == "exact":
-        return _exact_knn(Y, int(k), int(block_rows))
+        return _exact_knn(Y, int(k), block_rows)
     if method == "approx":
         from pynndescent import NNDescent
 
         Yn = np.asarray(Y.compute() if hasattr(Y, "compute") else Y, dtype=np.float32)
+        if not np.all(np.isfinite(Yn)):
+            raise ValueError("Y contains NaN or inf; remove or impute those values first")
         index = NNDescent(Yn, n_neighbors=int(k) + 1, random_state=random_state, n_jobs=1)
         idx, dist = index.neighbor_graph
         return _drop_self(idx, dist.astype(np.float64), int(k))
