@@ -26,6 +26,10 @@ from scipy.sparse.csgraph import breadth_first_order, shortest_path
 
 from lvmcore.linalg import DEFAULT_JITTER, JITTER_GROWTH, MAX_JITTER_TRIES, NumericalError
 
+_potrf = sla.get_lapack_funcs("potrf", dtype=np.float64)
+_potri = sla.get_lapack_funcs("potri", dtype=np.float64)
+_trtrs = sla.get_lapack_funcs("trtrs", dtype=np.float64)
+
 __all__ = ["LevelStructure", "level_structure", "BlockTridiagonal"]
 
 
@@ -180,11 +184,14 @@ class BlockTridiagonal:
                 S[np.diag_indices_from(S)] += shift
             if prev is not None:
                 S -= prev @ prev.T
-            Lkk = np.linalg.cholesky(S)
+            Lkk, info = _potrf(S, lower=1, clean=1, overwrite_a=1)
+            if info != 0:
+                raise np.linalg.LinAlgError(f"level block {lv} is not positive definite")
             Ld.append(Lkk)
             if lv < len(self.sub):
-                # L_{l+1,l} = B_l L_ll^{-T}
-                prev = sla.solve_triangular(Lkk, self.sub[lv].T, lower=True, check_finite=False).T
+                # L_{l+1,l} = B_l L_ll^{-T}, i.e. its transpose solves L_ll X = B_l^T
+                X, info = _trtrs(Lkk, self.sub[lv].T, lower=1)
+                prev = X.T
                 Ls.append(prev)
         return Ld, Ls
 
@@ -256,13 +263,14 @@ class BlockTridiagonal:
         Z.diag, Z.sub = [None] * nl, [None] * (nl - 1)
 
         def inv_llt(L):
-            Linv = sla.solve_triangular(L, np.eye(L.shape[0]), lower=True, check_finite=False)
-            return Linv.T @ Linv
+            Zi, _ = _potri(L, lower=1)
+            return np.tril(Zi) + np.tril(Zi, -1).T
 
         Z.diag[nl - 1] = inv_llt(Ld[nl - 1])
         for lv in range(nl - 2, -1, -1):
             # G = L_{l+1,l} L_ll^{-1}
-            G = sla.solve_triangular(Ld[lv], Ls[lv].T, lower=True, trans="T", check_finite=False).T
+            Gt, _ = _trtrs(Ld[lv], Ls[lv].T, lower=1, trans=1)
+            G = Gt.T
             Zs = -Z.diag[lv + 1] @ G
             Z.sub[lv] = Zs
             Zd = inv_llt(Ld[lv]) - G.T @ Zs

@@ -36,7 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import brentq
 
-from lvmcore.linalg import NumericalError, chol_solve, jitter_cholesky, logdet_from_chol
+from lvmcore.linalg import chol_solve, jitter_cholesky, logdet_from_chol
 from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 
 __all__ = [
@@ -62,7 +62,9 @@ LOG2PI = np.log(2.0 * np.pi)
 #: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 600
 #: relative tolerance of the 1-D root finding for alpha and gamma
-ROOT_RTOL = 1e-14
+ROOT_RTOL = 1e-10
+#: iterations of the fixed-point maps for alpha and gamma before falling back to Brent's method
+FIXED_POINT_MAX = 30
 #: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
 OOS_SWEEPS = 50
 
@@ -173,13 +175,22 @@ def _gaussian(g: LLGraph, point_blocks, edge_blocks, rhs, name: str, context: st
     return mean, Z.point_blocks(), Z.edge_blocks(), M.logdet()
 
 
-def _lap(g: LLGraph, a: float, b: float):
-    """log|a I + 2 b L| and tr((a I + 2 b L)^{-1})."""
+def _lap(g: LLGraph, a: float, b: float, *, trace: bool = True):
+    """log|a I + 2 b L| and (if ``trace``) tr((a I + 2 b L)^{-1}), else None."""
     if g.solver == "dense":
         lam = a + 2.0 * b * g.omega
-        return float(np.sum(np.log(lam))), float(np.sum(1.0 / lam))
+        return float(np.sum(np.log(lam))), (float(np.sum(1.0 / lam)) if trace else None)
     M = g.lap_eye.combine(a, g.lap_2L, b).factor(name="a I + 2 b L")
-    return M.logdet(), float(np.sum(M.selected_inverse().point_blocks()))
+    tr = float(np.sum(M.selected_inverse().point_blocks())) if trace else None
+    return M.logdet(), tr
+
+
+def _lap_cached(g: LLGraph, a: float) -> float:
+    """log|a I + 2 L| for a fixed a (eps_c), computed once per graph."""
+    cache = g.__dict__.setdefault("_logdet_cache", {})
+    if a not in cache:
+        cache[a] = _lap(g, a, 1.0, trace=False)[0]
+    return cache[a]
 
 
 # --------------------------------------------------------------------------- moments
@@ -259,19 +270,27 @@ def _x_stat(qx: QX) -> float:
     return float(np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + np.sum(qx.mean**2))
 
 
-def _bracket(grad, lo, hi, start):
-    """A sign-changing bracket [a, b] inside [lo, hi] for a decreasing grad, near ``start``."""
-    if start is None or not (lo < start < hi):
-        return lo, hi
-    a, b = start / 1.5, start * 1.5
-    while a > lo and grad(a) <= 0:
-        a, b = a / 4.0, a
-    while b < hi and grad(b) >= 0:
-        a, b = b, b * 4.0
-    return max(a, lo), min(b, hi)
+def _root(grad, lo: float, hi: float, *, from_below: bool) -> float:
+    """Root of a decreasing ``grad`` with grad(lo) >= 0 >= grad(hi) known analytically.
+
+    The root lies close to the analytic end (``lo`` when ``from_below``, else ``hi``), so the bracket
+    is grown geometrically from that end before Brent's method; this needs far fewer evaluations
+    (each one a factorisation on the sparse path) than bracketing [lo, hi] directly.
+    """
+    if from_below:
+        a, b = lo, min(lo * 1.05, hi)
+        while b < hi and grad(b) > 0:
+            a, b = b, min(2.0 * b, hi)
+    else:
+        a, b = max(hi / 1.05, lo), hi
+        while a > lo and grad(a) < 0:
+            a, b = max(a / 2.0, lo), a
+    if grad(b) >= 0:  # numerically at the end of the interval
+        return b
+    return float(brentq(grad, a, b, rtol=ROOT_RTOL, xtol=1e-300))
 
 
-def update_alpha(g: LLGraph, qx: QX, start: float | None = None) -> float:
+def update_alpha(g: LLGraph, qx: QX) -> float:
     """argmax_alpha Q/2 log|alpha I + 2L| - alpha/2 (tr Sigma_x + |mu_x|^2)  (eq. 79)."""
     n, Q = qx.mean.shape
     c = _x_stat(qx)
@@ -279,12 +298,20 @@ def update_alpha(g: LLGraph, qx: QX, start: float | None = None) -> float:
     def grad(a):
         return 0.5 * Q * _lap(g, a, 1.0)[1] - 0.5 * c
 
-    # tr((aI+2L)^{-1}) lies in [1/a, n/a] for a connected graph, so the root is in [Q/c, Q n/c]
-    lo, hi = Q / c, Q * n / c
-    a, b = _bracket(grad, lo, hi, start)
-    if b == hi and grad(hi) >= 0:
-        return hi
-    return float(brentq(grad, a, b, rtol=ROOT_RTOL, xtol=1e-300))
+    # tr((aI+2L)^{-1}) = 1/a + r(a), r(a) = sum_{omega>0} 1/(a + 2 omega) >= 0 slowly varying: the
+    # root solves a = Q / (c - Q r(a)); iterate that map (fast: its slope is tiny for small a), and
+    # fall back to bracketing in [Q/c, Q n/c] if it does not settle
+    a = Q / c
+    for _ in range(FIXED_POINT_MAX):
+        r = _lap(g, a, 1.0)[1] - 1.0 / a
+        denom = c - Q * r
+        if denom <= 0:
+            break
+        a_new = Q / denom
+        if abs(a_new - a) <= ROOT_RTOL * a_new:
+            return a_new
+        a = a_new
+    return _root(grad, Q / c, Q * n / c, from_below=True)
 
 
 def update_beta(g: LLGraph, qc: QC, th: Theta) -> float:
@@ -306,19 +333,18 @@ def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
         tr = _lap(g, th.eps_y, gam)[1]
         return 0.5 * D / gam * (n - th.eps_y * tr) - 0.5 * S
 
-    # n - eps_y tr <= n - 1, so grad(D n / S) < 0; below, shrink until positive
-    hi = D * n / S
-    if th.gamma < hi:
-        lo, hi = _bracket(grad, 0.0, hi, th.gamma)
-    else:
-        lo = hi
-    for _ in range(200):
-        if lo > 0 and grad(lo) > 0:
+    # n - eps_y tr = n - 1 - u(gamma), u = sum_{omega>0} eps_y / (eps_y + 2 gamma omega) >= 0 small, for a
+    # connected graph: the root solves gamma = D (n - 1 - u(gamma)) / S; iterate, else bracket
+    gam = D * (n - 1) / S
+    for _ in range(FIXED_POINT_MAX):
+        u = th.eps_y * _lap(g, th.eps_y, gam)[1] - 1.0
+        g_new = D * (n - 1 - u) / S
+        if g_new <= 0:
             break
-        lo = 0.1 * (lo if lo > 0 else hi)
-    else:
-        raise NumericalError("no bracket for the gamma update", name="gamma", context="M-step")
-    return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
+        if abs(g_new - gam) <= ROOT_RTOL * g_new:
+            return g_new
+        gam = g_new
+    return _root(grad, 0.0, D * (n - 1) / S, from_below=False)
 
 
 # --------------------------------------------------------------------------- bound
@@ -329,15 +355,15 @@ def elbo(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, *, terms: bool = False):
     Q = qx.mean.shape[1]
     nQ = n * Q
     S = expected_S(Y, g, qx, qc)
-    ld_y, _ = _lap(g, th.eps_y, th.gamma)
+    ld_y, _ = _lap(g, th.eps_y, th.gamma, trace=False)
     loglik = -0.5 * th.eps_y * np.sum(Y * Y) - 0.5 * n * D * LOG2PI + 0.5 * D * ld_y - 0.5 * th.gamma * S
-    ld_x, _ = _lap(g, th.alpha, 1.0)
+    ld_x, _ = _lap(g, th.alpha, 1.0, trace=False)
     tr_x = th.alpha * np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(
         g, qx.cov, qx.cov_edge
     )
     mq_x = th.alpha * np.sum(qx.mean**2) + 2.0 * _lap_quad_mean(g, qx.mean)
     neg_kl_x = 0.5 * (Q * ld_x - qx.logdet_prec - tr_x - mq_x + nQ)
-    ld_c, _ = _lap(g, th.eps_c, 1.0)
+    ld_c = _lap_cached(g, th.eps_c)
     tr_c = th.beta * (
         th.eps_c * np.sum(np.trace(qc.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(g, qc.cov, qc.cov_edge)
     )
@@ -427,7 +453,7 @@ def lllvm_fit(
         th.gamma = update_gamma(Y, g, qx, qc, th)
         th.beta = update_beta(g, qc, th)
         if learn_alpha:
-            th.alpha = update_alpha(g, qx, start=th.alpha)
+            th.alpha = update_alpha(g, qx)
         F = elbo(Y, g, qx, qc, th)
         trace.append(F)
         if callback is not None:
