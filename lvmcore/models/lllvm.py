@@ -60,7 +60,7 @@ __all__ = [
 
 LOG2PI = np.log(2.0 * np.pi)
 #: problems with N <= this many points use the dense solver under solver="auto"
-AUTO_DENSE_MAX_N = 600
+AUTO_DENSE_MAX_N = 200
 #: relative tolerance of the 1-D root finding for alpha and gamma
 ROOT_RTOL = 1e-10
 #: iterations of the fixed-point maps for alpha and gamma before falling back to Brent's method
