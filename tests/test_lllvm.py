@@ -280,7 +280,7 @@ def fit400():
     """The authors' roll, n = 400, k = 6 (no short circuit); this seed's start unrolls it."""
     Y, lat, iso = lllvm_swiss_roll(400, 0)
     idx, _ = knn(Y, 6)
-    m = LLLVM(n_neighbors=6, solver="dense", max_iter=50, tol=0, random_state=1).fit(Y, idx)
+    m = LLLVM(n_neighbors=6, solver="sparse", max_iter=50, tol=0, random_state=1).fit(Y, idx)
     return Y, iso, m
 
 
@@ -380,7 +380,7 @@ def test_short_circuit_lowers_the_bound():
     Ws = W.tolil()
     Ws[a, b] = Ws[b, a] = 1.0
     Ws = Ws.tocsr()
-    kw = dict(n_neighbors=9, solver="dense", max_iter=50, tol=0, random_state=0)
+    kw = dict(n_neighbors=9, solver="sparse", max_iter=50, tol=0, random_state=0)
     good = LLLVM(**kw).fit(Y, W)
     bad = LLLVM(**kw).fit(Y, Ws)
     assert W[a, b] == 0
