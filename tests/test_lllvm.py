@@ -385,3 +385,30 @@ def test_short_circuit_lowers_the_bound():
     bad = LLLVM(**kw).fit(Y, Ws)
     assert W[a, b] == 0
     assert good.elbo_ > bad.elbo_
+
+
+def test_chunked_statistics_equal_unchunked(roll300):
+    Y, idx, _ = roll300
+    Y, idx = Y[:150], knn(Y[:150], 6)[0]
+    kw = dict(n_neighbors=6, solver="sparse", max_iter=4, tol=0, random_state=0)
+    ref = LLLVM(**kw).fit(Y, idx)
+    m = LLLVM(chunks=40, **kw).fit(Y, idx)  # default (threaded) scheduler, 4 chunks
+    np.testing.assert_allclose(m.elbo_trace_, ref.elbo_trace_, rtol=1e-10)
+    np.testing.assert_allclose(m.embedding_, ref.embedding_, rtol=1e-8, atol=1e-10)
+    with pytest.raises(ValueError, match="chunks"):
+        LLLVM(chunks=0).fit(Y)
+
+
+def test_chunked_statistics_on_a_local_cluster(roll300):
+    from distributed import Client, LocalCluster
+
+    Y, _, _ = roll300
+    Y = Y[:120]
+    idx, _ = knn(Y, 6)
+    kw = dict(n_neighbors=6, solver="dense", max_iter=2, tol=0, random_state=0)
+    ref = LLLVM(**kw).fit(Y, idx)
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+        with Client(cluster):
+            m = LLLVM(chunks=50, **kw).fit(Y, idx)
+    np.testing.assert_allclose(m.elbo_trace_, ref.elbo_trace_, rtol=1e-10)
+    np.testing.assert_allclose(m.embedding_, ref.embedding_, rtol=1e-8, atol=1e-10)

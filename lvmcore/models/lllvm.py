@@ -86,6 +86,7 @@ class LLGraph:
     ls: LevelStructure | None = None
     lap_eye: BlockTridiagonal | None = None  # sparse solver: I and 2 L in level-block form
     lap_2L: BlockTridiagonal | None = None
+    chunks: int | None = None  # points per chunk of the edge sums (None: in process)
 
     @property
     def n(self) -> int:
@@ -123,8 +124,9 @@ class Theta:
     eps_y: float
 
 
-def prepare_graph(W, solver: str) -> LLGraph:
-    """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse'."""
+def prepare_graph(W, solver: str, chunks: int | None = None) -> LLGraph:
+    """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse'; ``chunks``
+    (points per chunk) runs the per-point edge sums as Dask tasks."""
     W = sp.csr_matrix(W, dtype=np.float64)
     n = W.shape[0]
     coo = sp.triu(W, k=1).tocoo()
@@ -132,7 +134,7 @@ def prepare_graph(W, solver: str) -> LLGraph:
     E = len(ei)
     inc = sp.csr_matrix((np.ones(2 * E), (np.concatenate([ei, ej]), np.tile(np.arange(E), 2))), shape=(n, E))
     deg = np.asarray(W.sum(axis=1)).ravel()
-    g = LLGraph(W=W, ei=ei, ej=ej, deg=deg, inc=inc, solver=solver)
+    g = LLGraph(W=W, ei=ei, ej=ej, deg=deg, inc=inc, solver=solver, chunks=chunks)
     if solver == "dense":
         L = np.diag(deg) - W.toarray()
         g.omega = np.clip(np.linalg.eigvalsh(L), 0.0, None)
@@ -143,12 +145,6 @@ def prepare_graph(W, solver: str) -> LLGraph:
         g.lap_eye = BlockTridiagonal.assemble(g.ls, np.ones((n, 1, 1)), np.zeros((E, 1, 1)))
         g.lap_2L = BlockTridiagonal.assemble(g.ls, 2.0 * deg[:, None, None], np.full((E, 1, 1), -2.0))
     return g
-
-
-def _to_points(g: LLGraph, per_edge: np.ndarray) -> np.ndarray:
-    """Sum per-edge arrays (E, ...) onto both end points -> (N, ...)."""
-    flat = per_edge.reshape(per_edge.shape[0], -1)
-    return np.asarray(g.inc @ flat).reshape((g.n,) + per_edge.shape[1:])
 
 
 # --------------------------------------------------------------------------- Gaussian solves
@@ -200,27 +196,68 @@ def _ctc(qc: QC) -> np.ndarray:
     return D * qc.cov + np.einsum("ndq,ndr->nqr", qc.mean, qc.mean)
 
 
-def _dxdx(g: LLGraph, qx: QX) -> np.ndarray:
-    """<(x_j - x_i)(x_j - x_i)^T> per edge (E, Q, Q)."""
-    dm = qx.mean[g.ej] - qx.mean[g.ei]
-    Sij = qx.cov_edge
-    return qx.cov[g.ei] + qx.cov[g.ej] - Sij - np.swapaxes(Sij, 1, 2) + np.einsum("eq,er->eqr", dm, dm)
+# Per-point statistics are sums over edges; each is computed per chunk of edges (grouped by the row
+# chunk of their first end point) and reduced, so with ``chunks`` set they run as Dask tasks.
+def _scatter(n, ei, ej, vi, vj):
+    out = np.zeros((n,) + vi.shape[1:])
+    np.add.at(out, ei, vi)
+    np.add.at(out, ej, vj)
+    return out
+
+
+def _qx_stats(Y, ei, ej, n, M, Cmean, sl):
+    """Chunk of edges sl -> (sum_j eta_ij (M_i + M_j) (N, Q, Q), b / gamma (N, Q))."""
+    i, j = ei[sl], ej[sl]
+    Msum = M[i] + M[j]
+    v = np.einsum("edq,ed->eq", Cmean[i] + Cmean[j], Y[i] - Y[j])  # (C_i + C_j)^T (y_i - y_j)
+    return _scatter(n, i, j, Msum, Msum), _scatter(n, i, j, v, -v)
+
+
+def _qc_stats(Y, ei, ej, n, mean, cov, cov_edge, sl):
+    """Chunk of edges sl -> (<Gamma_i^{-1}> (N, Q, Q), <H_i> (N, D, Q))."""
+    i, j = ei[sl], ej[sl]
+    Sij = cov_edge[sl]
+    dm = mean[j] - mean[i]
+    Exx = cov[i] + cov[j] - Sij - np.swapaxes(Sij, 1, 2) + np.einsum("eq,er->eqr", dm, dm)
+    h = np.einsum("ed,eq->edq", Y[j] - Y[i], dm)
+    return _scatter(n, i, j, Exx, Exx), _scatter(n, i, j, h, h)
+
+
+def _S_stats(Y, ei, ej, xmean, xcov, xcov_edge, M, Cmean, sl):
+    """Chunk of edges sl -> (contribution to <S>,)."""
+    i, j = ei[sl], ej[sl]
+    dy = Y[j] - Y[i]
+    dm = xmean[j] - xmean[i]
+    Sij = xcov_edge[sl]
+    Exx = xcov[i] + xcov[j] - Sij - np.swapaxes(Sij, 1, 2) + np.einsum("eq,er->eqr", dm, dm)
+    lin = np.einsum("ed,edq,eq->", dy, Cmean[i] + Cmean[j], dm)
+    quad = np.einsum("eqr,erq->", M[i] + M[j], Exx)
+    return (np.array(2.0 * np.sum(dy * dy) - 2.0 * lin + quad),)
+
+
+def _edge_reduce(g: LLGraph, fn, *args):
+    """sum over edge chunks of fn(*args, slice) (a tuple of arrays). ``g.chunks`` (points per chunk)
+    None: one call in process; else one dask.delayed task per chunk, run by dask.compute (on the
+    cluster when called inside a Dask worker task)."""
+    E = len(g.ei)
+    if g.chunks is None or g.chunks >= g.n:
+        return fn(*args, slice(0, E))
+    import dask
+
+    starts = np.searchsorted(g.ei, np.arange(0, g.n, int(g.chunks)))
+    ends = np.append(starts[1:], E)
+    parts = dask.compute(*[dask.delayed(fn)(*args, slice(int(a), int(b))) for a, b in zip(starts, ends)])
+    return tuple(np.sum([p[t] for p in parts], axis=0) for t in range(len(parts[0])))
 
 
 def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "") -> QX:
     """q(x) of eqs. 50-57: precision <A^{-1}> + Pi^{-1}, mean from <b>."""
     n, Q = qc.cov.shape[0], qc.cov.shape[-1]
     M = _ctc(qc)
-    Msum = M[g.ei] + M[g.ej]  # (E, Q, Q)
     eye = np.eye(Q)
-    point = th.gamma * _to_points(g, Msum) + (th.alpha + 2.0 * g.deg)[:, None, None] * eye
-    edge = -th.gamma * Msum - 2.0 * eye
-    dy = Y[g.ei] - Y[g.ej]  # y_i - y_j per edge
-    Csum = qc.mean[g.ei] + qc.mean[g.ej]  # (E, D, Q)
-    v = np.einsum("edq,ed->eq", Csum, dy)  # (C_i + C_j)^T (y_i - y_j)
-    b = np.zeros((n, Q))
-    np.add.at(b, g.ei, v)
-    np.add.at(b, g.ej, -v)
+    Mpt, b = _edge_reduce(g, _qx_stats, Y, g.ei, g.ej, n, M, qc.mean)
+    point = th.gamma * Mpt + (th.alpha + 2.0 * g.deg)[:, None, None] * eye
+    edge = -th.gamma * (M[g.ei] + M[g.ej]) - 2.0 * eye
     rhs = th.gamma * b.reshape(n * Q, 1)
     mean, cov, cov_e, ld = _gaussian(g, point, edge, rhs, "precision of q(x)", context)
     return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld)
@@ -231,12 +268,9 @@ def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "") -> QC:
     n, Q = qx.mean.shape
     D = Y.shape[1]
     eye = np.eye(Q)
-    Gam = _to_points(g, _dxdx(g, qx))  # (N, Q, Q)
+    Gam, H = _edge_reduce(g, _qc_stats, Y, g.ei, g.ej, n, qx.mean, qx.cov, qx.cov_edge)
     point = th.gamma * Gam + (th.beta * (th.eps_c + 2.0 * g.deg))[:, None, None] * eye
     edge = np.broadcast_to(-2.0 * th.beta * eye, (len(g.ei), Q, Q))
-    dy = Y[g.ej] - Y[g.ei]
-    dm = qx.mean[g.ej] - qx.mean[g.ei]
-    H = _to_points(g, np.einsum("ed,eq->edq", dy, dm))  # (N, D, Q) = <H_i>
     rhs = th.gamma * np.swapaxes(H, 1, 2).reshape(n * Q, D)
     mean, cov, cov_e, ld = _gaussian(g, point, np.ascontiguousarray(edge), rhs, "precision of q(C)", context)
     return QC(mean=np.swapaxes(mean.reshape(n, Q, D), 1, 2), cov=cov, cov_edge=cov_e, logdet_prec=ld)
@@ -244,13 +278,8 @@ def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "") -> QC:
 
 def expected_S(Y, g: LLGraph, qx: QX, qc: QC) -> float:
     """<S> = sum_i sum_j eta_ij <|(y_j - y_i) - C_i (x_j - x_i)|^2> under q(x) q(C)."""
-    dy = Y[g.ej] - Y[g.ei]
-    dm = qx.mean[g.ej] - qx.mean[g.ei]
-    M = _ctc(qc)
-    Exx = _dxdx(g, qx)
-    lin = np.einsum("ed,edq,eq->", dy, qc.mean[g.ei] + qc.mean[g.ej], dm)
-    quad = np.einsum("eqr,erq->", M[g.ei] + M[g.ej], Exx)
-    return float(2.0 * np.sum(dy * dy) - 2.0 * lin + quad)
+    (S,) = _edge_reduce(g, _S_stats, Y, g.ei, g.ej, qx.mean, qx.cov, qx.cov_edge, _ctc(qc), qc.mean)
+    return float(S)
 
 
 def _lap_quad_blocks(g: LLGraph, cov, cov_edge) -> float:
@@ -409,6 +438,7 @@ def lllvm_fit(
     gamma0: float = 1.0,
     init: str = "random_c",
     learn_alpha: bool = True,
+    chunks: int | None = None,
     random_state=None,
     callback=None,
 ):
@@ -423,7 +453,7 @@ def lllvm_fit(
     Y = np.asarray(Y, dtype=np.float64)
     n, D = Y.shape
     Q = int(n_components)
-    g = prepare_graph(W, solver)
+    g = prepare_graph(W, solver, chunks)
     th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
     rng = np.random.default_rng(random_state)
     E = len(g.ei)
@@ -562,7 +592,9 @@ class LLLVM:
     standardize : centre Y and divide it by its largest absolute entry before fitting (the authors'
         preprocessing; the priors' unit graph weights make the fit scale-dependent). ``elbo_`` is
         then the bound of the scaled data; ``Y_train_`` holds the scaled data.
-    random_state : seed of the random initial latent means
+    chunks : points per chunk for the per-point sufficient statistics (edge sums), run as Dask tasks
+        and reduced; None computes them in process. The factorisations are not chunked.
+    random_state : seed of the random initial q(C) means
     """
 
     def __init__(
@@ -576,6 +608,7 @@ class LLLVM:
         epsilon_c: float = 1e-3,
         epsilon_y: float = 1e-3,
         standardize: bool = True,
+        chunks: int | None = None,
         random_state=None,
     ):
         self.n_components = n_components
@@ -586,6 +619,7 @@ class LLLVM:
         self.epsilon_c = epsilon_c
         self.epsilon_y = epsilon_y
         self.standardize = standardize
+        self.chunks = chunks
         self.random_state = random_state
 
     def get_params(self) -> dict:
@@ -613,6 +647,12 @@ class LLLVM:
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if self.chunks is not None and (
+            isinstance(self.chunks, bool) or not isinstance(self.chunks, (int, np.integer)) or self.chunks < 1
+        ):
+            raise ValueError(
+                f"chunks must be None or a positive integer (points per chunk), got {self.chunks!r}"
+            )
         if not (np.isfinite(self.tol) and self.tol >= 0):
             raise ValueError(f"tol must be >= 0, got {self.tol!r}")
         if self.n_components >= D:
@@ -685,6 +725,7 @@ class LLLVM:
             tol=float(self.tol),
             eps_c=float(self.epsilon_c),
             eps_y=float(self.epsilon_y),
+            chunks=self.chunks,
             random_state=self.random_state,
         )
         self.Y_train_ = Y
