@@ -366,6 +366,8 @@ def test_score_and_bad_input():
         LLLVM(n_neighbors=8).fit(Y, idx)
     with pytest.raises(ValueError, match="solver"):
         LLLVM(solver="cholmod").fit(Y)
+    with pytest.raises(ValueError, match="init"):
+        LLLVM(init="pca").fit(Y)
     with pytest.raises(ValueError, match="not fitted"):
         LLLVM().transform(Y)
 

@@ -559,6 +559,7 @@ def reconstruct(Y, qx: QX, qc: QC, X, k: int):
 
 # --------------------------------------------------------------------------- estimator
 _SOLVERS = ("auto", "dense", "sparse")
+_INITS = ("random_c", "random_x", "spectral")
 
 
 def _check_Y(Y, name="Y"):
@@ -594,7 +595,9 @@ class LLLVM:
         then the bound of the scaled data; ``Y_train_`` holds the scaled data.
     chunks : points per chunk for the per-point sufficient statistics (edge sums), run as Dask tasks
         and reduced; None computes them in process. The factorisations are not chunked.
-    random_state : seed of the random initial q(C) means
+    init : "random_c" (q(C) means N(0, 1), covariance I: the authors' start), "random_x" (latent means
+        N(0, 1)) or "spectral" (Laplacian eigenmaps plus 1e-3 noise)
+    random_state : seed of the random start
     """
 
     def __init__(
@@ -609,6 +612,7 @@ class LLLVM:
         epsilon_y: float = 1e-3,
         standardize: bool = True,
         chunks: int | None = None,
+        init: str = "random_c",
         random_state=None,
     ):
         self.n_components = n_components
@@ -620,6 +624,7 @@ class LLLVM:
         self.epsilon_y = epsilon_y
         self.standardize = standardize
         self.chunks = chunks
+        self.init = init
         self.random_state = random_state
 
     def get_params(self) -> dict:
@@ -641,6 +646,8 @@ class LLLVM:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.init not in _INITS:
+            raise ValueError(f"init must be one of {_INITS}, got {self.init!r}")
         if self.solver not in _SOLVERS:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
         for name in ("epsilon_c", "epsilon_y"):
@@ -726,6 +733,7 @@ class LLLVM:
             eps_c=float(self.epsilon_c),
             eps_y=float(self.epsilon_y),
             chunks=self.chunks,
+            init=self.init,
             random_state=self.random_state,
         )
         self.Y_train_ = Y
