@@ -41,7 +41,7 @@ def wait_healthy(
     raise RuntimeError(f"the Prefect server at {url} was not healthy after {timeout:.0f} s")
 
 
-def _flush_prefect_logs() -> None:
+def flush_prefect_logs() -> None:
     """Send buffered run logs while the server is still up (else the exit waits on retries)."""
     try:
         from prefect._internal.concurrency.services import QueueService
@@ -89,7 +89,7 @@ def local_server(log_path: Path | None = None):
         with use_api(url):
             yield url
     finally:
-        _flush_prefect_logs()
+        flush_prefect_logs()
         os.environ.pop("PREFECT_API_URL", None)
         proc.terminate()
         try:

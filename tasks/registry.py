@@ -34,6 +34,12 @@ class ModelSpec:
     extras: dict = field(default_factory=dict)
     description: str = ""
 
+    def available(self) -> bool:
+        """Whether this installation has the model's module."""
+        from importlib.util import find_spec
+
+        return find_spec(self.target.split(":")[0]) is not None
+
     def estimator_class(self):
         mod, cls = self.target.split(":")
         return getattr(import_module(mod), cls)
@@ -170,6 +176,13 @@ def resolve_models(names) -> list[ModelSpec]:
             raise ValueError(
                 f"unknown model {name!r}; choose from families {FAMILIES}, keys {sorted(MODELS)} or 'all'"
             )
+        if name == "all":
+            picked = [s for s in picked if s.available()]
+        missing = [s.key for s in picked if not s.available()]
+        if missing:
+            raise ValueError(
+                f"model {name!r} is not available in this version (missing: {', '.join(missing)})"
+            )
         out.extend(s for s in picked if s not in out)
     return out
 
@@ -220,3 +233,8 @@ def grid_points(spec: ModelSpec, grid: dict):
     dims = list(g)
     for idx in itertools.product(*(range(len(g[d])) for d in dims)):
         yield idx, {d: g[d][i] for d, i in zip(dims, idx)}
+
+
+def available_families(names) -> list[str]:
+    """The families among ``names`` whose every variant is available in this installation."""
+    return [f for f in names if all(s.available() for s in MODELS.values() if s.family == f)]

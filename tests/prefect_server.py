@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.server import free_port, wait_healthy
+from flows.server import flush_prefect_logs, free_port, wait_healthy
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
@@ -38,6 +38,7 @@ def prefect_server(home: Path, extra_env: dict | None = None):
         wait_healthy(url, proc)
         yield env
     finally:
+        flush_prefect_logs()
         proc.terminate()
         try:
             proc.wait(timeout=30)

@@ -46,7 +46,9 @@ def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
             "--param",
             f"store={store}",
             "--param",
-            'models=["ppca", "glle_em"]',
+            'models=["ppca", "lllvm"]',
+            "--param",
+            'model_options={"lllvm": {"max_iter": 3}}',
             "--param",
             f"grid={json.dumps(grid)}",
             "--param",
@@ -64,13 +66,13 @@ def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
     assert "COMPLETED" in info, wout[-4000:]
 
     tree = xr.open_datatree(store, engine="zarr", consolidated=False)
-    assert set(tree.children) == {"ppca", "glle_em"}
+    assert set(tree.children) == {"ppca", "lllvm"}
     ppca = tree["ppca"].ds
     assert dict(ppca["status"].sizes) == {"latent_dim": 2, "seed": 1}
     assert "k" not in ppca.dims  # k does not apply to PPCA
-    glle = tree["glle_em"].ds
-    assert dict(glle["status"].sizes) == {"k": 2, "latent_dim": 2, "seed": 1}
-    for ds in (ppca, glle):
+    lllvm = tree["lllvm"].ds
+    assert dict(lllvm["status"].sizes) == {"k": 2, "latent_dim": 2, "seed": 1}
+    for ds in (ppca, lllvm):
         assert ds.sizes["point"] == 200
         # no grid point left pending: each is done or recorded as failed with its reason
         st = ds["status"].values

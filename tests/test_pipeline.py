@@ -14,11 +14,12 @@ import xarray as xr
 from flows.cli import main as cli_main
 from flows.server import use_api
 from flows.sweep import check_store, embed_sweep, plan_sweep
-from tasks.registry import resolve_models
+from tasks.registry import MODELS, resolve_models
 from tasks.report import make_report, summary_table
 from tests.prefect_server import prefect_server
 
 TINY = {"name": "swiss_roll", "n": 150, "seed": 1}
+OPTS = {"lllvm": {"max_iter": 4}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +53,7 @@ def _tree_digest(path: Path) -> str:
         ({"grid": {}}, "grid must be a non-empty mapping"),
         ({"grid": {"k": []}}, "grid['k'] is empty"),
         ({"grid": {"depth": [1]}}, "unknown grid dimensions ['depth']"),
-        ({"grid": {"k": [500]}, "models": ["glle"]}, "grid k = 500 needs more than 150 points"),
+        ({"grid": {"k": [500]}, "models": ["lllvm"]}, "grid k = 500 needs more than 150 points"),
         ({"models": ["mrd"]}, "needs a multi-view data set"),
         ({"grid": {"latent_dim": [3]}, "models": ["ppca"]}, "must be below the data dimension 3"),
         ({"model_options": {"lllvm": {"max_iter": 3}}, "models": ["ppca"]}, "not in this sweep's models"),
@@ -102,7 +103,13 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     store = tmp_path / "sweep.zarr"
     grid = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
     res = embed_sweep(
-        dataset=TINY, models=["ppca", "glle_em"], grid=grid, store=str(store), report=True, n_generations=2
+        dataset=TINY,
+        models=["ppca", "lllvm"],
+        grid=grid,
+        store=str(store),
+        report=True,
+        n_generations=2,
+        model_options=OPTS,
     )
     assert res["ran"] == res["total"] == 4 + 8
     tree = xr.open_datatree(store, engine="zarr", consolidated=False)
@@ -118,13 +125,21 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     # metrics computed against the known truth and data
     assert (ppca["trustworthiness"].values > 0.5).all()
     assert np.isfinite(ppca["procrustes_disparity"].values).all()
-    assert tree["glle_em"].ds["status"].dims == ("k", "latent_dim", "seed")
+    assert tree["lllvm"].ds["status"].dims == ("k", "latent_dim", "seed")
+    assert np.all(tree["lllvm"].ds["status"].values == 1)
+    assert np.isfinite(tree["lllvm"].ds["embedding_var"].values).all()
     assert Path(res["report"]).exists()
     assert (store.parent / "sweep.report" / "embeddings.png").stat().st_size > 1000
 
     before = _tree_digest(store)
     again = embed_sweep(
-        dataset=TINY, models=["ppca", "glle_em"], grid=grid, store=str(store), report=False, n_generations=2
+        dataset=TINY,
+        models=["ppca", "lllvm"],
+        grid=grid,
+        store=str(store),
+        report=False,
+        n_generations=2,
+        model_options=OPTS,
     )
     assert again["ran"] == 0 and again["total"] == 12
     assert _tree_digest(store) == before
@@ -134,7 +149,7 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     assert _tree_digest(store) == before
 
     table = summary_table(store)
-    assert set(table["model"]) == {"ppca", "glle_em", "glle_direct"} - {"glle_direct"}
+    assert set(table["model"]) == {"ppca", "lllvm"}
     assert (table.loc[table.model == "ppca", "done"] == 4).all()
     assert cli_main(["show", str(store)]) == 0
     assert Path(make_report(store, tmp_path / "rep")).read_text().count("<img") >= 2
@@ -150,18 +165,21 @@ def test_store_that_is_not_a_sweep_is_refused(tmp_path):
     assert (bogus / "zarr.json").read_text() == "{not json"
 
 
-def test_registry_families_expand_to_every_variant():
-    keys = [s.key for s in resolve_models(["hgplvm", "glle", "bgplvm"])]
-    assert keys == [
-        "hgplvm_point",
-        "hgplvm_sparse",
-        "hgplvm_bayesian",
-        "glle_em",
-        "glle_direct",
-        "bgplvm_rbf",
-        "bgplvm_linear",
-    ]
-    assert {s.key for s in resolve_models("all")} >= {"lllvm", "mrd", "ppca"}
+def test_registry_families_expand_to_every_variant_or_say_what_is_missing():
+    variants = {
+        "hgplvm": ["hgplvm_point", "hgplvm_sparse", "hgplvm_bayesian"],
+        "glle": ["glle_em", "glle_direct"],
+        "bgplvm": ["bgplvm_rbf", "bgplvm_linear"],
+        "lllvm": ["lllvm"],
+        "mrd": ["mrd"],
+    }
+    for family, keys in variants.items():
+        if all(MODELS[k].available() for k in keys):
+            assert [s.key for s in resolve_models([family])] == keys
+        else:
+            with pytest.raises(ValueError, match=f"model '{family}' is not available"):
+                resolve_models([family])
+    assert {s.key for s in resolve_models("all")} >= {"lllvm", "ppca"}
 
 
 def test_cli_datasets_lists_every_generator(capsys):
