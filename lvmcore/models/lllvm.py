@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import brentq
 
+from lvmcore.checks import check_data as _check_Y
 from lvmcore.linalg import chol_solve, jitter_cholesky, logdet_from_chol
 from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 
@@ -560,21 +561,6 @@ def reconstruct(Y, qx: QX, qc: QC, X, k: int):
 # --------------------------------------------------------------------------- estimator
 _SOLVERS = ("auto", "dense", "sparse")
 _INITS = ("random_c", "random_x", "spectral")
-
-
-def _check_Y(Y, name="Y"):
-    Y = np.asarray(Y)
-    if Y.dtype == object or not np.issubdtype(Y.dtype, np.number):
-        raise ValueError(f"{name} must be a numeric array, got dtype={Y.dtype}")
-    if Y.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (points x features), got shape {Y.shape}; reshape it to (N, D)")
-    Y = Y.astype(np.float64)
-    if not np.all(np.isfinite(Y)):
-        r, c = np.argwhere(~np.isfinite(Y))[0]
-        raise ValueError(
-            f"{name} contains NaN or inf (first at row {r}, column {c}); remove or impute those values first"
-        )
-    return Y
 
 
 class LLLVM:
