@@ -46,7 +46,9 @@ def check_graph(graph, n: int, k: int | None = None) -> np.ndarray:
         raise ValueError(f"graph indices must lie in [0, {n - 1}], got values in [{idx.min()}, {idx.max()}]")
     if k is not None:
         if idx.shape[1] < k:
-            raise ValueError(f"graph has {idx.shape[1]} neighbours per point, n_neighbors={k} needs at least {k}")
+            raise ValueError(
+                f"graph has {idx.shape[1]} neighbours per point, n_neighbors={k} needs at least {k}"
+            )
         idx = idx[:, :k]
     if np.any(idx == np.arange(n)[:, None]):
         raise ValueError("graph lists a point among its own neighbours; pass neighbour indices without self")

@@ -57,7 +57,9 @@ def weight_matrix(weights: np.ndarray, idx: np.ndarray) -> sp.csr_matrix:
     n, k = idx.shape
     indptr = np.arange(0, n * k + 1, k)
     # copies: scipy may adopt the arrays and sum_duplicates sorts them in place
-    W = sp.csr_matrix((np.array(weights, dtype=np.float64).ravel(), np.array(idx).ravel(), indptr), shape=(n, n))
+    W = sp.csr_matrix(
+        (np.array(weights, dtype=np.float64).ravel(), np.array(idx).ravel(), indptr), shape=(n, n)
+    )
     W.sum_duplicates()
     return W
 

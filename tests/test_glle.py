@@ -35,7 +35,9 @@ def test_lle_matches_sklearn_up_to_rotation(n, solver):
     Y, _ = S.swiss_roll(n, seed=1)
     idx, _ = knn(Y, 10)
     ours, _ = embed(weight_matrix(barycenter_weights(Y, idx), idx), 2, solver=solver, random_state=0)
-    sk = LocallyLinearEmbedding(n_neighbors=10, n_components=2, eigen_solver=solver, random_state=0).fit_transform(Y)
+    sk = LocallyLinearEmbedding(
+        n_neighbors=10, n_components=2, eigen_solver=solver, random_state=0
+    ).fit_transform(Y)
     _, _, disparity = procrustes(sk, ours)
     assert disparity < 1e-6
     np.testing.assert_allclose(ours.T @ ours / n, np.eye(2), atol=1e-10)  # (1/n) Y^T Y = I (eq. 42)
@@ -112,7 +114,9 @@ def test_em_iterations_never_give_nonpositive_sigma():
 def cluster_client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as lc:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
         with Client(lc) as client:
             yield client
 
@@ -151,7 +155,12 @@ def test_covariance_scale_controls_the_spread(method):
     assert spread[0] < 0.1 < spread[2]
 
 
-MANIFOLDS = {"s_curve": S.s_curve, "swiss_roll": S.swiss_roll, "swiss_hole": S.swiss_hole, "severed_bowl": S.severed_bowl}
+MANIFOLDS = {
+    "s_curve": S.s_curve,
+    "swiss_roll": S.swiss_roll,
+    "swiss_hole": S.swiss_hole,
+    "severed_bowl": S.severed_bowl,
+}
 
 
 @pytest.mark.parametrize("name", list(MANIFOLDS))

@@ -95,7 +95,9 @@ def em_point_stats(Y, idx, rows, reg):
     Bm = m @ B.T
     r = y - np.einsum("nk,nkd->nd", Bm, G)
     Xtr = np.einsum("nkd,nd->nk", G, r) @ B
-    rAr = (np.einsum("nd,nd->n", r, r) - np.einsum("nk,nk->n", Xtr, np.linalg.solve(Gm, Xtr[..., None])[..., 0])) / eps
+    rAr = (
+        np.einsum("nd,nd->n", r, r) - np.einsum("nk,nk->n", Xtr, np.linalg.solve(Gm, Xtr[..., None])[..., 0])
+    ) / eps
     s2 = np.clip(np.linalg.eigvalsh(K), 0.0, None)
     c = eps * np.sum(s2 / (s2 + eps[:, None]) ** 2 + 1.0 / (s2 + eps[:, None]), axis=1)
     b = np.maximum(rAr, 0.0) + np.einsum("nk,nk->n", m, m)
@@ -217,9 +219,7 @@ class GLLE:
         if k >= n:
             raise ValueError(f"n_neighbors must be < the number of points ({n}), got {k}; lower n_neighbors")
         if k < 2 or k <= q:
-            raise ValueError(
-                f"n_neighbors must be >= 2 and > n_components ({q}), got {k}; raise n_neighbors"
-            )
+            raise ValueError(f"n_neighbors must be >= 2 and > n_components ({q}), got {k}; raise n_neighbors")
         return q, k
 
     def fit(self, Y, graph=None):
@@ -235,7 +235,9 @@ class GLLE:
         self.Y_train_, self.graph_ = Y, idx
         seed = 0 if self.random_state is None else self.random_state
         if self.method == "em":
-            mean_w, b, c, logdet_A, eps, L = map_points(em_point_stats, Y, idx, chunks=self.chunks, reg=self.reg)
+            mean_w, b, c, logdet_A, eps, L = map_points(
+                em_point_stats, Y, idx, chunks=self.chunks, reg=self.reg
+            )
             floor = SIGMA_FLOOR * eps / self.reg / k
             sigma, trace, it = em_iterations(
                 b, c, logdet_A, D, k - 1, max_iter=self.max_iter, tol=self.tol, floor=floor
@@ -244,7 +246,9 @@ class GLLE:
         else:
             mean_w = barycenter_weights(Y, idx, self.reg)
         self.weights_ = mean_w
-        self.lle_embedding_, _ = embed(weight_matrix(mean_w, idx), q, solver=self.eigen_solver, random_state=seed)
+        self.lle_embedding_, _ = embed(
+            weight_matrix(mean_w, idx), q, solver=self.eigen_solver, random_state=seed
+        )
         if self.method == "direct":
             L, logdet_P = map_points(
                 direct_point_stats, Y, idx, chunks=self.chunks, E=self.lle_embedding_, reg=self.reg
