@@ -96,6 +96,8 @@ def cmd_run(a) -> int:
         for sw in sweeps:
             store = str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"]
             print(f"\n== sweep {sw['dataset']} -> {store}")
+            if a.replace:
+                _set_aside_if_different(sw, store)
             res = embed_sweep(
                 dataset=sw["dataset"],
                 models=sw["models"],
@@ -110,6 +112,25 @@ def cmd_run(a) -> int:
                 print(f"report: {res['report']}")
     print(f"\nall sweeps finished in {time.perf_counter() - t0:.0f} s; results under {out}/")
     return 0
+
+
+def _set_aside_if_different(sw: dict, store: str) -> None:
+    """--replace: a store holding a different sweep is renamed aside (never deleted)."""
+    from flows.sweep import check_store, plan_sweep
+
+    if not Path(store).exists():
+        return
+    plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "exact")
+    try:
+        check_store(store, plan["identity"])
+    except ValueError as e:
+        if "different sweep" not in str(e):
+            raise
+        aside = f"{store}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        Path(store).rename(aside)
+        if Path(store + ".inputs").exists():
+            Path(store + ".inputs").rename(aside + ".inputs")
+        print(f"{store} held a different sweep; moved it to {aside}")
 
 
 def cmd_show(a) -> int:
@@ -153,6 +174,11 @@ def main(argv=None) -> int:
     r.add_argument("--cluster", help="number of local workers, tcp://scheduler:8786, or a JSON spec")
     r.add_argument("--out", default="results", help="output folder (default results/)")
     r.add_argument("--no-report", action="store_true")
+    r.add_argument(
+        "--replace",
+        action="store_true",
+        help="if a store holds a different sweep, move it aside (renamed, not deleted) and start fresh",
+    )
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("show", help="summary table of a result store")
     s.add_argument("store")
