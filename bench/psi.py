@@ -1,0 +1,95 @@
+"""Bound + gradient of the Bayesian GP-LVM (RBF-ARD): ours (fused jitted map-reduce, one chunk)
+against GPy 1.15's BayesianGPLVM at the same parameters, one BLAS/XLA thread each, in one run;
+then the chunked Dask evaluation at large N on 1 vs 2 worker processes.
+
+    python bench/psi.py [--big 200000] [--repeats 5]
+Prints ratios (GPy time / our time; 1-worker time / 2-worker time)."""
+
+import os
+
+for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[v] = "1"
+os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def problem(N, M, Q, D, seed=0):
+    rng = np.random.default_rng(seed)
+    Y = rng.standard_normal((N, D))
+    Y -= Y.mean(0)
+    return Y, rng.standard_normal((N, Q)), rng.uniform(0.1, 0.5, (N, Q)), rng.standard_normal((M, Q))
+
+
+def best_of(f, repeats):
+    f()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def ours_runner(Y, mu, S, Z, chunks=None):
+    from lvmcore.models.bgplvm import ViewStats, bound_objective
+    from lvmcore.psi.reduce import RowChunks
+
+    Q = mu.shape[1]
+    local = {"mu": mu, "logS": np.log(S)}
+    glob = {"Z": Z[None], "kern": [{"log_var": 0.0, "log_ls": np.zeros(Q)}], "log_beta": np.array([0.5])}
+    r = RowChunks(
+        ViewStats(("rbf",), True), bound_objective(("rbf",), True, len(Y), (Y.shape[1],)), (Y,), chunks
+    )
+    return lambda: r.value_and_grad(local, glob, 0.0)
+
+
+def gpy_runner(Y, mu, S, Z):
+    import GPy
+
+    Q = mu.shape[1]
+    m = GPy.models.BayesianGPLVM(
+        Y, Q, X=mu, X_variance=S, Z=Z, num_inducing=len(Z), kernel=GPy.kern.RBF(Q, ARD=True)
+    )
+    x = m.optimizer_array.copy()
+    return lambda: m._objective_grads(x)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--big", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    print("size (N, M, Q, D)        ours_ms   gpy_ms   gpy/ours")
+    for N, M, Q, D in ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50)):
+        Y, mu, S, Z = problem(N, M, Q, D)
+        t_ours = best_of(ours_runner(Y, mu, S, Z), a.repeats)
+        t_gpy = best_of(gpy_runner(Y, mu, S, Z), max(1, a.repeats // 2))
+        print(f"{(N, M, Q, D)!s:24s} {1e3 * t_ours:8.1f} {1e3 * t_gpy:8.1f} {t_gpy / t_ours:9.1f}")
+    from distributed import Client, LocalCluster
+
+    Y, mu, S, Z = problem(a.big, 50, 5, 20)
+    times = {}
+    for workers in (1, 2):
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+            ) as lc,
+            Client(lc),
+        ):
+            times[workers] = best_of(ours_runner(Y, mu, S, Z, chunks=a.big // 8), a.repeats)
+    print(
+        f"chunked N={a.big}: 1 worker {times[1]:.3f} s, 2 workers {times[2]:.3f} s, "
+        f"speed-up {times[1] / times[2]:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Bayesian GP-LVM and MRD: the bound against GPy 1.15 at the same parameters, gradients against
+finite differences, one chunk = many chunks on a real LocalCluster, the paper's toy segmentation,
+inference and cross-view prediction, bad input."""
+
+import numpy as np
+import pytest
+
+from lvmcore.data import synthetic as S
+from lvmcore.models.bgplvm import BayesianGPLVM, ViewStats, bound_objective
+from lvmcore.models.mrd import MRD
+from lvmcore.psi.reduce import RowChunks
+
+GPy = pytest.importorskip("GPy")
+
+
+def _problem(kind, N=60, D=5, Q=3, M=8, seed=0):
+    rng = np.random.default_rng(seed)
+    Y = rng.standard_normal((N, D))
+    Y -= Y.mean(0)
+    mu, Sv, Z = rng.standard_normal((N, Q)), rng.uniform(0.1, 0.5, (N, Q)), rng.standard_normal((M, Q))
+    if kind == "rbf":
+        ls = rng.uniform(0.6, 2.0, Q)
+        k = GPy.kern.RBF(Q, ARD=True, variance=1.3, lengthscale=ls)
+        kp = {"log_var": np.log(1.3), "log_ls": np.log(ls)}
+    else:
+        v = rng.uniform(0.2, 1.5, Q)
+        k = GPy.kern.Linear(Q, ARD=True, variances=v)
+        kp = {"log_vars": np.log(v)}
+    return Y, mu, Sv, Z, k, kp
+
+
+def _bound(kinds, Ys, local, glob, chunks=None):
+    dims = tuple(Y.shape[1] for Y in Ys)
+    obj = bound_objective(tuple(kinds), True, Ys[0].shape[0], dims)
+    return RowChunks(ViewStats(tuple(kinds), True), obj, tuple(Ys), chunks).value_and_grad(local, glob, 0.0)
+
+
+@pytest.mark.parametrize("kind", ["rbf", "linear"])
+def test_bound_equals_gpy_bayesian_gplvm(kind):
+    Y, mu, Sv, Z, k, kp = _problem(kind)
+    m = GPy.models.BayesianGPLVM(Y, 3, X=mu, X_variance=Sv, Z=Z, kernel=k, num_inducing=8)
+    m.likelihood.variance = 0.3
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([np.log(1 / 0.3)])}
+    val, _, _ = _bound([kind], [Y], {"mu": mu, "logS": np.log(Sv)}, glob)
+    ref = float(np.asarray(m.log_likelihood()).ravel()[0])
+    assert abs(val - ref) <= 1e-8 * abs(ref)
+
+
+def test_mrd_bound_equals_sum_of_gpy_views_minus_one_kl():
+    """MRD's bound is sum_v F_v - KL; GPy's single-view bound is F_v - KL, so
+    MRD = sum_v GPy_v + (V - 1) KL at the same q(X)."""
+    Y0, mu, Sv, Z, k0, kp0 = _problem("rbf", seed=1)
+    Y1 = np.random.default_rng(5).standard_normal((60, 4))
+    Y1 -= Y1.mean(0)
+    k1 = GPy.kern.Linear(3, ARD=True, variances=np.array([0.3, 0.9, 1.1]))
+    kp1 = {"log_vars": np.log([0.3, 0.9, 1.1])}
+    refs = []
+    for Y, k, var in ((Y0, k0, 0.3), (Y1, k1, 0.05)):
+        m = GPy.models.BayesianGPLVM(Y, 3, X=mu, X_variance=Sv, Z=Z, kernel=k.copy(), num_inducing=8)
+        m.likelihood.variance = var
+        refs.append(float(np.asarray(m.log_likelihood()).ravel()[0]))
+    kl = 0.5 * np.sum(mu**2 + Sv - np.log(Sv) - 1)
+    glob = {"Z": Z[None], "kern": [kp0, kp1], "log_beta": np.log([1 / 0.3, 1 / 0.05])}
+    val, _, _ = _bound(["rbf", "linear"], [Y0, Y1], {"mu": mu, "logS": np.log(Sv)}, glob)
+    ref = sum(refs) + kl
+    assert abs(val - ref) <= 1e-8 * abs(ref)
+
+
+@pytest.mark.parametrize("kind", ["rbf", "linear"])
+def test_gradients_equal_finite_differences(kind):
+    Y, mu, Sv, Z, _, kp = _problem(kind, N=20, D=3, M=5)
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.4])}
+    _, g_lo, g_gl = _bound([kind], [Y], local, glob)
+    h = 1e-5
+
+    def f(lo, gl):
+        return _bound([kind], [Y], lo, gl)[0]
+
+    for name, idx in (("mu", (3, 1)), ("logS", (7, 2))):
+        lp = {k: v.copy() for k, v in local.items()}
+        lm = {k: v.copy() for k, v in local.items()}
+        lp[name][idx] += h
+        lm[name][idx] -= h
+        fd = (f(lp, glob) - f(lm, glob)) / (2 * h)
+        assert abs(fd - g_lo[name][idx]) <= 1e-5 * max(1.0, abs(fd))
+    for path in (("Z", (0, 2, 1)), ("log_beta", (0,))):
+        gp = {**glob, path[0]: glob[path[0]].copy()}
+        gm = {**glob, path[0]: glob[path[0]].copy()}
+        gp[path[0]][path[1]] += h
+        gm[path[0]][path[1]] -= h
+        fd = (f(local, gp) - f(local, gm)) / (2 * h)
+        assert abs(fd - g_gl[path[0]][path[1]]) <= 1e-5 * max(1.0, abs(fd))
+    key = "log_ls" if kind == "rbf" else "log_vars"
+    kpp = {**kp, key: kp[key] + np.array([h, 0, 0])}
+    kpm = {**kp, key: kp[key] - np.array([h, 0, 0])}
+    fd = (f(local, {**glob, "kern": [kpp]}) - f(local, {**glob, "kern": [kpm]})) / (2 * h)
+    assert abs(fd - g_gl["kern"][0][key][0]) <= 1e-5 * max(1.0, abs(fd))
+
+
+@pytest.fixture(scope="module")
+def cluster_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
+        with Client(lc) as client:
+            yield client
+
+
+def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=700, D=6, Q=3, M=10)
+    Y2 = np.random.default_rng(2).standard_normal((700, 4))
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp, {"log_vars": np.zeros(3)}], "log_beta": np.array([0.2, -0.1])}
+    v1, gl1, gg1 = _bound(["rbf", "linear"], [Y, Y2], local, glob)
+    v7, gl7, gg7 = _bound(["rbf", "linear"], [Y, Y2], local, glob, chunks=100)
+    assert abs(v1 - v7) <= 1e-10 * abs(v1)
+    # relative to each gradient block's norm (elementwise, entries that are sums of large
+    # cancelling terms, such as d/d log beta, carry absolute round-off of the full terms)
+    for a, b in ((gl7["mu"], gl1["mu"]), (gl7["logS"], gl1["logS"]), (gg7["Z"], gg1["Z"])):
+        assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+    assert np.linalg.norm(gg7["log_beta"] - gg1["log_beta"]) <= 1e-10 * np.linalg.norm(gg1["log_beta"])
+    for key in ("log_var", "log_ls"):
+        a, b = np.asarray(gg7["kern"][0][key]), np.asarray(gg1["kern"][0][key])
+        assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+
+
+@pytest.fixture(scope="module")
+def toy_mrd():
+    views, _ = S.mrd_toy(100, seed=0)
+    return views, MRD(8, 30, "linear", random_state=0, max_iter=1000).fit(views)
+
+
+def test_mrd_toy_segmentation(toy_mrd):
+    """Paper 004 section 5.1: 8 initial dimensions end as 1 shared, 1 private per view, the rest
+    switched off (normalised weights below 1e-3); the noise is learned near 0.1^2."""
+    _, m = toy_mrd
+    seg = m.segment(1e-3)
+    assert len(seg["shared"]) == 1
+    assert len(seg["private"][0]) == 1 and len(seg["private"][1]) == 1
+    assert len(seg["inactive"]) == 5 and not seg["partial"]
+    np.testing.assert_allclose(m.noise_variance_, 0.01, rtol=0.3)
+    assert m.ard_weights_.shape == (2, 8)
+    assert m.elbo_trace_[-1] >= m.elbo_trace_[0]
+
+
+def test_segment_handles_more_than_two_views(toy_mrd):
+    _, m = toy_mrd
+    m3 = MRD.__new__(MRD)
+    m3.glob_ = m.glob_
+    m3.ard_weights_ = np.array([[1.0, 0.0, 0.5, 0.0], [0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 0.5, 1.0]])
+    seg = m3.segment(1e-3)
+    assert seg["shared"] == [2] and seg["private"] == {0: [0], 1: [1], 2: [3]} and seg["inactive"] == []
+    m3.ard_weights_[1, 3] = 0.7
+    assert m3.segment(1e-3)["partial"] == {(1, 2): [3]}
+
+
+def test_mrd_cross_view_prediction(toy_mrd):
+    """Predict view 1 from noisy copies of view 0's rows. View 1's columns 10-14 carry the shared
+    signal cos^2 t, which view 0 determines: their error must be small. Columns 0-9 carry sin t,
+    which view 0 cannot determine (cos t and cos^2 t leave its sign open); Algorithm 1 fills it
+    from the nearest training point, so only its magnitude is checked."""
+    views, m = toy_mrd
+    rng = np.random.default_rng(3)
+    Y0 = views[0][::5] + 0.1 * rng.standard_normal(views[0][::5].shape)
+    mean, var = m.predict({0: Y0}, target=1)
+    truth = views[1][::5]
+    shared = slice(10, 15)
+    rmse_shared = np.sqrt(np.mean((mean[:, shared] - truth[:, shared]) ** 2))
+    assert rmse_shared < 0.25 * truth[:, shared].std()
+    mag = np.linalg.norm(mean[:, :10], axis=1), np.linalg.norm(truth[:, :10], axis=1)
+    assert np.corrcoef(*mag)[0, 1] > 0.8
+    assert np.all(var > 0)
+    print("shared-signal RMSE", rmse_shared, "spread", truth[:, shared].std())
+
+
+def test_bgplvm_fit_transform_and_reconstruction():
+    t = np.linspace(0, 2 * np.pi, 120)
+    Y = np.column_stack([np.cos(t), np.sin(t), np.cos(2 * t), np.sin(2 * t), t / np.pi])
+    Y += 0.05 * np.random.default_rng(0).standard_normal(Y.shape)
+    m = BayesianGPLVM(2, 15, "rbf", random_state=0, max_iter=300).fit(Y)
+    assert m.embedding_.shape == (120, 2) and m.embedding_var_.shape == (120, 2)
+    assert m.noise_variance_[0] < 0.05
+    assert m.ard_weights_.shape == (2,) and np.all(m.ard_weights_ > 0)
+    X = m.transform(Y[:10])
+    spread = np.linalg.norm(m.embedding_.std(0))
+    assert np.median(np.linalg.norm(X - m.embedding_[:10], axis=1)) < 0.25 * spread
+    rec = m.inverse_transform(m.embedding_[:10])
+    assert np.sqrt(np.mean((rec - Y[:10]) ** 2)) < 0.3 * Y.std()
+
+
+def test_bad_input():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="same number of rows"):
+        MRD(2, 5).fit([rng.standard_normal((20, 3)), rng.standard_normal((19, 3))])
+    bad = rng.standard_normal((20, 3))
+    bad[4, 2] = np.inf
+    with pytest.raises(ValueError, match="row 4, column 2"):
+        BayesianGPLVM(2, 5).fit(bad)
+    with pytest.raises(ValueError, match="n_inducing=30 exceeds the number of points"):
+        BayesianGPLVM(2, 30).fit(rng.standard_normal((20, 3)))
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        BayesianGPLVM(2, 5, kernel="matern").fit(rng.standard_normal((20, 3)))
+    with pytest.raises(ValueError, match="not fitted"):
+        MRD().segment()
