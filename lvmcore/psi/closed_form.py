@@ -36,7 +36,8 @@ the row constant, the result is exponentiated and summed over rows (a GEMV with 
 Rows are processed in blocks of ``block_size`` with ``jax.lax.scan`` (the last block zero-padded and
 masked), so the forward pass's largest intermediate is (block_size, P). Reverse mode keeps every
 block's exponentials (rows x P in all: the callers bound rows by chunking); ``remat=True`` wraps the
-block in ``jax.checkpoint`` to recompute them instead (measured 1.6x slower at N = 5,000, M = 50).  Psi1 is handled the same way (one (B, 2Q) x (2Q, M) GEMM per block).
+block in ``jax.checkpoint`` to recompute them instead (measured 1.6x slower at N = 5,000, M = 50).
+Psi1 is handled the same way (one (B, 2Q) x (2Q, M) GEMM per block).
 
 Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable
 (``jax.vjp`` / ``jax.grad``); the public functions are wrapped in ``jax.jit`` (``block_size`` of
