@@ -16,20 +16,25 @@ DEFAULT_SWEEPS = [
         "models": ["ppca", "lllvm", "glle", "bgplvm", "hgplvm"],
         "grid": {"k": [8, 12], "latent_dim": [2], "kappa": [10.0, 100.0], "seed": [0]},
         "store": "roll.zarr",
-        "model_options": {"lllvm": {"max_iter": 30}, "hgplvm": {"max_iter": 300}},
+        "model_options": {
+            "lllvm": {"max_iter": 30},
+            "bgplvm": {"max_iter": 300, "n_inducing": 20},
+            "hgplvm": {"max_iter": 300},
+        },
     },
     {
         "dataset": {"name": "digits", "classes": 5, "n_per_class": 60, "seed": 0},
         "models": ["ppca", "lllvm", "glle", "bgplvm"],
         "grid": {"k": [10], "latent_dim": [2], "seed": [0]},
         "store": "digits.zarr",
-        "model_options": {"lllvm": {"max_iter": 20}},
+        "model_options": {"lllvm": {"max_iter": 20}, "bgplvm": {"max_iter": 300, "n_inducing": 20}},
     },
     {
         "dataset": {"name": "mrd_toy", "n": 100, "seed": 0},
         "models": ["mrd"],
         "grid": {"latent_dim": [8], "seed": [0]},
         "store": "mrd_toy.zarr",
+        "model_options": {"mrd": {"kernel": "linear", "max_iter": 1000}},
     },
 ]
 

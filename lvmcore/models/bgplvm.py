@@ -27,7 +27,7 @@ from lvmcore.checks import check_data, check_positive, check_positive_int
 from lvmcore.psi.reduce import JitStats
 
 JITTER = 1e-8  # added to K_mm's diagonal (GPy 1.15 VarDTC const_jitter, so bounds compare exactly)
-MAX_JITTER = 1e-1  # escalation stops here with a NumericalError
+MAX_JITTER = 1e-1  # escalation (relative to K_mm's mean diagonal) stops here with a NumericalError
 _KERNELS = ("rbf", "linear")
 
 
@@ -82,7 +82,8 @@ def view_bound(stats, Kmm, log_beta, N, D, extra_jitter=0.0):
     psi0, psi1TY, psi2, trYY = stats
     beta = jnp.exp(log_beta)
     M = Kmm.shape[0]
-    Lm = jnp.linalg.cholesky(Kmm + extra_jitter * jnp.eye(M))
+    # escalated jitter is relative to K_mm's mean diagonal (a linear kernel's K_mm has rank Q < M)
+    Lm = jnp.linalg.cholesky(Kmm + extra_jitter * jnp.mean(jnp.diag(Kmm)) * jnp.eye(M))
     tmp = solve_triangular(Lm, psi2, lower=True)
     C = solve_triangular(Lm, tmp.T, lower=True)
     A = jnp.eye(M) + beta * C
@@ -249,21 +250,29 @@ class _CollapsedGPLVM:
         )
         x0, unravel = ravel_pytree((local, glob))
         x0 = np.asarray(x0)
-        state = {"jitter": 0.0, "trace": [], "last": None}
+        state = {"jitter": 0.0, "trace": [], "last": None, "rejected": 0}
 
         def fg(x):
             lo, gl = unravel(x)
-            while True:
-                val, g_lo, g_gl = runner.value_and_grad(lo, gl, state["jitter"])
+            val, g_lo, g_gl = runner.value_and_grad(lo, gl, state["jitter"])
+            if not np.isfinite(val):
+                # escalate the jitter (relative to K_mm's mean diagonal) while that helps
+                j = state["jitter"]
+                while not np.isfinite(val) and j < MAX_JITTER:
+                    j = max(10 * j, 1e-8)
+                    val, g_lo, g_gl = runner.value_and_grad(lo, gl, j)
                 if np.isfinite(val):
-                    break
-                state["jitter"] = max(10 * state["jitter"], 1e-6)
-                if state["jitter"] > MAX_JITTER:
+                    state["jitter"] = j
+                elif state["last"] is None:
                     raise NumericalError(
-                        "K_mm or A is not positive definite even with jitter "
-                        f"{MAX_JITTER:g} (iteration {len(state['trace'])})",
+                        "the bound is not finite at the initial parameters even with jitter "
+                        f"{MAX_JITTER:g} x mean diag(K_mm) (K_mm or A not positive definite)",
                         name="K_mm",
                     )
+                else:
+                    # a trial point of the line search left the valid region (overflow): reject it
+                    state["rejected"] += 1
+                    return np.inf, np.zeros_like(x)
             g, _ = ravel_pytree((g_lo, g_gl))
             state["last"] = val
             return -val, -np.asarray(g)
@@ -314,7 +323,7 @@ class _CollapsedGPLVM:
         self.elbo_ = float(-fg(r.x)[0])
         self.elbo_trace_ = np.asarray(state["trace"] + [self.elbo_])
         self.n_iter_ = len(state["trace"])
-        self.jitter_ = JITTER + state["jitter"]
+        self.extra_jitter_ = state["jitter"]  # relative to K_mm's mean diagonal, on top of JITTER
         self.Y_train_ = Yc
         self.embedding_ = self.local_["mu"]
         self.embedding_var_ = np.exp(self.local_["logS"])
@@ -380,7 +389,7 @@ class _CollapsedGPLVM:
         mu0, logS0 = self.local_["mu"][nn], self.local_["logS"][nn]
         N = self.Y_train_[0].shape[0]
         glob, kinds, train = self.glob_, self.kinds_, self._train_stats
-        extra = self.jitter_ - JITTER
+        extra = self.extra_jitter_
 
         def neg(x):
             mu = x[: n_new * mu0.shape[1]].reshape(mu0.shape)
@@ -420,7 +429,8 @@ class _CollapsedGPLVM:
         Z = self._Z(view)
         beta = float(np.exp(self.glob_["log_beta"][view]))
         t = self._train_stats["views"][view]
-        Kmm = np.asarray(kmm(kind, Z, kp)) + (self.jitter_ - JITTER) * np.eye(Z.shape[0])
+        Kmm = np.asarray(kmm(kind, Z, kp))
+        Kmm = Kmm + self.extra_jitter_ * np.mean(np.diag(Kmm)) * np.eye(Z.shape[0])
         B = Kmm + beta * np.asarray(t[2])
         W = beta * np.linalg.solve(B, np.asarray(t[1]))  # (M, D)
 
