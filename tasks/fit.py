@@ -11,7 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.inputs import load_data, load_graph
-from tasks.registry import MODELS
+from tasks.registry import COV_SCALES, MODELS
 from tasks.store import PointResult
 
 
@@ -56,6 +56,11 @@ def fit_point(
                 res.extras["generations"] = np.asarray(
                     est.sample(n_generations, random_state=point.get("seed", 0))
                 )
+            if "scale_study" in spec.extras and n_generations > 0:  # paper 001 section VI-C
+                seed = point.get("seed", 0)
+                res.extras["scale_study"] = np.stack(
+                    [est.sample(1, random_state=seed, cov_scale=a)[0] for a in COV_SCALES]
+                )
         res.embedding = np.asarray(est.embedding_, dtype=np.float64)
         if not np.all(np.isfinite(res.embedding)):
             raise FloatingPointError("the fitted embedding contains NaN or inf")
@@ -69,7 +74,7 @@ def fit_point(
         res.elbo_trace = np.asarray(getattr(est, "elbo_trace_", [res.elbo]), dtype=np.float64)
         res.n_iter = float(getattr(est, "n_iter_", len(res.elbo_trace)))
         for name in spec.extras:  # learned quantities the registry asks for, e.g. ard_weights_, alpha_
-            if name != "generations" and getattr(est, name + "_", None) is not None:
+            if name not in ("generations", "scale_study") and getattr(est, name + "_", None) is not None:
                 res.extras[name] = np.asarray(getattr(est, name + "_"), dtype=np.float64)
         res.status = "done"
     except Exception as e:  # recorded per grid point; the sweep goes on

@@ -15,6 +15,8 @@ import numpy as np
 
 #: sweep dimensions in store order, and the constructor argument each maps to
 SWEEP_DIMS = ("k", "latent_dim", "kappa", "seed")
+#: covariance scales a of GLLE's scale study (paper 001 section VI-C): one generation per a
+COV_SCALES = (0.01, 0.1, 1.0, 5.0, 10.0)
 _PARAM_OF_DIM = {"k": "n_neighbors", "latent_dim": "n_components", "kappa": "kappa", "seed": "random_state"}
 
 
@@ -82,7 +84,10 @@ MODELS: dict[str, ModelSpec] = {
             "lvmcore.models.glle:GLLE",
             ("k", "latent_dim", "seed"),
             fixed={"method": "em"},
-            extras={"generations": ("generation", "point", "component")},
+            extras={
+                "generations": ("generation", "point", "component"),
+                "scale_study": ("cov_scale", "point", "component"),
+            },
             description="generative LLE, EM (paper 001, Algorithm 1)",
         ),
         _spec(
@@ -91,7 +96,10 @@ MODELS: dict[str, ModelSpec] = {
             "lvmcore.models.glle:GLLE",
             ("k", "latent_dim", "seed"),
             fixed={"method": "direct"},
-            extras={"generations": ("generation", "point", "component")},
+            extras={
+                "generations": ("generation", "point", "component"),
+                "scale_study": ("cov_scale", "point", "component"),
+            },
             description="generative LLE, direct sampling (paper 001, Algorithm 2)",
         ),
         _spec(

@@ -207,6 +207,27 @@ def make_report(store, out_dir=None) -> str:
         plt.close(fig)
         figs.append((f"generations_{name}.png", f"{name}: generations"))
 
+    # 5. GLLE covariance-scale study (paper 001 section VI-C): one generation per scale a
+    studies = [(n, ds) for n, ds in groups if "scale_study" in ds and best_point(ds) is not None]
+    if studies:
+        scales = studies[0][1]["cov_scale"].values
+        fig, axes = plt.subplots(
+            len(studies), len(scales), figsize=(2.4 * len(scales), 2.4 * len(studies)), squeeze=False
+        )
+        for r, (name, ds) in enumerate(studies):
+            G = ds["scale_study"].sel(best_point(ds)).values
+            for c, a in enumerate(scales):
+                E = G[c][:, np.isfinite(G[c]).all(axis=0)]
+                if E.shape[1] >= 2 and np.isfinite(E).all():
+                    _scatter(axes[r, c], E, colour, f"{name}, a = {a:g}", False)
+                else:
+                    axes[r, c].set_axis_off()
+        fig.suptitle("GLLE: covariance scale a (rows: variants; columns: a)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "glle_cov_scale.png", dpi=110)
+        plt.close(fig)
+        figs.append(("glle_cov_scale.png", "GLLE covariance-scale study"))
+
     table = summary_table(store)
     ident = json.loads(tree.attrs.get("identity", "{}"))
     body = [

@@ -23,7 +23,7 @@ import xarray as xr
 import zarr
 
 from lvmcore import __version__
-from tasks.registry import ModelSpec, model_grid
+from tasks.registry import COV_SCALES, ModelSpec, model_grid
 
 STATUS_PENDING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 STATUS_NAMES = {STATUS_PENDING: "pending", STATUS_DONE: "done", STATUS_FAILED: "failed"}
@@ -83,6 +83,7 @@ def _extra_shape(dims, layout: Layout):
         "component": layout.q_max,
         "view": layout.n_views,
         "generation": layout.n_generations,
+        "cov_scale": len(COV_SCALES),
     }
     return tuple(size[d] for d in dims)
 
@@ -112,10 +113,13 @@ def group_template(spec: ModelSpec, grid: dict, layout: Layout) -> xr.Dataset:
     for name in SCALARS:
         v[name] = lazy((), ())
     for name, dims in spec.extras.items():
-        if name == "generations" and layout.n_generations == 0:
+        if name in ("generations", "scale_study") and layout.n_generations == 0:
             continue
         v[name] = lazy(dims, _extra_shape(dims, layout))
-    ds = xr.Dataset(v, coords={d: g[d] for d in sdims})
+    coords = {d: g[d] for d in sdims}
+    if any("cov_scale" in dims for name, dims in spec.extras.items() if name in v):
+        coords["cov_scale"] = np.asarray(COV_SCALES)
+    ds = xr.Dataset(v, coords=coords)
     ds["status"].attrs = {"flag_values": [0, 1, 2], "flag_meanings": "pending done failed"}
     ds.attrs = {
         "model": spec.family,
@@ -221,7 +225,7 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
             val = res.metrics.get(name, getattr(res, name, np.nan)) if name in METRICS else getattr(res, name)
             data[name] = var((), np.float64(np.nan if val is None else val))
         for name, dims in spec.extras.items():
-            if name in res.extras and not (name == "generations" and layout.n_generations == 0):
+            if name in res.extras and not (name in ("generations", "scale_study") and layout.n_generations == 0):
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
