@@ -225,7 +225,9 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
             val = res.metrics.get(name, getattr(res, name, np.nan)) if name in METRICS else getattr(res, name)
             data[name] = var((), np.float64(np.nan if val is None else val))
         for name, dims in spec.extras.items():
-            if name in res.extras and not (name in ("generations", "scale_study") and layout.n_generations == 0):
+            if name in res.extras and not (
+                name in ("generations", "scale_study") and layout.n_generations == 0
+            ):
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
