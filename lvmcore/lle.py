@@ -134,7 +134,7 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
 
     ``chunks=None`` runs it once on all points in process. Otherwise the neighbour indices become a
     Dask array chunked by ``chunks`` points; one task per chunk gathers that chunk's neighbour
-    blocks from Y (held once in the graph) and computes; the results come back in order. The
+    blocks from Y (scattered once to the workers, or held once in the graph) and computes; the results come back in order. The
     per-point computations are independent, so the chunked and unchunked results are identical."""
     n = idx.shape[0]
     if chunks is None or chunks >= n:
@@ -144,7 +144,12 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
 
     idx_d = da.from_array(idx, chunks=(int(chunks), -1))
     starts = np.cumsum((0,) + idx_d.chunks[0])
-    Yd = dask.delayed(Y, pure=True)
+    try:  # on a distributed cluster, ship Y to the workers once rather than inside the graph
+        from distributed import get_client
+
+        Yd = get_client().scatter(Y, broadcast=True, hash=False)
+    except (ImportError, ValueError):
+        Yd = dask.delayed(Y, pure=True)
     parts = []
     for b, blk in enumerate(idx_d.to_delayed().ravel()):
         rows = np.arange(starts[b], starts[b + 1])
