@@ -15,7 +15,6 @@ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 
 def timed(f):

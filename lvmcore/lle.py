@@ -134,8 +134,9 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
 
     ``chunks=None`` runs it once on all points in process. Otherwise the neighbour indices become a
     Dask array chunked by ``chunks`` points; one task per chunk gathers that chunk's neighbour
-    blocks from Y (scattered once to the workers, or held once in the graph) and computes; the results come back in order. The
-    per-point computations are independent, so the chunked and unchunked results are identical."""
+    blocks from Y (scattered once to the workers, or held once in the graph) and computes; the
+    results come back in order. The per-point computations are independent, so the chunked and
+    unchunked results are identical."""
     n = idx.shape[0]
     if chunks is None or chunks >= n:
         return func(Y, idx, np.arange(n), *arrays, **kwargs)
