@@ -16,7 +16,6 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 
-
 def timed(f):
     t0 = time.perf_counter()
     out = f()
