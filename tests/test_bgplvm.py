@@ -205,3 +205,49 @@ def test_bad_input():
         BayesianGPLVM(2, 5, kernel="matern").fit(rng.standard_normal((20, 3)))
     with pytest.raises(ValueError, match="not fitted"):
         MRD().segment()
+
+
+def test_temporal_posterior_equals_dense_gaussian_algebra():
+    """mu = K mubar, S = (K^-1 + Lam)^-1 and KL(N(mu, S) || N(0, K)) per latent dimension, against
+    explicit inverses and the textbook Gaussian KL."""
+    from lvmcore.models.bgplvm import temporal_posterior, temporal_prior
+
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0, 10, 12))
+    seq = np.array([0] * 7 + [1] * 5)
+    K = np.asarray(temporal_prior(t, seq)(np.log(1.5)))
+    assert np.allclose(K[:7, 7:], 0)
+    mubar, loglam = rng.standard_normal((12, 2)), rng.standard_normal((12, 2))
+    mu, logS, kl = temporal_posterior(mubar, loglam, K)
+    kl_ref = 0.0
+    for q in range(2):
+        Sq = np.linalg.inv(np.linalg.inv(K) + np.diag(np.exp(loglam[:, q])))
+        m = K @ mubar[:, q]
+        np.testing.assert_allclose(np.asarray(mu)[:, q], m, rtol=1e-10)
+        np.testing.assert_allclose(np.exp(np.asarray(logS)[:, q]), np.diag(Sq), rtol=1e-8)
+        kl_ref += 0.5 * (
+            np.trace(np.linalg.solve(K, Sq))
+            + m @ np.linalg.solve(K, m)
+            - 12
+            + np.linalg.slogdet(K)[1]
+            - np.linalg.slogdet(Sq)[1]
+        )
+    np.testing.assert_allclose(float(kl), kl_ref, rtol=1e-8)
+
+
+def test_temporal_prior_fit():
+    t = np.linspace(0, 4 * np.pi, 80)
+    Y = np.column_stack([np.sin(t), np.cos(t), np.sin(t) * np.cos(t)]) @ np.random.default_rng(
+        1
+    ).standard_normal((3, 6))
+    Y += 0.05 * np.random.default_rng(2).standard_normal(Y.shape)
+    m = BayesianGPLVM(2, 12, "rbf", random_state=0, max_iter=150, init_iters=30).fit(
+        Y, times=t, sequences=np.repeat([0, 1], 40)
+    )
+    assert np.isfinite(m.elbo_) and m.elbo_trace_[-1] >= m.elbo_trace_[0]
+    assert np.all(m.embedding_var_ > 0)
+    # neighbouring time steps stay neighbours in the latent space
+    step = np.linalg.norm(np.diff(m.embedding_[:40], axis=0), axis=1)
+    assert np.median(step) < 0.2 * np.linalg.norm(m.embedding_.std(0)) * 2
+    with pytest.raises(ValueError, match="times must be 80 finite time stamps"):
+        BayesianGPLVM(2, 12).fit(Y, times=t[:10])

@@ -104,19 +104,20 @@ class ViewStats(JitStats):
     """Picklable per-chunk statistics of all views: (local rows, globals, data views) -> partial
     sums ``{"views": [(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) per view], "kl": KL}``."""
 
-    def __init__(self, kinds: tuple, shared_inducing: bool):
+    def __init__(self, kinds: tuple, shared_inducing: bool, with_kl: bool = True):
         self.kinds = tuple(kinds)
         self.shared = bool(shared_inducing)
+        self.with_kl = bool(with_kl)  # False under the temporal prior: its KL is not a row sum
 
     def key(self):
-        return (self.kinds, self.shared)
+        return (self.kinds, self.shared, self.with_kl)
 
     def build(self):
         import jax.numpy as jnp
 
         from lvmcore.psi.closed_form import kl_diag_gaussian
 
-        kinds, shared = self.kinds, self.shared
+        kinds, shared, with_kl = self.kinds, self.shared, self.with_kl
 
         def f(local, glob, data):
             mu, S = local["mu"], jnp.exp(local["logS"])
@@ -125,7 +126,7 @@ class ViewStats(JitStats):
                 Z = glob["Z"][0 if shared else v]
                 p0, p1, p2 = view_psi(kind, mu, S, Z, glob["kern"][v], data[v])
                 out.append((p0, p1, p2, jnp.sum(data[v] ** 2)))
-            return {"views": out, "kl": kl_diag_gaussian(mu, S)}
+            return {"views": out, "kl": kl_diag_gaussian(mu, S) if with_kl else jnp.zeros(())}
 
         return f
 
@@ -148,6 +149,44 @@ def total_bound(kinds, shared, N, dims, stats, glob, extra_jitter=0.0):
             stats["views"][v], kmm(kind, Z, glob["kern"][v]), glob["log_beta"][v], N, dims[v], extra_jitter
         )
     return F
+
+
+def temporal_prior(times, sequences, jitter=1e-6):
+    """Returns k(log_lengthscale) -> K_t (N, N): an RBF covariance over time stamps, block-diagonal
+    over independent sequences (paper 004 section 4.3), with unit variance plus jitter."""
+    import jax.numpy as jnp
+
+    t = np.asarray(times, dtype=np.float64)
+    same = np.equal.outer(sequences, sequences).astype(np.float64)
+    d2 = np.subtract.outer(t, t) ** 2
+
+    def K(log_ls):
+        return same * jnp.exp(-0.5 * d2 / jnp.exp(2.0 * log_ls)) + jitter * jnp.eye(len(t))
+
+    return K
+
+
+def temporal_posterior(mubar, loglam, Kt):
+    """q(x_q) = N(K mubar_q, (K^-1 + diag(lam_q))^-1) per latent dimension q (the reparameterisation
+    of Damianou et al.). Returns (mu (N, Q), log diag S (N, Q), KL(q || prod_q N(0, K)))."""
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    N = Kt.shape[0]
+
+    def one(mb, ll):
+        r = jnp.exp(0.5 * ll)
+        B = jnp.eye(N) + r[:, None] * Kt * r[None, :]
+        LB = jnp.linalg.cholesky(B)
+        V = solve_triangular(LB, r[:, None] * Kt, lower=True)  # LB^-1 Lam^1/2 K
+        diagS = jnp.diag(Kt) - jnp.sum(V * V, axis=0)
+        LBinv = solve_triangular(LB, jnp.eye(N), lower=True)
+        kl = 0.5 * (-N + jnp.sum(LBinv * LBinv) + mb @ Kt @ mb + 2.0 * jnp.sum(jnp.log(jnp.diag(LB))))
+        return Kt @ mb, jnp.log(diagS), kl
+
+    mu, logS, kl = jax.vmap(one, in_axes=(1, 1), out_axes=(1, 1, 0))(mubar, loglam)
+    return mu, logS, jnp.sum(kl)
 
 
 # --------------------------------------------------------------------------- estimator core
@@ -230,7 +269,7 @@ class _CollapsedGPLVM:
         return {"mu": mu, "logS": logS}, {"Z": Z, "kern": kern, "log_beta": log_beta}
 
     # ------------------------------------------------------------------ fit
-    def _fit_views(self, views):
+    def _fit_views(self, views, times=None, sequences=None):
         from jax.flatten_util import ravel_pytree
         from scipy.optimize import minimize
 
@@ -244,7 +283,35 @@ class _CollapsedGPLVM:
         N = Yc[0].shape[0]
         dims = tuple(Y.shape[1] for Y in Yc)
         local, glob = self._init_params(Yc, kinds, q, m)
-        stats_fn = ViewStats(kinds, self.shared_inducing)
+        temporal = times is not None
+        if temporal:
+            import jax
+
+            times = np.asarray(times, dtype=np.float64).ravel()
+            if times.shape[0] != N or not np.all(np.isfinite(times)):
+                raise ValueError(
+                    f"times must be {N} finite time stamps (one per row), got shape {times.shape}"
+                )
+            sequences = np.zeros(N, dtype=int) if sequences is None else np.asarray(sequences).ravel()
+            if sequences.shape[0] != N:
+                raise ValueError(f"sequences must label each of the {N} rows, got shape {sequences.shape}")
+            gaps = np.diff(np.sort(times))
+            gaps = gaps[gaps > 0]
+            Kfun = temporal_prior(times, sequences)
+            glob["log_tl"] = np.log(5.0 * (np.median(gaps) if gaps.size else 1.0))
+            K0 = np.asarray(Kfun(glob["log_tl"]))
+            local = {
+                "mubar": np.linalg.solve(K0 + 1e-3 * np.eye(N), local["mu"]),
+                "loglam": np.full_like(local["mu"], np.log(10.0)),
+            }
+
+            def transform(lo, log_tl):
+                mu, logS, kl = temporal_posterior(lo["mubar"], lo["loglam"], Kfun(log_tl))
+                return {"mu": mu, "logS": logS}, kl
+
+            transform = jax.jit(transform)
+            self.times_, self.sequences_ = times, sequences
+        stats_fn = ViewStats(kinds, self.shared_inducing, with_kl=not temporal)
         runner = RowChunks(
             stats_fn, bound_objective(kinds, bool(self.shared_inducing), N, dims), Yc, self.chunks
         )
@@ -252,15 +319,25 @@ class _CollapsedGPLVM:
         x0 = np.asarray(x0)
         state = {"jitter": 0.0, "trace": [], "last": None, "rejected": 0}
 
+        def evaluate(lo, gl, jitter):
+            if not temporal:
+                return runner.value_and_grad(lo, gl, jitter)
+            (ql, kl), vjp = jax.vjp(transform, lo, gl["log_tl"])
+            val, g_ql, g_gl = runner.value_and_grad(ql, gl, jitter)
+            g_lo, g_tl = vjp((g_ql, -1.0))
+            g_gl = dict(g_gl)
+            g_gl["log_tl"] = np.asarray(g_gl.get("log_tl", 0.0)) + np.asarray(g_tl)
+            return val - float(kl), jax.tree_util.tree_map(np.asarray, g_lo), g_gl
+
         def fg(x):
             lo, gl = unravel(x)
-            val, g_lo, g_gl = runner.value_and_grad(lo, gl, state["jitter"])
+            val, g_lo, g_gl = evaluate(lo, gl, state["jitter"])
             if not np.isfinite(val):
                 # escalate the jitter (relative to K_mm's mean diagonal) while that helps
                 j = state["jitter"]
                 while not np.isfinite(val) and j < MAX_JITTER:
                     j = max(10 * j, 1e-8)
-                    val, g_lo, g_gl = runner.value_and_grad(lo, gl, j)
+                    val, g_lo, g_gl = evaluate(lo, gl, j)
                 if np.isfinite(val):
                     state["jitter"] = j
                 elif state["last"] is None:
@@ -281,16 +358,11 @@ class _CollapsedGPLVM:
             state["trace"].append(state["last"])
 
         # locate log_beta entries robustly: flatten a tree with a marker only in log_beta
-        marker = ravel_pytree(
-            (
-                {k: np.zeros_like(v) for k, v in local.items()},
-                {
-                    "Z": np.zeros_like(glob["Z"]),
-                    "kern": [{k: np.zeros_like(v) for k, v in kp.items()} for kp in glob["kern"]],
-                    "log_beta": np.ones_like(glob["log_beta"]),
-                },
-            )
-        )[0]
+        import jax
+
+        zeros = jax.tree_util.tree_map(np.zeros_like, (local, glob))
+        zeros[1]["log_beta"] = np.ones_like(glob["log_beta"])
+        marker = ravel_pytree(zeros)[0]
         beta_mask = np.asarray(marker) == 1.0
         x = x0
         if self.init_iters > 0:
@@ -314,8 +386,9 @@ class _CollapsedGPLVM:
             options={"maxiter": int(self.max_iter), "ftol": self.tol, "gtol": 1e-8},
         )
         lo, gl = unravel(r.x)
-        import jax
-
+        if temporal:
+            self.temporal_params_ = jax.tree_util.tree_map(np.asarray, lo)
+            lo = transform(lo, gl["log_tl"])[0]
         self.local_, self.glob_ = (
             {k: np.asarray(v) for k, v in lo.items()},
             jax.tree_util.tree_map(np.asarray, gl),
@@ -454,8 +527,10 @@ class BayesianGPLVM(_CollapsedGPLVM):
     """Bayesian GP-LVM (one view). ``fit(Y)``; ``ard_weights_`` (Q,) are the kernel's input
     sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances)."""
 
-    def fit(self, Y, graph=None):
-        self._fit_views([Y])
+    def fit(self, Y, graph=None, times=None, sequences=None):
+        """``times`` (N,) switches on the temporal prior (paper 004 section 4.3): X's columns are GP
+        functions of time (RBF, learned time scale), independent between ``sequences`` labels."""
+        self._fit_views([Y], times, sequences)
         self.ard_weights_ = self._view_ard()[0]
         return self
 

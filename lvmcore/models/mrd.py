@@ -19,8 +19,9 @@ class MRD(_CollapsedGPLVM):
     def __init__(self, n_components: int = 8, n_inducing: int = 30, kernel="rbf", **kw):
         super().__init__(n_components, n_inducing, kernel, **kw)
 
-    def fit(self, views, graph=None):
-        self._fit_views(views)
+    def fit(self, views, graph=None, times=None, sequences=None):
+        """``times`` / ``sequences``: optional temporal prior on X, as ``BayesianGPLVM.fit``."""
+        self._fit_views(views, times, sequences)
         self.ard_weights_ = self._view_ard()
         return self
 
