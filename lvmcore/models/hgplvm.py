@@ -1,0 +1,484 @@
+"""Hyperboloid GP-LVM (paper 002): GP-LVM, sparse and Bayesian GP-LVM with latent points on the
+Lorentz model L^Q and the hyperboloid exponential (HE) kernel k(x, x') = sigma exp(-d_L(x, x') / kappa).
+
+Objectives (section 2.1, eqs. 4-6), maximised:
+
+* ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)          (eq. 4)
+* ``sparse``:   collapsed Titsias bound (eq. 5); the inducing inputs Z are copies (no gradient) of an
+                active set of latent points re-drawn every ``resample_every`` iterations (sec. 3.2).
+* ``bayesian``: collapsed Bayesian GP-LVM bound (eq. 6) with wrapped Gaussians q(x_i) = N^w(mu_i, S_i),
+                prior N^w(mu0, I), Monte-Carlo psi statistics and KL (eqs. 13-20,
+                :mod:`lvmcore.psi.monte_carlo`); Z is an active set of the means.
+
+Latent points (or means) are updated by Riemannian gradient steps (Algorithm 1): Euclidean (ambient)
+gradient by jax autodiff, time coordinate negated, projected to the tangent space, step by the
+exponential map.  ``optimizer="radam"`` is Riemannian Adam (Becigneul & Ganea, 2019) with the first
+moments carried along by parallel transport.  kappa is fixed; log sigma, log beta (and log S) are
+updated with Euclidean Adam.  For RSGD the step uses the gradient of objective / (N D), so the
+learning rate does not depend on the data size.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lvmcore.checks import check_data, check_positive, check_positive_int
+from lvmcore.manifolds.lorentz import expmap, expmap0, inner, pairwise_dist, proj, to_poincare, transp
+from lvmcore.psi.monte_carlo import mc_psi_chunk
+
+jax.config.update("jax_enable_x64", True)
+
+__all__ = [
+    "HyperboloidGPLVM",
+    "lift",
+    "point_objective",
+    "sparse_objective",
+    "bayesian_objective",
+    "collapsed_bound",
+]
+
+_VARIANTS = ("point", "sparse", "bayesian")
+_OPTIMIZERS = ("rsgd", "radam")
+_LOG2PI = float(np.log(2.0 * np.pi))
+_JITTER = 1e-6
+
+
+def lift(Xs):
+    """Spatial coordinates (..., Q) -> hyperboloid points (..., Q+1) with x0 = sqrt(1 + |x~|^2)."""
+    Xs = jnp.asarray(Xs, dtype=jnp.float64)
+    x0 = jnp.sqrt(1.0 + jnp.sum(Xs * Xs, axis=-1, keepdims=True))
+    return jnp.concatenate([x0, Xs], axis=-1)
+
+
+def _kern(X, Z, sigma, kappa):
+    return sigma * jnp.exp(-pairwise_dist(X, Z) / kappa)
+
+
+def point_objective(X, log_sigma, log_beta, Y, kappa):
+    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D)."""
+    n, d = Y.shape
+    sigma = jnp.exp(log_sigma)
+    beta = jnp.exp(log_beta)
+    K = _kern(X, X, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
+    L = jnp.linalg.cholesky(K)
+    a = jax.scipy.linalg.solve_triangular(L, Y, lower=True)
+    return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
+
+
+def collapsed_bound(psi0, psi1ty, psi2, Kmm, beta, trYY, n, d):
+    """Collapsed (Bayesian) GP-LVM bound from psi statistics (Titsias & Lawrence 2010), without KL.
+
+    psi0 scalar, psi1ty = Psi1^T Y (M, D), psi2 (M, M), Kmm (M, M) (jitter already added).
+    """
+    m = Kmm.shape[0]
+    Lm = jnp.linalg.cholesky(Kmm)
+    tmp = jax.scipy.linalg.solve_triangular(Lm, psi2, lower=True)
+    C = jax.scipy.linalg.solve_triangular(Lm, tmp.T, lower=True)  # Lm^-1 Psi2 Lm^-T
+    C = 0.5 * (C + C.T)
+    A = jnp.eye(m) + beta * C
+    LA = jnp.linalg.cholesky(A)
+    c = jax.scipy.linalg.solve_triangular(
+        LA, jax.scipy.linalg.solve_triangular(Lm, psi1ty, lower=True), lower=True
+    )
+    return (
+        -0.5 * n * d * _LOG2PI
+        + 0.5 * n * d * jnp.log(beta)
+        - 0.5 * beta * trYY
+        - d * jnp.sum(jnp.log(jnp.diag(LA)))
+        + 0.5 * beta**2 * jnp.sum(c * c)
+        - 0.5 * beta * d * psi0
+        + 0.5 * beta * d * jnp.trace(C)
+    )
+
+
+def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa):
+    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (treated as constants)."""
+    n, d = Y.shape
+    sigma = jnp.exp(log_sigma)
+    beta = jnp.exp(log_beta)
+    Z = jax.lax.stop_gradient(Z)
+    Knm = _kern(X, Z, sigma, kappa)
+    Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
+    return collapsed_bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Kmm, beta, jnp.sum(Y * Y), n, d)
+
+
+def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps):
+    """Bayesian GP-LVM bound (eq. 6) with MC psi statistics; eps (H, N, Q) fixes the samples."""
+    n, d = Y.shape
+    sigma = jnp.exp(log_sigma)
+    beta = jnp.exp(log_beta)
+    Z = jax.lax.stop_gradient(Z)
+    psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, jnp.exp(log_S), eps, Y, Z, sigma, kappa)
+    Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
+    return collapsed_bound(psi0, psi1ty, psi2, Kmm, beta, jnp.sum(Y * Y), n, d) - kl
+
+
+def _rgrad(X, g):
+    """Riemannian gradient from the ambient Euclidean gradient g at points X (Algorithm 1, l. 3-4)."""
+    g = g.at[..., 0].multiply(-1.0)
+    return proj(X, g)
+
+
+def _renorm(X):
+    """Re-snap points onto the manifold (x0 recomputed from the spatial part) against rounding drift."""
+    return lift(X[..., 1:])
+
+
+def _rsgd_step(X, g, lr):
+    """Ascent step x <- exp_x(lr * rgrad) (Algorithm 1 with -F as the loss)."""
+    return _renorm(expmap(X, lr * _rgrad(X, g)))
+
+
+def _radam_step(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """Riemannian Adam ascent step; m (N, Q+1) tangent momenta, v (N,) second moments per point."""
+    rg = _rgrad(X, g)
+    m = b1 * m + (1.0 - b1) * rg
+    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
+    mhat = m / (1.0 - b1**t)
+    vhat = v / (1.0 - b2**t)
+    step = lr * mhat / (jnp.sqrt(vhat)[..., None] + eps)
+    Xn = _renorm(expmap(X, step))
+    m = proj(Xn, transp(X, Xn, m))
+    return Xn, m, v
+
+
+def _adam_step(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """Euclidean Adam ascent step on an array p."""
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    p = p + lr * (m / (1.0 - b1**t)) / (jnp.sqrt(v / (1.0 - b2**t)) + eps)
+    return p, m, v
+
+
+def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa):
+    if variant == "point":
+        return point_objective(X, hyp[0], hyp[1], Y, kappa)
+    if variant == "sparse":
+        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa)
+    return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps)
+
+
+@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
+def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, variant, use_radam):
+    """One optimisation step (compiled once per variant/optimizer/shape, shared by all instances)."""
+    X, hyp, log_S, mX, vX, mh, vh, mS, vS = state
+    f, (gX, gh, gS) = jax.value_and_grad(
+        lambda a, b, c: _objective(variant, a, b, c, Z, eps, Y, kappa), argnums=(0, 1, 2)
+    )(X, hyp, log_S)
+    if use_radam:
+        Xn, mX, vX = _radam_step(X, gX, mX, vX, t, lr)
+    else:
+        Xn = _rsgd_step(X, gX / scale, lr)
+    hyp, mh, vh = _adam_step(hyp, gh, mh, vh, t, hlr)
+    if variant == "bayesian":
+        Sn, mSn, vSn = _adam_step(log_S, gS, mS, vS, t, hlr)
+        Sn = jnp.clip(Sn, -20.0, 5.0)
+        log_S = jnp.where(upd_S, Sn, log_S)
+        mS = jnp.where(upd_S, mSn, mS)
+        vS = jnp.where(upd_S, vSn, vS)
+    return (Xn, hyp, log_S, mX, vX, mh, vh, mS, vS), f
+
+
+def _pca(Y, q):
+    Yc = Y - Y.mean(0)
+    U, s, Vt = np.linalg.svd(Yc, full_matrices=False)
+    P = U[:, :q] * s[:q]
+    if P.shape[1] < q:
+        P = np.pad(P, ((0, 0), (0, q - P.shape[1])))
+    return P
+
+
+class HyperboloidGPLVM:
+    """GP-LVM with latent variables on the Lorentz hyperboloid (paper 002).
+
+    Parameters
+    ----------
+    n_components : latent dimension Q (>= 2); points live in R^{Q+1}.
+    kappa : HE kernel length scale (fixed; the paper uses 100).
+    variant : "point" (exact GP-LVM), "sparse" (Titsias bound, active set) or "bayesian"
+        (wrapped-Gaussian q(X), MC psi statistics).
+    n_inducing : number M of inducing inputs (sparse / bayesian), capped at N.
+    max_iter, tol : iteration budget; stop when the relative change of the objective (averaged over
+        the last 10 iterations for the stochastic Bayesian bound) falls below tol.
+    learning_rate : step size of the latent updates (RSGD on the objective / (N D), or Riemannian Adam).
+    hyper_learning_rate : Adam step size of log sigma, log beta, log S.
+    optimizer : "radam" (default) or "rsgd".
+    n_samples : H Monte-Carlo samples per point (bayesian).
+    resample_every : re-draw the active set Z every this many iterations (sparse / bayesian).
+    init : "pca" (PCA scaled to max norm ``init_scale``, mapped by expmap0) or "random"
+        (U(-1e-3, 1e-3) as in the paper's appendix).
+    fix_variance_iter : keep S fixed for the first iterations (bayesian; the paper fixes them 100 epochs).
+    random_state : int seed (active set draws, MC samples, random init).
+
+    Attributes after fit: ``lorentz_embedding_`` (N, Q+1), ``embedding_`` (N, Q) Poincare ball,
+    ``variance_`` (N, Q) (bayesian), ``sigma_``, ``beta_``, ``elbo_``, ``elbo_trace_``, ``n_iter_``,
+    ``inducing_`` (M, Q+1), ``fit_time_``.
+    """
+
+    def __init__(
+        self,
+        n_components=2,
+        kappa=100.0,
+        variant="point",
+        n_inducing=30,
+        max_iter=300,
+        tol=1e-6,
+        learning_rate=0.05,
+        hyper_learning_rate=0.05,
+        optimizer="radam",
+        n_samples=5,
+        resample_every=10,
+        init="pca",
+        init_scale=1.0,
+        fix_variance_iter=50,
+        random_state=0,
+    ):
+        self.n_components = n_components
+        self.kappa = kappa
+        self.variant = variant
+        self.n_inducing = n_inducing
+        self.max_iter = max_iter
+        self.tol = tol
+        self.learning_rate = learning_rate
+        self.hyper_learning_rate = hyper_learning_rate
+        self.optimizer = optimizer
+        self.n_samples = n_samples
+        self.resample_every = resample_every
+        self.init = init
+        self.init_scale = init_scale
+        self.fix_variance_iter = fix_variance_iter
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self):
+        if self.variant not in _VARIANTS:
+            raise ValueError(f"variant must be one of {_VARIANTS}, got {self.variant!r}")
+        if self.optimizer not in _OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {_OPTIMIZERS}, got {self.optimizer!r}")
+        if self.init not in ("pca", "random"):
+            raise ValueError(f"init must be 'pca' or 'random', got {self.init!r}")
+        q = self.n_components
+        if isinstance(q, bool) or not isinstance(q, numbers.Integral) or q < 2:
+            raise ValueError(
+                f"n_components must be an integer >= 2 (the hyperboloid latent space needs Q >= 2), "
+                f"got {q!r}; use n_components=2 for visualisation"
+            )
+        if isinstance(self.kappa, bool) or not isinstance(self.kappa, numbers.Real) or not self.kappa > 0:
+            raise ValueError(
+                f"kappa (HE kernel length scale) must be > 0, got kappa={self.kappa!r}; "
+                "the paper uses kappa=100"
+            )
+        check_positive(float(self.kappa), "kappa")
+        check_positive_int(self.max_iter, "max_iter")
+        check_positive_int(self.n_inducing, "n_inducing")
+        check_positive_int(self.n_samples, "n_samples")
+        check_positive_int(self.resample_every, "resample_every")
+        check_positive(self.learning_rate, "learning_rate")
+        check_positive(self.hyper_learning_rate, "hyper_learning_rate")
+        check_positive(self.init_scale, "init_scale")
+        if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or self.tol < 0:
+            raise ValueError(f"tol must be a number >= 0, got {self.tol!r}")
+
+    # ------------------------------------------------------------------ helpers
+    def _init_latent(self, Y, rng):
+        q = int(self.n_components)
+        if self.init == "random":
+            Xs = rng.uniform(-1e-3, 1e-3, size=(Y.shape[0], q))
+            return lift(Xs)
+        P = _pca(Y, q)
+        mx = np.max(np.linalg.norm(P, axis=1))
+        if mx > 0:
+            P = P * (self.init_scale / mx)
+        P = P + 1e-6 * rng.standard_normal(P.shape)  # break ties (identical rows)
+        return expmap0(jnp.asarray(P))
+
+    def _draw_active(self, rng, n):
+        m = min(int(self.n_inducing), n)
+        return np.sort(rng.choice(n, size=m, replace=False))
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, Y, y=None):
+        """Fit the model to Y (N, D); returns self."""
+        self._validate()
+        Y = check_data(Y)
+        n, d = Y.shape
+        if n < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {n}")
+        t_start = time.perf_counter()
+        self.mean_ = Y.mean(0)
+        Yc = jnp.asarray(Y - self.mean_)
+        rng = np.random.default_rng(self.random_state)
+        key = jax.random.PRNGKey(int(rng.integers(2**31)))
+        kappa = float(self.kappa)
+        var_y = float(np.sum(np.var(Y, axis=0)) / d) or 1.0
+        hyp = jnp.array([np.log(var_y), np.log(100.0 / var_y)])  # log sigma, log beta
+        X = self._init_latent(Y, rng)
+        q = int(self.n_components)
+        variant = self.variant
+        log_S = (
+            jnp.full((n, q), np.log(1e-2 * float(self.init_scale) ** 2)) if variant == "bayesian" else None
+        )
+        H = int(self.n_samples)
+
+        use_radam = self.optimizer == "radam"
+        lr, hlr, scale = float(self.learning_rate), float(self.hyper_learning_rate), float(n * d)
+        zeros_S = jnp.zeros_like(log_S) if log_S is not None else None
+        state = (X, hyp, log_S, jnp.zeros_like(X), jnp.zeros(n), jnp.zeros(2), jnp.zeros(2), zeros_S, zeros_S)
+        idx = self._draw_active(rng, n) if variant != "point" else None
+        trace = []
+        it = 0
+        for it in range(1, int(self.max_iter) + 1):
+            if variant != "point" and it > 1 and (it - 1) % int(self.resample_every) == 0:
+                idx = self._draw_active(rng, n)
+            Z = state[0][idx] if idx is not None else None
+            eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
+            upd_S = variant == "bayesian" and it > int(self.fix_variance_iter)
+            state, f = _fit_step(
+                state,
+                float(it),
+                Z,
+                eps,
+                upd_S,
+                Yc,
+                kappa,
+                lr,
+                hlr,
+                scale,
+                variant=variant,
+                use_radam=use_radam,
+            )
+            f = float(f)
+            if not np.isfinite(f):
+                raise FloatingPointError(
+                    f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
+                )
+            trace.append(f)
+            if self.tol > 0 and it > 20:
+                w = 10 if variant == "bayesian" else 1
+                if len(trace) > 2 * w:
+                    a = np.mean(trace[-w:])
+                    b = np.mean(trace[-2 * w : -w])
+                    if abs(a - b) <= self.tol * max(abs(b), 1.0) and (
+                        variant == "point" or (it % int(self.resample_every)) != 1
+                    ):
+                        break
+        X, hyp, log_S = state[0], state[1], state[2]
+        self.n_iter_ = it
+        self.elbo_trace_ = np.asarray(trace)
+        self.elbo_ = float(trace[-1])
+        X = np.asarray(_renorm(X))
+        self.lorentz_embedding_ = X
+        self.embedding_ = np.asarray(to_poincare(X))
+        self.sigma_ = float(np.exp(hyp[0]))
+        self.beta_ = float(np.exp(hyp[1]))
+        self.variance_ = np.asarray(jnp.exp(log_S)) if log_S is not None else None
+        self.embedding_var_ = self.variance_  # read by the sweep (tasks/fit.py)
+        self.inducing_index_ = idx
+        self.inducing_ = X[idx] if idx is not None else None
+        self._Y = np.asarray(Yc)
+        self._key = key
+        self.fit_time_ = time.perf_counter() - t_start
+        return self
+
+    def fit_transform(self, Y, y=None):
+        return self.fit(Y).embedding_
+
+    # ------------------------------------------------------------------ transform
+    def transform(self, Y_new, max_iter=None):
+        """Latent positions (n_new, Q) in the Poincare ball of new data, model fixed.
+
+        Initialised at the fitted position of the nearest training point (in data space), then
+        optimised: ``point`` maximises the exact GP predictive density of each new row; ``sparse`` and
+        ``bayesian`` maximise the bound of the training + new data with everything but the new latent
+        points (and, bayesian, their variances) fixed.  Sets ``transform_lorentz_`` (n_new, Q+1).
+        """
+        if not hasattr(self, "lorentz_embedding_"):
+            raise RuntimeError("HyperboloidGPLVM is not fitted yet; call fit(Y) first")
+        Y_new = check_data(Y_new, "Y_new")
+        if Y_new.shape[1] != self._Y.shape[1]:
+            raise ValueError(
+                f"Y_new has {Y_new.shape[1]} columns, the model was fitted on {self._Y.shape[1]}"
+            )
+        Yn = jnp.asarray(Y_new - self.mean_)
+        Ytr = jnp.asarray(self._Y)
+        Xtr = jnp.asarray(self.lorentz_embedding_)
+        d2 = (
+            np.sum(np.asarray(Yn) ** 2, 1)[:, None]
+            - 2 * np.asarray(Yn) @ np.asarray(Ytr).T
+            + np.sum(np.asarray(Ytr) ** 2, 1)[None]
+        )
+        nn = np.argmin(d2, axis=1)
+        X0 = Xtr[nn]
+        n_new, q = X0.shape[0], int(self.n_components)
+        kappa = float(self.kappa)
+        hyp = jnp.log(jnp.array([self.sigma_, self.beta_]))
+        ntr = Xtr.shape[0]
+        H = int(self.n_samples)
+        if self.variant == "point":
+            sigma, beta = self.sigma_, self.beta_
+            K = _kern(Xtr, Xtr, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(ntr)
+            L = jnp.linalg.cholesky(K)
+            alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
+
+            def obj(Xn, log_S, eps):
+                ks = _kern(Xn, Xtr, sigma, kappa)  # (n_new, N)
+                mean = ks @ alpha
+                w = jax.scipy.linalg.solve_triangular(L, ks.T, lower=True)
+                var = sigma - jnp.sum(w * w, axis=0) + 1.0 / beta
+                var = jnp.maximum(var, 1e-12)
+                r = jnp.sum((Yn - mean) ** 2, axis=1)
+                return jnp.sum(-0.5 * Yn.shape[1] * jnp.log(2 * jnp.pi * var) - 0.5 * r / var)
+
+        else:
+            Z = jnp.asarray(self.inducing_)
+            Yall = jnp.concatenate([Ytr, Yn])
+            if self.variant == "sparse":
+
+                def obj(Xn, log_S, eps):
+                    Xall = jnp.concatenate([Xtr, Xn])
+                    return sparse_objective(Xall, Z, hyp[0], hyp[1], Yall, kappa)
+
+            else:
+                log_S_tr = jnp.log(jnp.asarray(self.variance_))
+
+                def obj(Xn, log_S, eps):
+                    Xall = jnp.concatenate([Xtr, Xn])
+                    Sall = jnp.concatenate([log_S_tr, log_S])
+                    return bayesian_objective(Xall, Sall, Z, hyp[0], hyp[1], Yall, kappa, eps)
+
+        lr = float(self.learning_rate)
+        grad_fn = jax.grad(obj, argnums=(0, 1))
+
+        @jax.jit
+        def step(Xn, log_S, mX, vX, mS, vS, t, eps):
+            gX, gS = grad_fn(Xn, log_S, eps)
+            Xn, mX, vX = _radam_step(Xn, gX, mX, vX, t, lr)
+            log_S, mS, vS = _adam_step(log_S, gS, mS, vS, t, lr)
+            return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
+
+        Xn = X0
+        log_S = (
+            jnp.full((n_new, q), np.log(np.median(self.variance_)))
+            if self.variance_ is not None
+            else (jnp.zeros((n_new, q)))
+        )
+        mX, vX = jnp.zeros_like(Xn), jnp.zeros(n_new)
+        mS, vS = jnp.zeros_like(log_S), jnp.zeros_like(log_S)
+        key = jax.random.fold_in(self._key, 10**6)
+        n_it = int(max_iter) if max_iter is not None else min(int(self.max_iter), 200)
+        for t in range(1, n_it + 1):
+            eps = (
+                jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q))
+                if (self.variant == "bayesian")
+                else None
+            )
+            Xn, log_S, mX, vX, mS, vS = step(Xn, log_S, mX, vX, mS, vS, float(t), eps)
+        Xn = np.asarray(_renorm(Xn))
+        self.transform_lorentz_ = Xn
+        return np.asarray(to_poincare(Xn))
