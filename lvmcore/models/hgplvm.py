@@ -31,6 +31,7 @@ import numpy as np
 from lvmcore.checks import check_data, check_positive, check_positive_int
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, pairwise_dist, proj, to_poincare, transp
 from lvmcore.psi.monte_carlo import mc_psi_chunk
+from lvmcore.psi.reduce import JitStats, RowChunks
 
 jax.config.update("jax_enable_x64", True)
 
@@ -164,13 +165,10 @@ def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa):
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps)
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
-def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, variant, use_radam):
-    """One optimisation step (compiled once per variant/optimizer/shape, shared by all instances)."""
+def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
+    """Riemannian step for the latent points, Adam for the hyperparameters (and log S)."""
     X, hyp, log_S, mX, vX, mh, vh, mS, vS = state
-    f, (gX, gh, gS) = jax.value_and_grad(
-        lambda a, b, c: _objective(variant, a, b, c, Z, eps, Y, kappa), argnums=(0, 1, 2)
-    )(X, hyp, log_S)
+    gX, gh, gS = grads
     if use_radam:
         Xn, mX, vX = _radam_step(X, gX, mX, vX, t, lr)
     else:
@@ -182,7 +180,59 @@ def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, variant, use_ra
         log_S = jnp.where(upd_S, Sn, log_S)
         mS = jnp.where(upd_S, mSn, mS)
         vS = jnp.where(upd_S, vSn, vS)
-    return (Xn, hyp, log_S, mX, vX, mh, vh, mS, vS), f
+    return (Xn, hyp, log_S, mX, vX, mh, vh, mS, vS)
+
+
+_apply_updates_jit = jax.jit(_apply_updates, static_argnames=("variant", "use_radam"))
+
+
+@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
+def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, variant, use_radam):
+    """One optimisation step (compiled once per variant/optimizer/shape, shared by all instances)."""
+    X, hyp, log_S = state[0], state[1], state[2]
+    f, grads = jax.value_and_grad(
+        lambda a, b, c: _objective(variant, a, b, c, Z, eps, Y, kappa), argnums=(0, 1, 2)
+    )(X, hyp, log_S)
+    return _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam), f
+
+
+class MCStats(JitStats):
+    """Per-chunk Monte-Carlo psi statistics of the Bayesian variant for ``lvmcore.psi.reduce``:
+    local = {"X": means (n, Q+1), "log_S": (n, Q), "eps": samples (n, H, Q)}, glob = {"Z", "hyp"},
+    data = (Y_chunk,)."""
+
+    def __init__(self, kappa: float):
+        self.kappa = float(kappa)
+
+    def key(self):
+        return (self.kappa,)
+
+    def build(self):
+        kappa = self.kappa
+
+        def f(local, glob, data):
+            Y = data[0]
+            eps = jnp.transpose(local["eps"], (1, 0, 2))
+            Z = jax.lax.stop_gradient(glob["Z"])
+            psi0, psi1ty, psi2, kl = mc_psi_chunk(
+                local["X"], jnp.exp(local["log_S"]), eps, Y, Z, jnp.exp(glob["hyp"][0]), kappa
+            )
+            return {"psi": (psi0, psi1ty, psi2), "kl": kl, "trYY": jnp.sum(Y * Y)}
+
+        return f
+
+
+@functools.lru_cache(maxsize=32)
+def mc_objective(kappa: float, n: int, d: int):
+    """The Bayesian bound (eq. 6) from summed ``MCStats`` statistics."""
+
+    def obj(stats, glob):
+        sigma, beta = jnp.exp(glob["hyp"][0]), jnp.exp(glob["hyp"][1])
+        Z = jax.lax.stop_gradient(glob["Z"])
+        Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
+        return collapsed_bound(*stats["psi"], Kmm, beta, stats["trYY"], n, d) - stats["kl"]
+
+    return obj
 
 
 def _pca(Y, q):
@@ -237,6 +287,7 @@ class HyperboloidGPLVM:
         init="pca",
         init_scale=1.0,
         fix_variance_iter=50,
+        chunks=None,
         random_state=0,
     ):
         self.n_components = n_components
@@ -253,6 +304,7 @@ class HyperboloidGPLVM:
         self.init = init
         self.init_scale = init_scale
         self.fix_variance_iter = fix_variance_iter
+        self.chunks = chunks
         self.random_state = random_state
 
     # ------------------------------------------------------------------ validation
@@ -331,6 +383,10 @@ class HyperboloidGPLVM:
         zeros_S = jnp.zeros_like(log_S) if log_S is not None else None
         state = (X, hyp, log_S, jnp.zeros_like(X), jnp.zeros(n), jnp.zeros(2), jnp.zeros(2), zeros_S, zeros_S)
         idx = self._draw_active(rng, n) if variant != "point" else None
+        runner = None
+        if variant == "bayesian" and self.chunks is not None:
+            check_positive_int(self.chunks, "chunks")
+            runner = RowChunks(MCStats(kappa), mc_objective(kappa, n, d), (np.asarray(Yc),), int(self.chunks))
         trace = []
         it = 0
         for it in range(1, int(self.max_iter) + 1):
@@ -339,20 +395,28 @@ class HyperboloidGPLVM:
             Z = state[0][idx] if idx is not None else None
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
             upd_S = variant == "bayesian" and it > int(self.fix_variance_iter)
-            state, f = _fit_step(
-                state,
-                float(it),
-                Z,
-                eps,
-                upd_S,
-                Yc,
-                kappa,
-                lr,
-                hlr,
-                scale,
-                variant=variant,
-                use_radam=use_radam,
-            )
+            if runner is not None:  # Monte-Carlo psi statistics map-reduced over row chunks
+                local = {"X": state[0], "log_S": state[2], "eps": jnp.transpose(eps, (1, 0, 2))}
+                f, g_lo, g_gl = runner.value_and_grad(local, {"Z": Z, "hyp": state[1]})
+                grads = (jnp.asarray(g_lo["X"]), jnp.asarray(g_gl["hyp"]), jnp.asarray(g_lo["log_S"]))
+                state = _apply_updates_jit(
+                    state, grads, float(it), upd_S, lr, hlr, scale, variant=variant, use_radam=use_radam
+                )
+            else:
+                state, f = _fit_step(
+                    state,
+                    float(it),
+                    Z,
+                    eps,
+                    upd_S,
+                    Yc,
+                    kappa,
+                    lr,
+                    hlr,
+                    scale,
+                    variant=variant,
+                    use_radam=use_radam,
+                )
             f = float(f)
             if not np.isfinite(f):
                 raise FloatingPointError(
