@@ -240,7 +240,6 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
     same trajectory (Adam divides by the gradient's running scale, which magnifies round-off in
     near-zero gradient entries, hence the absolute tolerance on the points)."""
     import jax
-
     from distributed import Client, LocalCluster
 
     from lvmcore.models.hgplvm import MCStats, mc_objective
