@@ -72,7 +72,8 @@ def main():
             ):
                 res[workers], _ = per_iter(lambda it: make(it, chunks=max(1, n // 4)), iters)  # noqa: B023
         print(
-            f"bayesian N={n}: in-process {1e3 * t_fused:.1f} ms/it; chunked 1 worker {1e3 * res[1]:.1f} ms/it, "
+            f"bayesian N={n}: in-process {1e3 * t_fused:.1f} ms/it; "
+            f"chunked 1 worker {1e3 * res[1]:.1f} ms/it, "
             f"2 workers {1e3 * res[2]:.1f} ms/it, speed-up {res[1] / res[2]:.2f}x"
         )
 
