@@ -13,14 +13,17 @@ from pathlib import Path
 DEFAULT_SWEEPS = [
     {
         "dataset": {"name": "swiss_roll", "n": 400, "seed": 0},
-        "models": ["ppca", "lllvm", "glle", "bgplvm", "hgplvm"],
-        "grid": {"k": [8, 12], "latent_dim": [2], "kappa": [10.0, 100.0], "seed": [0]},
+        "models": ["ppca", "lllvm", "glle", "bgplvm"],
+        "grid": {"k": [8, 12], "latent_dim": [2], "seed": [0]},
         "store": "roll.zarr",
-        "model_options": {
-            "lllvm": {"max_iter": 30},
-            "bgplvm": {"max_iter": 300, "n_inducing": 20},
-            "hgplvm": {"max_iter": 300},
-        },
+        "model_options": {"lllvm": {"max_iter": 30}, "bgplvm": {"max_iter": 300, "n_inducing": 20}},
+    },
+    {
+        "dataset": {"name": "binary_tree", "depth": 4, "seed": 0},
+        "models": ["ppca", "hgplvm"],
+        "grid": {"latent_dim": [2], "kappa": [10.0, 30.0, 100.0], "seed": [0]},
+        "store": "tree.zarr",
+        "model_options": {"hgplvm": {"max_iter": 300}},
     },
     {
         "dataset": {"name": "digits", "classes": 5, "n_per_class": 60, "seed": 0},

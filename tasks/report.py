@@ -207,7 +207,30 @@ def make_report(store, out_dir=None) -> str:
         plt.close(fig)
         figs.append((f"generations_{name}.png", f"{name}: generations"))
 
-    # 5. GLLE covariance-scale study (paper 001 section VI-C): one generation per scale a
+    # 5. hGP-LVM kappa study (paper 002 figure 4b): the best fit at each kappa, on the Poincare disc
+    kgroups = [(n, ds) for n, ds in groups if "kappa" in ds.dims and ds.sizes["kappa"] > 1]
+    if kgroups:
+        kappas = kgroups[0][1]["kappa"].values
+        fig, axes = plt.subplots(
+            len(kgroups), len(kappas), figsize=(2.6 * len(kappas), 2.6 * len(kgroups)), squeeze=False
+        )
+        for r, (name, ds) in enumerate(kgroups):
+            for c, kap in enumerate(ds["kappa"].values):
+                sub = ds.sel(kappa=kap)
+                best = best_point(sub)
+                if best is None:
+                    axes[r, c].set_axis_off()
+                    continue
+                E = sub["embedding"].sel(best).values
+                E = E[:, np.isfinite(E).all(axis=0)]
+                _scatter(axes[r, c], E, colour, f"{name}, kappa = {kap:g}", True)
+        fig.suptitle("hGP-LVM: length scale kappa (rows: variants; columns: kappa)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "hgplvm_kappa.png", dpi=110)
+        plt.close(fig)
+        figs.append(("hgplvm_kappa.png", "hGP-LVM kappa study"))
+
+    # 6. GLLE covariance-scale study (paper 001 section VI-C): one generation per scale a
     studies = [(n, ds) for n, ds in groups if "scale_study" in ds and best_point(ds) is not None]
     if studies:
         scales = studies[0][1]["cov_scale"].values
