@@ -55,7 +55,12 @@ def main():
         rows.append(("GLLE direct sampling", t_d, unfold(m.embedding_, t)))
         with (
             LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                preload=["flows.pin_cores"],
             ) as lc,
             Client(lc),
         ):

@@ -81,6 +81,7 @@ def main():
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address=None,
+                preload=["flows.pin_cores"],
             ) as lc,
             Client(lc),
         ):

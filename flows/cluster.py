@@ -86,8 +86,9 @@ def start_cluster(spec: dict):
             "host": "127.0.0.1",
             "dashboard_address": "127.0.0.1:0",
             "memory_limit": "auto",
-            # import the task code while the workers start, not at their first task
-            "preload": ["tasks.point"],
+            # pin each worker to a core (bounds XLA's threads), then import the task code while
+            # the workers start, not at their first task
+            "preload": ["flows.pin_cores", "tasks.point"],
         }
         kw.update(spec)
         cluster = LocalCluster(**kw)

@@ -108,7 +108,16 @@ class RowChunks:
             except (ImportError, ValueError):
                 self.client = None
         parts = [tuple(np.asarray(d[a:b]) for d in data) for a, b in self.bounds]
-        self.data = [self.client.scatter(p, hash=False) for p in parts] if self.client is not None else parts
+        if self.client is not None:
+            # place the chunks round-robin over the workers (a plain scatter of one small tuple per
+            # call can put every chunk on the same worker, and the tasks follow their data there)
+            workers = sorted(self.client.scheduler_info()["workers"])
+            self.data = [
+                self.client.scatter(p, hash=False, workers=[workers[c % len(workers)]])
+                for c, p in enumerate(parts)
+            ]
+        else:
+            self.data = parts
         key = (type(stats_fn).__name__, stats_fn.key(), objective)
         if key not in RowChunks._compiled:
             raw = stats_fn.raw
