@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[5000, 50000])
     ap.add_argument("--k", type=int, default=10)
     a = ap.parse_args()
-    from distributed import Client, LocalCluster
+    from _cluster import local_client
     from scipy.stats import spearmanr
     from sklearn.manifold import LocallyLinearEmbedding
 
@@ -53,17 +53,7 @@ def main():
         rows.append(("GLLE-EM (10 iterations)", t_em, unfold(m.embedding_, t)))
         t_d, m = timed(lambda: GLLE(2, a.k, method="direct", random_state=0).fit(Y))  # noqa: B023
         rows.append(("GLLE direct sampling", t_d, unfold(m.embedding_, t)))
-        with (
-            LocalCluster(
-                n_workers=2,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-                preload=["flows.pin_cores"],
-            ) as lc,
-            Client(lc),
-        ):
+        with local_client(2):
             GLLE(2, a.k, chunks=n // 4, max_iter=2, random_state=0).fit(Y[:2000])  # warm the workers
             t_c, m = timed(
                 lambda: GLLE(2, a.k, method="em", max_iter=10, tol=0, chunks=n // 4, random_state=0).fit(Y)  # noqa: B023

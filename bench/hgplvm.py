@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--big", type=int, default=20000)
     a = ap.parse_args()
-    from distributed import Client, LocalCluster
+    from _cluster import local_client
 
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.models.hgplvm import HyperboloidGPLVM
@@ -60,17 +60,7 @@ def main():
         t_fused, _ = per_iter(make, iters)
         res = {}
         for workers in (1, 2):
-            with (
-                LocalCluster(
-                    n_workers=workers,
-                    threads_per_worker=1,
-                    processes=True,
-                    host="127.0.0.1",
-                    dashboard_address=None,
-                    preload=["flows.pin_cores"],
-                ) as lc,
-                Client(lc),
-            ):
+            with local_client(workers):
                 res[workers], _ = per_iter(lambda it: make(it, chunks=max(1, n // 4)), iters)  # noqa: B023
         print(
             f"bayesian N={n}: in-process {1e3 * t_fused:.1f} ms/it; "

@@ -69,22 +69,12 @@ def main():
         t_ours = best_of(ours_runner(Y, mu, S, Z), a.repeats)
         t_gpy = best_of(gpy_runner(Y, mu, S, Z), max(1, a.repeats // 2))
         print(f"{(N, M, Q, D)!s:24s} {1e3 * t_ours:8.1f} {1e3 * t_gpy:8.1f} {t_gpy / t_ours:9.1f}")
-    from distributed import Client, LocalCluster
+    from _cluster import local_client
 
     Y, mu, S, Z = problem(a.big, 50, 5, 20)
     times = {}
     for workers in (1, 2):
-        with (
-            LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-                preload=["flows.pin_cores"],
-            ) as lc,
-            Client(lc),
-        ):
+        with local_client(workers):
             times[workers] = best_of(ours_runner(Y, mu, S, Z, chunks=a.big // 8), a.repeats)
     print(
         f"chunked N={a.big}: 1 worker {times[1]:.3f} s, 2 workers {times[2]:.3f} s, "

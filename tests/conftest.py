@@ -4,3 +4,18 @@ import os
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster_client():
+    """A real 2-process Dask LocalCluster (one thread per worker) and its client, per test module."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
+        with Client(lc) as client:
+            yield client

@@ -98,17 +98,6 @@ def test_gradients_equal_finite_differences(kind):
     assert abs(fd - g_gl["kern"][0][key][0]) <= 1e-5 * max(1.0, abs(fd))
 
 
-@pytest.fixture(scope="module")
-def cluster_client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as lc:
-        with Client(lc) as client:
-            yield client
-
-
 def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
     Y, mu, Sv, Z, _, kp = _problem("rbf", N=700, D=6, Q=3, M=10)
     Y2 = np.random.default_rng(2).standard_normal((700, 4))

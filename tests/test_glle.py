@@ -110,17 +110,6 @@ def test_em_iterations_never_give_nonpositive_sigma():
     assert np.all(sigma > 0)
 
 
-@pytest.fixture(scope="module")
-def cluster_client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as lc:
-        with Client(lc) as client:
-            yield client
-
-
 @pytest.mark.parametrize("method", ["em", "direct"])
 def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
     Y, _ = S.swiss_roll(3000, seed=2)
