@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--variants", nargs="+", default=["point", "sparse", "bayesian"])
     ap.add_argument("--max-iter", type=int, default=500)
+    ap.add_argument("--lr", type=float, default=None, help="learning rate of the latent points")
     ap.add_argument("--out", default="bench/hgplvm_tree.csv")
     a = ap.parse_args()
     from lvmcore.data.synthetic import binary_tree
@@ -51,7 +52,13 @@ def main():
                 for variant in a.variants:
                     t0 = time.perf_counter()
                     m = HyperboloidGPLVM(
-                        2, 100.0, variant=variant, max_iter=a.max_iter, tol=0, random_state=seed
+                        2,
+                        100.0,
+                        variant=variant,
+                        max_iter=a.max_iter,
+                        tol=0,
+                        random_state=seed,
+                        **({"learning_rate": a.lr} if a.lr else {}),
                     ).fit(Y)
                     L = m.lorentz_embedding_
                     res.append(
