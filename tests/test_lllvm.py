@@ -414,3 +414,152 @@ def test_chunked_statistics_on_a_local_cluster(roll300):
             m = LLLVM(chunks=50, **kw).fit(Y, idx)
     np.testing.assert_allclose(m.elbo_trace_, ref.elbo_trace_, rtol=1e-10)
     np.testing.assert_allclose(m.embedding_, ref.embedding_, rtol=1e-8, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- gaussian likelihood
+def _e_tilde(Wd, x, C):
+    """e~ (N, D) with e~_i = sum_j eta_ij (C_i + C_j)(x_i - x_j), by loops."""
+    n, D = C.shape[0], C.shape[1]
+    e = np.zeros((n, D))
+    for i in range(n):
+        for j in range(n):
+            if Wd[i, j]:
+                e[i] += (C[i] + C[j]) @ (x[i] - x[j])
+    return e
+
+
+def _gauss_expected_log_lik(Y, Wd, th, mx, Sx_full, mC, SC_full):
+    """<log N(y | Sigma_y e, Sigma_y)> under q(x) q(C) from the explicit bilinear map e~(x, C): the
+    quartic expectation is summed over a basis of C's entries (each row of C independent with SC)."""
+    n, D = Y.shape
+    Q = mx.shape[1]
+    L = np.diag(Wd.sum(1)) - Wd
+    P = th.eps_y * np.eye(n) + th.gamma * 2 * L
+    Pd = np.kron(P, np.eye(D))
+    Ltd = np.linalg.inv(Pd)
+    y = Y.ravel()
+    nC = D * n * Q
+
+    def Cof(v):  # vec of C row-major (row d of C = [C_1[d], ..., C_N[d]])
+        return v.reshape(D, n, Q).transpose(1, 0, 2)
+
+    A = []  # A_k (N D, N Q): x -> e~(x, basis C_k)
+    for k in range(nC):
+        Ck = Cof(np.eye(nC)[k])
+        A.append(np.column_stack([_e_tilde(Wd, v.reshape(n, Q), Ck).ravel() for v in np.eye(n * Q)]))
+    mc = np.transpose(mC, (1, 0, 2)).ravel()
+    EC = np.kron(np.eye(D), SC_full) + np.outer(mc, mc)
+    Sxx = Sx_full + np.outer(mx.ravel(), mx.ravel())
+    quad = sum(
+        EC[k, m] * np.sum((A[k].T @ Ltd @ A[m]) * Sxx) for k in range(nC) for m in range(nC) if EC[k, m]
+    )
+    e_mean = th.gamma * _e_tilde(Wd, mx, mC).ravel()
+    return (
+        -0.5 * y @ Pd @ y
+        + y @ e_mean
+        - 0.5 * th.gamma**2 * quad
+        - 0.5 * n * D * LOG2PI
+        + 0.5 * D * np.linalg.slogdet(P)[1]
+    )
+
+
+def _gauss_expected_log_joint(Y, Wd, th, mx, Sx_full, mC, SC_full):
+    """Gaussian likelihood plus the two priors (the priors from _expected_log_joint with gamma = 0,
+    minus its gamma-free likelihood constant)."""
+    n, D = Y.shape
+    Q = mx.shape[1]
+    th0 = ll.Theta(alpha=th.alpha, beta=th.beta, gamma=0.0, eps_c=th.eps_c, eps_y=th.eps_y)
+    prior = _expected_log_joint(Y, Wd, th0, mx, _blocks(Sx_full, Q), mC, _blocks(SC_full, Q))
+    prior -= -0.5 * th.eps_y * np.sum(Y**2) - 0.5 * n * D * LOG2PI + 0.5 * D * n * np.log(th.eps_y)
+    return prior + _gauss_expected_log_lik(Y, Wd, th, mx, Sx_full, mC, SC_full)
+
+
+@pytest.fixture(scope="module")
+def tiny_gauss():
+    Y, Wd = _tiny()
+    g = ll.prepare_graph(sp.csr_matrix(Wd), "dense", likelihood="gaussian")
+    th = ll.Theta(alpha=0.7, beta=1.3, gamma=0.9, eps_c=1e-3, eps_y=0.05)
+    rng = np.random.default_rng(0)
+    nQ = N6 * Q2
+    qx = ll.QX(rng.normal(size=(N6, Q2)), np.zeros((N6, Q2, Q2)), np.zeros((len(g.ei), Q2, Q2)), 0.0)
+    qx.full = np.zeros((nQ, nQ))
+    for _ in range(3):
+        qc = ll.update_qc(Y, g, qx, th)
+        qx_prev, qx = qx, ll.update_qx(Y, g, qc, th)
+        th_prev = ll.Theta(**vars(th))
+        th.gamma = ll.update_gamma(Y, g, qx, qc, th)
+        th.beta = ll.update_beta(g, qc, th)
+        th.alpha = ll.update_alpha(g, qx)
+    return dict(Y=Y, Wd=Wd, g=g, qx=qx, qx_prev=qx_prev, qc=qc, th=th, th_prev=th_prev)
+
+
+def test_gaussian_qx_matches_brute_force(tiny_gauss):
+    s = tiny_gauss
+    Y, Wd, g, qc, th = s["Y"], s["Wd"], s["g"], s["qc"], s["th_prev"]
+    nQ = N6 * Q2
+
+    def f(v):
+        return _gauss_expected_log_joint(Y, Wd, th, v.reshape(N6, Q2), np.zeros((nQ, nQ)), qc.mean, qc.full)
+
+    P, h = _identify_quadratic(f, nQ)
+    cov = np.linalg.inv(P)
+    qx = ll.update_qx(Y, g, qc, th)
+    np.testing.assert_allclose(qx.mean, (cov @ h).reshape(N6, Q2), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(qx.full, cov, rtol=1e-7, atol=1e-10)
+    assert qx.logdet_prec == pytest.approx(np.linalg.slogdet(P)[1], rel=1e-9)
+    # the precision is dense: the likelihood couples points that are not neighbours
+    far = [(i, j) for i in range(N6) for j in range(N6) if i != j and not Wd[i, j]]
+    assert max(abs(P[i * Q2, j * Q2]) for i, j in far) > 1e-3
+
+
+def test_gaussian_qc_matches_brute_force(tiny_gauss):
+    s = tiny_gauss
+    Y, Wd, g, qx, th = s["Y"], s["Wd"], s["g"], s["qx"], s["th"]
+    nQ = N6 * Q2
+
+    def f(v):
+        C = v.reshape(D3, N6, Q2).transpose(1, 0, 2)
+        return _gauss_expected_log_joint(Y, Wd, th, qx.mean, qx.full, C, np.zeros((nQ, nQ)))
+
+    P, h = _identify_quadratic(f, D3 * nQ)
+    P0 = P[:nQ, :nQ]
+    np.testing.assert_allclose(P, np.kron(np.eye(D3), P0), atol=1e-8 * np.abs(P0).max())
+    qc = ll.update_qc(Y, g, qx, th)
+    mean = np.linalg.solve(P, h).reshape(D3, N6, Q2).transpose(1, 0, 2)
+    np.testing.assert_allclose(qc.mean, mean, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(qc.full, np.linalg.inv(P0), rtol=1e-7, atol=1e-10)
+    assert qc.logdet_prec == pytest.approx(np.linalg.slogdet(P0)[1], rel=1e-9)
+
+
+def test_gaussian_bound_matches_brute_force(tiny_gauss):
+    s = tiny_gauss
+    Y, Wd, g, qx, qc, th = s["Y"], s["Wd"], s["g"], s["qx"], s["qc"], s["th"]
+    elj = _gauss_expected_log_joint(Y, Wd, th, qx.mean, qx.full, qc.mean, qc.full)
+    nQ = N6 * Q2
+    ent_x = 0.5 * nQ * (1 + LOG2PI) - 0.5 * qx.logdet_prec
+    ent_c = D3 * (0.5 * nQ * (1 + LOG2PI) - 0.5 * qc.logdet_prec)
+    assert ll.elbo(Y, g, qx, qc, th) == pytest.approx(elj + ent_x + ent_c, rel=1e-10, abs=1e-9)
+    # and it differs from the quadratic (paper 000) likelihood's bound on the same q
+    gq = ll.prepare_graph(sp.csr_matrix(Wd), "dense")
+    assert abs(ll.elbo(Y, gq, qx, qc, th) - ll.elbo(Y, g, qx, qc, th)) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta", "gamma"])
+def test_gaussian_mstep_is_stationary(tiny_gauss, name):
+    test_mstep_is_stationary(tiny_gauss, name)
+
+
+def test_gaussian_bound_monotone_and_bad_solver(roll300):
+    Y, idx, _ = roll300
+    Y, idx = Y[:150], knn(Y[:150], 7)[0]
+    m = LLLVM(n_neighbors=7, likelihood="gaussian", max_iter=15, tol=0, random_state=0).fit(Y, idx)
+    tr = m.elbo_trace_
+    assert m.solver_ == "dense"
+    assert np.all(np.diff(tr) >= -1e-9 * np.abs(tr[1:])), np.diff(tr).min()
+    assert tr[-1] > tr[0] + 10
+    with pytest.raises(ValueError, match="dense"):
+        LLLVM(likelihood="gaussian", solver="sparse").fit(Y)
+    with pytest.raises(ValueError, match="likelihood"):
+        LLLVM(likelihood="student").fit(Y)
+    with pytest.raises(NotImplementedError):
+        m.transform(Y[:3])

@@ -33,11 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg as sla
 import scipy.sparse as sp
 from scipy.optimize import brentq
 
 from lvmcore.checks import check_data as _check_Y
-from lvmcore.linalg import chol_solve, jitter_cholesky, logdet_from_chol
+from lvmcore.linalg import NumericalError, chol_solve, jitter_cholesky, logdet_from_chol
 from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 
 __all__ = [
@@ -60,8 +61,10 @@ __all__ = [
 ]
 
 LOG2PI = np.log(2.0 * np.pi)
+_potri = sla.get_lapack_funcs("potri", dtype=np.float64)
 #: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 200
+_LIKELIHOODS = ("quadratic", "gaussian")
 #: relative tolerance of the 1-D root finding for alpha and gamma
 ROOT_RTOL = 1e-10
 #: iterations of the fixed-point maps for alpha and gamma before falling back to Brent's method
@@ -88,6 +91,8 @@ class LLGraph:
     lap_eye: BlockTridiagonal | None = None  # sparse solver: I and 2 L in level-block form
     lap_2L: BlockTridiagonal | None = None
     chunks: int | None = None  # points per chunk of the edge sums (None: in process)
+    likelihood: str = "quadratic"  # "quadratic" (paper 000 eqs. 42-71) or "gaussian" (paper 003 eq. 5)
+    eigvec: np.ndarray | None = None  # eigenvectors of L (dense solver, gaussian likelihood)
 
     @property
     def n(self) -> int:
@@ -97,23 +102,27 @@ class LLGraph:
 @dataclass
 class QX:
     """q(x): ``mean`` (N, Q); ``cov`` (N, Q, Q) = Sigma_x^(ii); ``cov_edge`` (E, Q, Q) = Sigma_x^(ij)
-    for (ei, ej); ``logdet_prec`` = log|Sigma_x^{-1}|."""
+    for (ei, ej); ``logdet_prec`` = log|Sigma_x^{-1}|; ``full``: the whole (N Q, N Q) Sigma_x, kept by
+    the gaussian likelihood."""
 
     mean: np.ndarray
     cov: np.ndarray
     cov_edge: np.ndarray
     logdet_prec: float
+    full: np.ndarray | None = None
 
 
 @dataclass
 class QC:
     """q(C): ``mean`` (N, D, Q) = <C_i>; ``cov`` (N, Q, Q) and ``cov_edge`` (E, Q, Q): blocks of the
-    row covariance Sigma_C; ``logdet_prec`` = log|Sigma_C^{-1}| (one row)."""
+    row covariance Sigma_C; ``logdet_prec`` = log|Sigma_C^{-1}| (one row); ``full``: the whole
+    (N Q, N Q) row covariance, kept by the gaussian likelihood."""
 
     mean: np.ndarray
     cov: np.ndarray
     cov_edge: np.ndarray
     logdet_prec: float
+    full: np.ndarray | None = None
 
 
 @dataclass
@@ -125,9 +134,17 @@ class Theta:
     eps_y: float
 
 
-def prepare_graph(W, solver: str, chunks: int | None = None) -> LLGraph:
+def prepare_graph(W, solver: str, chunks: int | None = None, likelihood: str = "quadratic") -> LLGraph:
     """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse'; ``chunks``
-    (points per chunk) runs the per-point edge sums as Dask tasks."""
+    (points per chunk) runs the per-point edge sums as Dask tasks. ``likelihood="gaussian"`` needs
+    the dense solver (its precisions are dense)."""
+    if likelihood not in _LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
+    if likelihood == "gaussian" and solver != "dense":
+        raise ValueError(
+            "likelihood='gaussian' couples every pair of points through (eps_y I + 2 gamma L)^{-1}: its "
+            "precisions are dense, so it needs solver='dense'"
+        )
     W = sp.csr_matrix(W, dtype=np.float64)
     n = W.shape[0]
     coo = sp.triu(W, k=1).tocoo()
@@ -135,10 +152,14 @@ def prepare_graph(W, solver: str, chunks: int | None = None) -> LLGraph:
     E = len(ei)
     inc = sp.csr_matrix((np.ones(2 * E), (np.concatenate([ei, ej]), np.tile(np.arange(E), 2))), shape=(n, E))
     deg = np.asarray(W.sum(axis=1)).ravel()
-    g = LLGraph(W=W, ei=ei, ej=ej, deg=deg, inc=inc, solver=solver, chunks=chunks)
+    g = LLGraph(W=W, ei=ei, ej=ej, deg=deg, inc=inc, solver=solver, chunks=chunks, likelihood=likelihood)
     if solver == "dense":
         L = np.diag(deg) - W.toarray()
-        g.omega = np.clip(np.linalg.eigvalsh(L), 0.0, None)
+        if likelihood == "gaussian":
+            om, g.eigvec = np.linalg.eigh(L)
+            g.omega = np.clip(om, 0.0, None)
+        else:
+            g.omega = np.clip(np.linalg.eigvalsh(L), 0.0, None)
     else:
         g.ls = LevelStructure(W)
         if not (np.array_equal(g.ls.ei, ei) and np.array_equal(g.ls.ej, ej)):
@@ -251,8 +272,243 @@ def _edge_reduce(g: LLGraph, fn, *args):
     return tuple(np.sum([p[t] for p in parts], axis=0) for t in range(len(parts[0])))
 
 
+# --------------------------------------------------------------------------- gaussian likelihood
+# p(y | x, C) = N(y | Sigma_y e, Sigma_y), Sigma_y^{-1} = (eps_y I + 2 gamma L) kron I_D (paper 003 eq. 5
+# and the authors' code): the quadratic form in x or C is gamma^2 e~' (Lt kron I) e~ with
+# Lt = (eps_y I + 2 gamma L)^{-1} and e = gamma e~, e~_i = sum_j eta_ij (C_i + C_j)(x_i - x_j). For one
+# output row c (N, per latent coordinate r) and latent column x_r:
+#   e~ = sum_r F(c_r) x_r = sum_r G_r(x) c_r,
+#   F(c) = diag((Dg + W) c) - diag(c) W - W diag(c),  G_r(x) = diag(L x_r) + diag(x_r) W - W diag(x_r),
+# so every expectation below is a sum of Hadamard products of the second moments
+# K_rs = sum_d <c_dr c_ds'> (q(C)) and S_rs = <x_r x_s'> (q(x)) with Lt and the sparse W, L.
+def _rmul(X, A):
+    """X @ A for dense X and sparse A (as a dense array)."""
+    return np.asarray((A.T @ X.T).T)
+
+
+def _split(M, Q, r, s):
+    return M[r::Q, s::Q]
+
+
+def _lap_inverse(g: LLGraph, a: float, b: float) -> np.ndarray:
+    """(a I + 2 b L)^{-1} from the eigendecomposition of L (dense)."""
+    V = g.eigvec
+    return (V / (a + 2.0 * b * g.omega)) @ V.T
+
+
+def gauss_x_quad(g: LLGraph, K: np.ndarray, Lt: np.ndarray) -> np.ndarray:
+    """sum_d <F(c_dr)' Lt F(c_ds)> over q(C), as the (N Q, N Q) matrix with (i r, j s) entries, for the
+    second moment K (N Q, N Q) = D Sigma_C + mu_C' mu_C (point-major)."""
+    n, Q = g.n, K.shape[0] // g.n
+    W = g.W
+    U = sp.diags(g.deg) + W
+    LW = _rmul(Lt, W)
+    WL, WLW = LW.T, np.asarray(W @ LW)
+    out = np.empty((n * Q, n * Q))
+    for r in range(Q):
+        for s in range(r, Q):
+            Kr = _split(K, Q, r, s)
+            UK = np.asarray(U @ Kr)
+            KU = _rmul(Kr, U)
+            A = (
+                Lt * _rmul(UK, U)
+                - _rmul(Lt * UK, W)
+                - LW * UK
+                - WL * KU
+                + _rmul(WL * Kr, W)
+                + WLW * Kr
+                - np.asarray(W @ (Lt * KU))
+                + _rmul(np.asarray(W @ (Lt * Kr)), W)
+                + np.asarray(W @ (LW * Kr))
+            )
+            out[r::Q, s::Q] = A
+            if s != r:
+                out[s::Q, r::Q] = A.T
+    return out
+
+
+def gauss_c_quad(g: LLGraph, S: np.ndarray, Lt: np.ndarray) -> np.ndarray:
+    """<G_r(x)' Lt G_s(x)> over q(x), as the (N Q, N Q) matrix, for S = Sigma_x + mu_x mu_x'."""
+    n, Q = g.n, S.shape[0] // g.n
+    W = g.W
+    Lsp = sp.diags(g.deg) - W
+    LW = _rmul(Lt, W)
+    WL, WLW = LW.T, np.asarray(W @ LW)
+    out = np.empty((n * Q, n * Q))
+    for r in range(Q):
+        for s in range(r, Q):
+            Sr = _split(S, Q, r, s)
+            LS = np.asarray(Lsp @ Sr)
+            SL = _rmul(Sr, Lsp)
+            A = (
+                Lt * _rmul(LS, Lsp)
+                + _rmul(Lt * LS, W)
+                - LW * LS
+                + np.asarray(W @ (Lt * SL))
+                + _rmul(np.asarray(W @ (Lt * Sr)), W)
+                - np.asarray(W @ (LW * Sr))
+                - WL * SL
+                - _rmul(WL * Sr, W)
+                + WLW * Sr
+            )
+            out[r::Q, s::Q] = A
+            if s != r:
+                out[s::Q, r::Q] = A.T
+    return out
+
+
+def gauss_e_moment(g: LLGraph, K: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """R = sum_d <e~_d e~_d'> (N, N) under q(x) q(C) (independent factors)."""
+    n, Q = g.n, S.shape[0] // g.n
+    W = g.W
+    U = sp.diags(g.deg) + W
+    R = np.zeros((n, n))
+    for r in range(Q):
+        for s in range(Q):
+            Kr, Sr = _split(K, Q, r, s), _split(S, Q, r, s)
+            UK = np.asarray(U @ Kr)
+            KU = _rmul(Kr, U)
+            SW = _rmul(Sr, W)
+            WS = np.asarray(W @ Sr)
+            R += (
+                _rmul(UK, U) * Sr
+                - UK * SW
+                - _rmul(UK * Sr, W)
+                - KU * WS
+                + Kr * _rmul(WS, W)
+                + _rmul(Kr * WS, W)
+                - np.asarray(W @ (KU * Sr))
+                + np.asarray(W @ (Kr * SW))
+                + _rmul(np.asarray(W @ (Kr * Sr)), W)
+            )
+    return R
+
+
+def _second_moment_c(qc: QC) -> np.ndarray:
+    """K = D Sigma_C + mu_C' mu_C (N Q, N Q), point-major."""
+    n, D, Q = qc.mean.shape
+    Mu = np.swapaxes(qc.mean, 0, 1).reshape(D, n * Q)
+    return D * qc.full + Mu.T @ Mu
+
+
+def _second_moment_x(qx: QX) -> np.ndarray:
+    m = qx.mean.ravel()
+    return qx.full + np.outer(m, m)
+
+
+def _dense_gaussian(g: LLGraph, P: np.ndarray, rhs, name: str, context: str):
+    """mean, full covariance, its point and edge blocks and log|P| for a dense precision P."""
+    n = g.n
+    Q = P.shape[0] // n
+    P = 0.5 * (P + P.T)
+    Lc = jitter_cholesky(P, name=name, context=context)
+    Sfull, info = _potri(Lc, lower=1)  # P^{-1} from the factor (lower triangle), a third of a solve
+    if info != 0:
+        raise NumericalError(f"inverting {name} failed (potri info {info})", name=name, context=context)
+    Sfull = np.tril(Sfull) + np.tril(Sfull, -1).T
+    mean = chol_solve(Lc, rhs)
+    S4 = Sfull.reshape(n, Q, n, Q)
+    idx = np.arange(n)
+    return mean, Sfull, S4[idx, :, idx, :], S4[g.ei, :, g.ej, :], float(logdet_from_chol(Lc))
+
+
+def _b_tilde(Y, g: LLGraph, qc: QC) -> np.ndarray:
+    """<b> / gamma (N, Q): b_i = gamma sum_j eta_ij <C_i + C_j>'(y_i - y_j) (the x-linear term y'e)."""
+    n = g.n
+    i, j = g.ei, g.ej
+    v = np.einsum("edq,ed->eq", qc.mean[i] + qc.mean[j], Y[i] - Y[j])
+    return _scatter(n, i, j, v, -v)
+
+
+def _update_qx_gauss(Y, g: LLGraph, qc: QC, th: Theta, context: str) -> QX:
+    n, Q = qc.cov.shape[0], qc.cov.shape[-1]
+    Lt = _lap_inverse(g, th.eps_y, th.gamma)
+    P = th.gamma**2 * gauss_x_quad(g, _second_moment_c(qc), Lt)
+    P += np.kron(th.alpha * np.eye(n) + 2.0 * (np.diag(g.deg) - g.W.toarray()), np.eye(Q))
+    rhs = th.gamma * _b_tilde(Y, g, qc).reshape(n * Q, 1)
+    mean, full, cov, cov_e, ld = _dense_gaussian(g, P, rhs, "precision of q(x)", context)
+    return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld, full=full)
+
+
+def _update_qc_gauss(Y, g: LLGraph, qx: QX, th: Theta, context: str) -> QC:
+    n, Q = qx.mean.shape
+    D = Y.shape[1]
+    i, j = g.ei, g.ej
+    h = np.einsum("ed,eq->edq", Y[j] - Y[i], qx.mean[j] - qx.mean[i])
+    H = _scatter(n, i, j, h, h)  # <H_i> (N, D, Q)
+    Lt = _lap_inverse(g, th.eps_y, th.gamma)
+    full_x = qx.full if qx.full is not None else np.zeros((n * Q, n * Q))
+    S = full_x + np.outer(qx.mean.ravel(), qx.mean.ravel())
+    P = th.gamma**2 * gauss_c_quad(g, S, Lt)
+    P += th.beta * np.kron(th.eps_c * np.eye(n) + 2.0 * (np.diag(g.deg) - g.W.toarray()), np.eye(Q))
+    rhs = th.gamma * np.swapaxes(H, 1, 2).reshape(n * Q, D)
+    mean, full, cov, cov_e, ld = _dense_gaussian(g, P, rhs, "precision of q(C)", context)
+    return QC(
+        mean=np.swapaxes(mean.reshape(n, Q, D), 1, 2), cov=cov, cov_edge=cov_e, logdet_prec=ld, full=full
+    )
+
+
+def _gauss_lik_stats(Y, g: LLGraph, qx: QX, qc: QC):
+    """(tr(Y'LY), mu_x' <b>/gamma, r_k = (V' R V)_kk): the gamma-independent parts of <log p(y|x,C)>.
+    Cached for the last (qx, qc) pair (the gamma update and the bound use the same one)."""
+    last = g.__dict__.get("_gauss_stats")
+    if last is not None and last[0] is qx and last[1] is qc and last[2] is Y:
+        return last[3]
+    trYLY = float(np.sum((Y[g.ei] - Y[g.ej]) ** 2))
+    lin = float(np.sum(qx.mean * _b_tilde(Y, g, qc)))
+    R = gauss_e_moment(g, _second_moment_c(qc), _second_moment_x(qx))
+    V = g.eigvec
+    rk = np.einsum("ik,ik->k", V, R @ V)
+    g.__dict__["_gauss_stats"] = (qx, qc, Y, (trYLY, lin, rk))
+    return trYLY, lin, rk
+
+
+def _gauss_loglik(Y, g: LLGraph, th: Theta, stats, gamma=None) -> float:
+    n, D = Y.shape
+    gam = th.gamma if gamma is None else gamma
+    trYLY, lin, rk = stats
+    lam = th.eps_y + 2.0 * gam * g.omega
+    return float(
+        -0.5 * th.eps_y * np.sum(Y * Y)
+        - gam * trYLY
+        + gam * lin
+        - 0.5 * gam**2 * np.sum(rk / lam)
+        - 0.5 * n * D * LOG2PI
+        + 0.5 * D * np.sum(np.log(lam))
+    )
+
+
+def _update_gamma_gauss(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
+    """argmax_gamma <log p(y | x, C)>: concave in gamma (log-det concave, -gamma^2 r / (eps + 2 gamma w)
+    concave); root of its derivative by Brent's method after bracketing."""
+    D = Y.shape[1]
+    trYLY, lin, rk = _gauss_lik_stats(Y, g, qx, qc)
+    om, eps = g.omega, th.eps_y
+
+    def grad(gam):
+        lam = eps + 2.0 * gam * om
+        return D * np.sum(om / lam) - trYLY + lin - np.sum(rk * gam * (eps + gam * om) / lam**2)
+
+    lo = hi = max(th.gamma, 1e-12)
+    if grad(hi) > 0:  # grow the bracket upwards
+        while grad(hi) > 0:
+            lo, hi = hi, 2.0 * hi
+            if hi > 1e300:
+                raise ValueError(
+                    "the gamma update has no finite maximiser (the expected log-likelihood grows)"
+                )
+    else:  # shrink downwards; grad -> D sum_k w_k / eps_y > 0 as gamma -> 0 for tr(Y'LY) fixed
+        while grad(lo) <= 0:
+            lo, hi = lo / 2.0, lo
+            if lo < 1e-300:
+                return float(hi)
+    return float(brentq(grad, lo, hi, rtol=ROOT_RTOL, xtol=1e-300))
+
+
 def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "") -> QX:
     """q(x) of eqs. 50-57: precision <A^{-1}> + Pi^{-1}, mean from <b>."""
+    if g.likelihood == "gaussian":
+        return _update_qx_gauss(Y, g, qc, th, context)
     n, Q = qc.cov.shape[0], qc.cov.shape[-1]
     M = _ctc(qc)
     eye = np.eye(Q)
@@ -266,6 +522,8 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "") -> QX:
 
 def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "") -> QC:
     """q(C) of eqs. 64-71: row precision gamma <Gamma^{-1}> + beta (eps_c I + 2 L kron I)."""
+    if g.likelihood == "gaussian":
+        return _update_qc_gauss(Y, g, qx, th, context)
     n, Q = qx.mean.shape
     D = Y.shape[1]
     eye = np.eye(Q)
@@ -356,6 +614,8 @@ def update_beta(g: LLGraph, qc: QC, th: Theta) -> float:
 
 def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
     """argmax_gamma D/2 log|eps_y I + 2 gamma L| - gamma/2 <S>  (eq. 72-73)."""
+    if g.likelihood == "gaussian":
+        return _update_gamma_gauss(Y, g, qx, qc, th)
     n, D = Y.shape
     S = expected_S(Y, g, qx, qc)
 
@@ -384,9 +644,12 @@ def elbo(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, *, terms: bool = False):
     n, D = Y.shape
     Q = qx.mean.shape[1]
     nQ = n * Q
-    S = expected_S(Y, g, qx, qc)
-    ld_y, _ = _lap(g, th.eps_y, th.gamma, trace=False)
-    loglik = -0.5 * th.eps_y * np.sum(Y * Y) - 0.5 * n * D * LOG2PI + 0.5 * D * ld_y - 0.5 * th.gamma * S
+    if g.likelihood == "gaussian":
+        loglik = _gauss_loglik(Y, g, th, _gauss_lik_stats(Y, g, qx, qc))
+    else:
+        S = expected_S(Y, g, qx, qc)
+        ld_y, _ = _lap(g, th.eps_y, th.gamma, trace=False)
+        loglik = -0.5 * th.eps_y * np.sum(Y * Y) - 0.5 * n * D * LOG2PI + 0.5 * D * ld_y - 0.5 * th.gamma * S
     ld_x, _ = _lap(g, th.alpha, 1.0, trace=False)
     tr_x = th.alpha * np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + 2.0 * _lap_quad_blocks(
         g, qx.cov, qx.cov_edge
@@ -442,11 +705,14 @@ def lllvm_fit(
     chunks: int | None = None,
     random_state=None,
     callback=None,
+    likelihood: str = "quadratic",
 ):
     """Variational EM. Each iteration: q(x), q(C), then gamma, beta, alpha, then the bound.
 
     ``init="random_c"`` starts from q(C) with N(0, 1) means and identity covariance (as the authors'
-    code does); ``"random_x"`` from N(0, 1) latent means.
+    code does); ``"random_x"`` from N(0, 1) latent means. ``likelihood``: "quadratic" (paper 000's
+    appendix: sparse precisions) or "gaussian" (the normalised N(y | Sigma_y e, Sigma_y) of paper 003
+    eq. 5 and of the authors' code: dense precisions, dense solver only).
 
     Returns (qx, qc, theta, graph, trace) with ``trace`` the bound after every iteration. Stops when
     the relative change of the bound falls below ``tol``.
@@ -454,7 +720,7 @@ def lllvm_fit(
     Y = np.asarray(Y, dtype=np.float64)
     n, D = Y.shape
     Q = int(n_components)
-    g = prepare_graph(W, solver, chunks)
+    g = prepare_graph(W, solver, chunks, likelihood)
     th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
     rng = np.random.default_rng(random_state)
     E = len(g.ei)
@@ -464,6 +730,7 @@ def lllvm_fit(
             cov=np.broadcast_to(np.eye(Q), (n, Q, Q)).copy(),
             cov_edge=np.zeros((E, Q, Q)),
             logdet_prec=0.0,
+            full=np.eye(n * Q) if likelihood == "gaussian" else None,
         )
     elif init in ("random_x", "spectral"):  # point-mass q(x): N(0, 1) draws or Laplacian eigenmaps
         mean0 = rng.standard_normal((n, Q)) if init == "random_x" else spectral_init(W, Q, rng)
@@ -472,6 +739,7 @@ def lllvm_fit(
             cov=np.zeros((n, Q, Q)),
             cov_edge=np.zeros((E, Q, Q)),
             logdet_prec=0.0,
+            full=np.zeros((n * Q, n * Q)) if likelihood == "gaussian" else None,
         )
         qc = update_qc(Y, g, qx, th, "initialisation")
     else:
@@ -600,6 +868,7 @@ class LLLVM:
         chunks: int | None = None,
         init: str = "random_c",
         random_state=None,
+        likelihood: str = "quadratic",
     ):
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -612,6 +881,7 @@ class LLLVM:
         self.chunks = chunks
         self.init = init
         self.random_state = random_state
+        self.likelihood = likelihood
 
     def get_params(self) -> dict:
         keys = (
@@ -624,7 +894,7 @@ class LLLVM:
             "epsilon_y",
             "standardize",
         )
-        return {k: getattr(self, k) for k in keys + ("random_state",)}
+        return {k: getattr(self, k) for k in keys + ("random_state", "init", "likelihood")}
 
     # ------------------------------------------------------------------ checks
     def _check_params(self, n, D):
@@ -636,6 +906,10 @@ class LLLVM:
             raise ValueError(f"init must be one of {_INITS}, got {self.init!r}")
         if self.solver not in _SOLVERS:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
+        if self.likelihood not in _LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {self.likelihood!r}")
+        if self.likelihood == "gaussian" and self.solver == "sparse":
+            raise ValueError("likelihood='gaussian' has dense precisions: use solver='dense' or 'auto'")
         for name in ("epsilon_c", "epsilon_y"):
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
@@ -708,7 +982,7 @@ class LLLVM:
         Y = (Y - self.center_) / self.scale_
         solver = self.solver
         if solver == "auto":
-            solver = "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
+            solver = "dense" if n <= AUTO_DENSE_MAX_N or self.likelihood == "gaussian" else "sparse"
         qx, qc, th, g, trace = lllvm_fit(
             Y,
             W,
@@ -721,6 +995,7 @@ class LLLVM:
             chunks=self.chunks,
             init=self.init,
             random_state=self.random_state,
+            likelihood=self.likelihood,
         )
         self.Y_train_ = Y
         self.adjacency_ = W
@@ -743,6 +1018,12 @@ class LLLVM:
         """Posterior mean of x* for new points: each joins the training graph with edges to its
         n_neighbors nearest training points; E-step for (x*, C*) with everything else frozen."""
         self._check_fitted()
+        if self.likelihood == "gaussian":
+            raise NotImplementedError(
+                "transform is the local out-of-sample E-step of the quadratic likelihood; under "
+                "likelihood='gaussian' a new point couples to every training point through "
+                "(eps_y I + 2 gamma L)^{-1}, which is not implemented"
+            )
         Ytr = self.Y_train_
         Y_new = _check_Y(Y_new, "Y_new")
         if Y_new.shape[1] != Ytr.shape[1]:
