@@ -56,14 +56,15 @@ def kmm(kind, Z, kp):
     return K + JITTER * jnp.eye(Z.shape[0])
 
 
-#: entries of the largest (rows, M (M + 1) / 2) intermediate of the RBF psi2 (4e6: 32 MB)
-PSI_BLOCK_ENTRIES = 4_000_000
+#: entries of the largest (rows, M (M + 1) / 2) intermediate of the RBF psi2 per row block: small
+#: blocks keep each block's exponentials in cache (they are recomputed, not stored, for the gradient)
+PSI_BLOCK_ENTRIES = 327_680
 
 
 def psi_block(M: int) -> int:
-    """Rows per block of the RBF psi statistics: large blocks avoid the scan's recomputation in
-    the gradient; the cap bounds memory."""
-    return int(np.clip(PSI_BLOCK_ENTRIES // (M * (M + 1) // 2), 256, 8192))
+    """Rows per block of the RBF psi statistics (256 at M = 50): a multiple of 16 in [16, 1024]."""
+    rows = PSI_BLOCK_ENTRIES // (M * (M + 1) // 2)
+    return int(np.clip(rows // 16 * 16, 16, 1024))
 
 
 def view_psi(kind, mu, S, Z, kp, Y):

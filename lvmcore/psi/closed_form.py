@@ -29,18 +29,34 @@ last exponent is expanded as
 
     -sum_q a_nq mu_nq^2 + sum_q (a_nq mu_nq) (2 zbar_pq) + sum_q a_nq (-zbar_pq^2)
 
-i.e. a row constant plus one GEMM of the (B, 2Q) matrix [a*mu, a] by the (2Q, P) matrix
-[2 zbar; -zbar^2]^T, where p runs over the P = M (M + 1) / 2 pairs m <= m' (Psi2 is symmetric, so
-only the upper triangle is computed and mirrored).  The log of the per-row prefactor is folded into
-the row constant, the result is exponentiated and summed over rows (a GEMV with the row mask).
-Rows are processed in blocks of ``block_size`` with ``jax.lax.scan`` (the last block zero-padded and
-masked), so the forward pass's largest intermediate is (block_size, P). Reverse mode keeps every
-block's exponentials (rows x P in all: the callers bound rows by chunking); ``remat=True`` wraps the
-block in ``jax.checkpoint`` to recompute them instead (measured 1.6x slower at N = 5,000, M = 50).
-Psi1 is handled the same way (one (B, 2Q) x (2Q, M) GEMM per block).
+i.e. a row constant plus one GEMM of the (P, 2Q) matrix [2 zbar, -zbar^2] by the (2Q, B) matrix
+[a mu; a] of a block of B rows, where p runs over the P = M (M + 1) / 2 pairs m <= m' (Psi2 is
+symmetric, so only the upper triangle is computed and mirrored).  The log of the per-row prefactor
+is folded into the row constant; the exponential is fused into the sum over the block's rows.
+Psi1 is handled the same way (one (M, 2Q) x (2Q, B) GEMM per block).  Rows are processed in
+blocks of ``block_size`` (``jax.lax.scan`` over the full blocks, the N mod block_size remaining rows
+as one smaller block): blocks of a few hundred rows keep the (P, B) exponentials in cache, which
+matters more here than the exp itself (writing large fresh buffers costs more than computing them).
 
-Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable
-(``jax.vjp`` / ``jax.grad``); the public functions are wrapped in ``jax.jit`` (``block_size`` of
+Gradient (hand-written ``jax.custom_vjp`` of the row sums, no residual but the inputs).  The bound
+needs only sum_n Psi2_n and Psi1^T Y, so their cotangents c (per pair) and V (M, D) are shared by
+all rows.  With E[p, n] the pair exponentials of row n (recomputed per block in the backward
+pass), w1 = 1 / (l2 + S) and W1[m, n] = Psi1[n, m] (V_m . Y_n) / variance:
+
+    d/dmu_nq  = -w1 (mu s1 - h1) - 2 a (mu f - k1)
+    d/dS_nq   = -w1 s1 / 2 + w1^2 (mu^2 s1 - 2 mu h1 + h2) / 2 - a f + 2 a^2 (mu^2 f - 2 mu k1 + k2)
+    d/dl2_q   = sum_n [d/dS_nq from Psi1 + (d/dS_nq from Psi2) / 2 + (s1 + f) / (2 l2_q)]
+    d/dzbar_pq = 2 c_p sum_n E[p, n] a_nq (mu_nq - zbar_pq),  d/dz_mq = sum_n W1 w1 (mu - z_mq)
+
+where s1, h1, h2 = sum_m W1[m, n] (1, z_mq, z_mq^2) and f, k1, k2 = sum_p c_p E[p, n] (1, zbar_pq,
+zbar_pq^2): per block, the GEMMs [c, c zbar, c zbar^2]^T E (rows' sums) and E [a mu, a]^T (pairs'
+sums), plus one recomputation of E: one exp pass and three (P, 2Q)-sized GEMMs per block, instead
+of reverse mode's stored exponentials and elementwise chains (the pair-level factors, exp of
+-(z_m - z_m')^2 / (4 l2), the variance, zbar's dependence on Z, stay with autodiff).
+
+Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable in
+reverse mode (``jax.vjp`` / ``jax.grad``; :func:`rbf_psi` has no forward-mode rule, so no
+``jax.jvp`` / ``jax.jacfwd`` / Hessians through it); the public functions are wrapped in ``jax.jit`` (``block_size`` of
 :func:`rbf_psi` is a static argument).
 """
 
@@ -64,7 +80,7 @@ __all__ = [
     "kl_diag_gaussian",
 ]
 
-DEFAULT_BLOCK = 512
+DEFAULT_BLOCK = 256
 
 
 def _lengthscale_sq(lengthscale, Q: int):
@@ -114,24 +130,126 @@ def _rbf_psi1_block(mu, S, Z, variance, l2):
     return variance * jnp.exp(row[:, None] + A @ Bm)
 
 
-def _rbf_psi2_block(mu, S, mask, l2, Bpair):
-    """sum_n mask_n * prod_q(1+2S/l2)^(-1/2) exp(-sum_q (mu - zbar_p)^2 a), shape (P,)."""
-    a = 1.0 / (l2 + 2.0 * S)  # (B, Q)
-    row = -0.5 * jnp.log1p(2.0 * S / l2).sum(1) - (a * mu * mu).sum(1)  # (B,)
-    A = jnp.concatenate([a * mu, a], axis=1)  # (B, 2Q)
-    return mask @ jnp.exp(row[:, None] + A @ Bpair)  # GEMM, exp, GEMV
+def _row_terms(muT, ST, l2c, two):
+    """Row-block terms in transposed layout (q along axis 0, rows along axis 1) for psi1 (two = 1)
+    or psi2 (two = 2): w = 1 / (l2 + two S) (Q, B), the GEMM's factor [w mu; w] (2Q, B) and the
+    row constant -1/2 sum_q log(1 + two S / l2) - (two / 2) sum_q w mu^2 (B,)."""
+    w = 1.0 / (l2c + two * ST)
+    row = -0.5 * jnp.log1p(two * ST / l2c).sum(0) - (0.5 * two) * (w * muT * muT).sum(0)
+    return w, jnp.concatenate([w * muT, w], axis=0), row
 
 
-def _rbf_block_stats(mu, S, Y, mask, Z, variance, l2, Bpair):
-    psi1 = _rbf_psi1_block(mu, S, Z, variance, l2) * mask[:, None]
-    return psi1.T @ Y, _rbf_psi2_block(mu, S, mask, l2, Bpair)
+def _over_row_blocks(body, carry, xs, block: int):
+    """Runs ``carry, ys = body(carry, rows)`` over the rows of the arrays ``xs`` in blocks of
+    ``block`` rows: full blocks by ``jax.lax.scan`` (inline when there is one), the remaining
+    N mod block rows as one smaller block (no padding, no mask). Returns (carry, ys stacked
+    back to N rows) (ys may be None)."""
+    N = xs[0].shape[0]
+    nb, rem = divmod(N, block)
+    parts = []
+    if nb == 1:
+        carry, ys = body(carry, tuple(x[:block] for x in xs))
+        parts.append(ys)
+    elif nb > 1:
+        xb = tuple(x[: nb * block].reshape((nb, block) + x.shape[1:]) for x in xs)
+        carry, ys = jax.lax.scan(body, carry, xb)
+        parts.append(jax.tree_util.tree_map(lambda y: y.reshape((nb * block,) + y.shape[2:]), ys))
+    if rem:
+        carry, ys = body(carry, tuple(x[nb * block :] for x in xs))
+        parts.append(ys)
+    if parts[0] is None:
+        return carry, None
+    return carry, jax.tree_util.tree_map(lambda *ys: jnp.concatenate(ys, axis=0), *parts)
 
 
-def _pad_blocks(x, nb: int, block: int):
-    """(N, ...) -> (nb, block, ...) with zero padding at the end."""
-    pad = nb * block - x.shape[0]
-    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-    return x.reshape((nb, block) + x.shape[1:])
+def _factors(Z, zbar):
+    """Right-hand GEMM factors: [Z, -Z^2/2] (M, 2Q) for psi1, [2 zbar, -zbar^2] (P, 2Q) for psi2."""
+    return (
+        jnp.concatenate([Z, -0.5 * Z * Z], axis=1),
+        jnp.concatenate([2.0 * zbar, -zbar * zbar], axis=1),
+    )
+
+
+def _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block):
+    M, D = Z.shape[0], Y.shape[1]
+    F1, F2 = _factors(Z, zbar)
+    l2c = l2[:, None]
+
+    def body(carry, rows):
+        mu_b, S_b, Y_b = rows
+        muT, ST = mu_b.T, S_b.T
+        _, A1, r1 = _row_terms(muT, ST, l2c, 1.0)
+        e1 = jnp.exp(F1 @ A1 + r1)  # (M, B): Psi1^T / variance
+        _, A2, r2 = _row_terms(muT, ST, l2c, 2.0)
+        e2 = jnp.exp(F2 @ A2 + r2).sum(1)  # (P,): the exp is fused into the reduction over rows
+        return (carry[0] + e1 @ Y_b, carry[1] + e2), None
+
+    init = (jnp.zeros((M, D), mu.dtype), jnp.zeros((zbar.shape[0],), mu.dtype))
+    return _over_row_blocks(body, init, (mu, S, Y), block)[0]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _rbf_sums(mu, S, Y, l2, Z, zbar, block):
+    """(sum_n psi1_n^T Y_n / variance (M, D), sum_n of Psi2_n's row-dependent factor per pair (P,)).
+
+    Differentiated by the hand-written rule below; its only residuals are the inputs (each row
+    block's exponentials are recomputed in the backward pass, while in cache)."""
+    return _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block)
+
+
+def _rbf_sums_fwd(mu, S, Y, l2, Z, zbar, block):
+    return _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block), (mu, S, Y, l2, Z, zbar)
+
+
+def _rbf_sums_bwd(block, res, cot):
+    """Cotangents V (M, D) of the first output and c (P,) of the second; see the module docstring."""
+    mu, S, Y, l2, Z, zbar = res
+    V, c = cot
+    Q = mu.shape[1]
+    F1, F2 = _factors(Z, zbar)
+    l2c = l2[:, None]
+    ZZt = jnp.concatenate([Z, Z * Z], axis=1).T  # (2Q, M)
+    C2t = (c[:, None] * jnp.concatenate([jnp.ones_like(zbar[:, :1]), zbar, zbar * zbar], axis=1)).T
+
+    def body(carry, rows):
+        g_l2, g_Z, g_zbar = carry
+        mu_b, S_b, Y_b = rows
+        muT, ST = mu_b.T, S_b.T
+        mu2 = muT * muT
+        # psi1: W1[m, n] = e1[m, n] (V_m . Y_n)
+        b, A1, r1 = _row_terms(muT, ST, l2c, 1.0)
+        e1 = jnp.exp(F1 @ A1 + r1)  # (M, B)
+        W1 = e1 * (V @ Y_b.T)
+        g_Y = (V.T @ e1).T  # (B, D)
+        s1 = W1.sum(0)  # (B,)
+        H1 = ZZt @ W1  # (2Q, B): sum_m W1 z_m, sum_m W1 z_m^2
+        h1, h2 = H1[:Q], H1[Q:]
+        g_mu = -b * (muT * s1 - h1)
+        g_S1 = -0.5 * b * s1 + 0.5 * b * b * (mu2 * s1 - 2.0 * muT * h1 + h2)
+        g_Z = g_Z + W1 @ A1.T  # (M, 2Q)
+        # psi2: weights E2[p, n] c_p
+        a, A2, r2 = _row_terms(muT, ST, l2c, 2.0)
+        E2 = jnp.exp(F2 @ A2 + r2)  # (P, B)
+        H2 = C2t @ E2  # (1 + 2Q, B): sum_p c_p E2 [1, zbar_p, zbar_p^2]
+        f, k1, k2 = H2[:1], H2[1 : Q + 1], H2[Q + 1 :]
+        g_mu = g_mu - 2.0 * a * (muT * f - k1)
+        g_S2 = -a * f + 2.0 * a * a * (mu2 * f - 2.0 * muT * k1 + k2)
+        g_zbar = g_zbar + E2 @ A2.T  # (P, 2Q)
+        g_l2 = g_l2 + (g_S1 + 0.5 * g_S2 + 0.5 * (s1 + f) / l2c).sum(1)
+        return (g_l2, g_Z, g_zbar), (g_mu.T, (g_S1 + g_S2).T, g_Y)
+
+    init = (
+        jnp.zeros_like(l2),
+        jnp.zeros((Z.shape[0], 2 * Q), mu.dtype),
+        jnp.zeros((zbar.shape[0], 2 * Q), mu.dtype),
+    )
+    (g_l2, GZ, Gz), (g_mu, g_S, g_Y) = _over_row_blocks(body, init, (mu, S, Y), block)
+    g_Z = GZ[:, :Q] - Z * GZ[:, Q:]
+    g_zbar = 2.0 * c[:, None] * (Gz[:, :Q] - zbar * Gz[:, Q:])
+    return g_mu, g_S, g_Y, g_l2, g_Z, g_zbar
+
+
+_rbf_sums.defvjp(_rbf_sums_fwd, _rbf_sums_bwd)
 
 
 @jax.jit
@@ -142,8 +260,8 @@ def rbf_psi1(mu, S, Z, variance, lengthscale):
     return _rbf_psi1_block(mu, S, Z, jnp.asarray(variance, dtype=jnp.float64), l2)
 
 
-@partial(jax.jit, static_argnames=("block_size", "remat"))
-def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK, remat: bool = False):
+@partial(jax.jit, static_argnames=("block_size",))
+def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK):
     """Per-chunk partial sums for the RBF-ARD kernel.
 
     Returns ``(psi0_sum, psi1TY, psi2_sum)``: the scalar N * variance, Psi1^T Y of shape (M, D) and
@@ -153,36 +271,15 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     variance = jnp.asarray(variance, dtype=jnp.float64)
     N, Q = mu.shape
     M = Z.shape[0]
-    D = Y.shape[1]
     l2 = _lengthscale_sq(lengthscale, Q)
 
     iu, ju = np.triu_indices(M)
     zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
     dzz = Z[iu] - Z[ju]
     log_pair = -(dzz * dzz / (4.0 * l2)).sum(1)  # (P,)
-    Bpair = jnp.concatenate([2.0 * zbar, -zbar * zbar], axis=1).T  # (2Q, P)
 
-    block = max(1, int(block_size))
-    if N <= block:
-        psi1TY, acc = _rbf_block_stats(mu, S, Y, jnp.ones((N,), jnp.float64), Z, variance, l2, Bpair)
-    else:
-        nb = -(-N // block)
-        xs = (
-            _pad_blocks(mu, nb, block),
-            _pad_blocks(S, nb, block),
-            _pad_blocks(Y, nb, block),
-            _pad_blocks(jnp.ones((N,), jnp.float64), nb, block),
-        )
-        stats = jax.checkpoint(_rbf_block_stats) if remat else _rbf_block_stats
-
-        def body(carry, x):
-            mu_b, S_b, Y_b, m_b = x
-            t1, t2 = stats(mu_b, S_b, Y_b, m_b, Z, variance, l2, Bpair)
-            return (carry[0] + t1, carry[1] + t2), None
-
-        init = (jnp.zeros((M, D), jnp.float64), jnp.zeros((iu.size,), jnp.float64))
-        (psi1TY, acc), _ = jax.lax.scan(body, init, xs)
-
+    e1Y, acc = _rbf_sums(mu, S, Y, l2, Z, zbar, max(1, int(block_size)))
+    psi1TY = variance * e1Y
     pairs = variance * variance * jnp.exp(log_pair) * acc
     psi2 = jnp.zeros((M, M), jnp.float64).at[iu, ju].set(pairs).at[ju, iu].set(pairs)
     psi0 = N * variance
