@@ -11,11 +11,15 @@ from lvmcore.manifolds.lorentz import check_point, origin, pairwise_dist
 from lvmcore.metrics import pearson_distance_correlation
 from lvmcore.models.hgplvm import (
     HyperboloidGPLVM,
+    _chol_inv,
     _kern,
     _pca,
+    _rgrad,
     bayesian_objective,
     lift,
     point_objective,
+    point_value_and_grad,
+    ppca_noise_variance,
     sparse_objective,
 )
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi, mc_psi_chunk
@@ -67,6 +71,64 @@ def test_gradients_match_finite_differences(tiny, variant):
         np.testing.assert_allclose(gs, _fd(lambda x: f(Xs, h, x), log_S), rtol=1e-5, atol=1e-7)
     # the bayesian objective is deterministic for fixed samples
     assert float(f(Xs, h, log_S)) == float(f(Xs, h, log_S))
+
+
+def test_point_value_and_grad_matches_autodiff_and_finite_differences(tiny):
+    """The hand-written eq. (4) gradient (one host Cholesky) against autodiff of point_objective
+    (same value, same Riemannian gradient, same hyperparameter gradients) and against central
+    differences in the spatial coordinates (chain rule through x0 = sqrt(1 + |x~|^2))."""
+    Y, Xs, *_ = tiny
+    X = lift(Xs)
+    vg = jax.jit(point_value_and_grad)
+    F, gX, g_ls, g_lb = vg(X, 0.3, 1.2, Y, KAPPA)
+    F0, (gX0, g_ls0, g_lb0) = jax.value_and_grad(point_objective, argnums=(0, 1, 2))(X, 0.3, 1.2, Y, KAPPA)
+    assert float(F) == pytest.approx(float(F0), rel=1e-12)
+    np.testing.assert_allclose(_rgrad(X, gX), _rgrad(X, gX0), rtol=1e-9, atol=1e-10)
+    assert float(g_ls) == pytest.approx(float(g_ls0), rel=1e-9)
+    assert float(g_lb) == pytest.approx(float(g_lb0), rel=1e-9)
+    g_space = np.asarray(gX[:, 1:] + gX[:, :1] * Xs / X[:, :1])
+    fd = _fd(lambda xs: point_objective(lift(xs), 0.3, 1.2, Y, KAPPA), Xs)
+    np.testing.assert_allclose(g_space, fd, rtol=1e-5, atol=1e-7)
+    # a far-out configuration (distances > 2: the arccosh branch of pairwise_dist) and coincident
+    # points (the kernel's kink: both implementations use the zero sub-gradient)
+    X2 = lift(jnp.concatenate([3.0 * Xs[:-1], 3.0 * Xs[:1]]))
+    F2, gX2, *_ = vg(X2, 0.3, 1.2, Y, KAPPA)
+    F20, gX20 = jax.value_and_grad(point_objective)(X2, 0.3, 1.2, Y, KAPPA)
+    assert float(F2) == pytest.approx(float(F20), rel=1e-10)
+    np.testing.assert_allclose(_rgrad(X2, gX2), _rgrad(X2, gX20), rtol=1e-7, atol=1e-8)
+
+
+def test_chol_inv_and_ppca_noise():
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((30, 30))
+    K = A @ A.T + 0.5 * np.eye(30)
+    Ki, logdet = _chol_inv(K)
+    np.testing.assert_allclose(Ki, np.linalg.inv(K), rtol=1e-9, atol=1e-12)
+    assert logdet == pytest.approx(np.linalg.slogdet(K)[1], rel=1e-12)
+    Ki, logdet = _chol_inv(K - 50.0 * np.eye(30))  # indefinite: NaN, which fit() reports
+    assert np.isnan(logdet) and np.all(np.isnan(Ki))
+    # PPCA noise (Tipping & Bishop) against scikit-learn's PCA.noise_variance_ (which divides by n-1)
+    from sklearn.decomposition import PCA
+
+    Y = rng.standard_normal((50, 7)) @ rng.standard_normal((7, 7))
+    ref = PCA(n_components=2).fit(Y).noise_variance_
+    assert ppca_noise_variance(Y, 2) * 50 / 49 == pytest.approx(ref, rel=1e-10)
+    assert ppca_noise_variance(Y[:, :2], 2) is None
+
+
+def test_noise_setting():
+    Y, *_ = binary_tree(3, n_per_node=6, seed=0)
+    kw = dict(variant="point", max_iter=30, tol=0, random_state=0)
+    fixed = HyperboloidGPLVM(**kw).fit(Y)  # "auto": PPCA level for the point variant
+    assert fixed.noise_fixed_ and fixed.beta_ == pytest.approx(1.0 / ppca_noise_variance(Y, 2), rel=1e-12)
+    given = HyperboloidGPLVM(noise=0.05, **kw).fit(Y)
+    assert given.beta_ == pytest.approx(20.0, rel=1e-12)
+    learned = HyperboloidGPLVM(noise="learn", **kw).fit(Y)
+    assert not learned.noise_fixed_
+    var_y = np.sum(np.var(Y, axis=0)) / Y.shape[1]
+    assert abs(np.log(learned.beta_) - np.log(100.0 / var_y)) > 0.1  # moved from its start
+    sparse = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5, tol=0).fit(Y)
+    assert not sparse.noise_fixed_  # "auto" learns beta for the bounds
 
 
 def test_sparse_bound_with_all_points_is_exact(tiny):
@@ -215,6 +277,9 @@ def test_fit_is_reproducible(tree):
         (dict(n_components=1), "n_components"),
         (dict(variant="full"), "point.*sparse.*bayesian"),
         (dict(optimizer="sgd"), "rsgd"),
+        (dict(noise="fixed"), "noise"),
+        (dict(noise=0.0), "noise"),
+        (dict(noise=True), "noise"),
     ],
 )
 def test_bad_parameters(kwargs, match):

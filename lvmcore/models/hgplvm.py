@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from lvmcore.checks import check_data, check_positive, check_positive_int
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, pairwise_dist, proj, to_poincare, transp
@@ -70,6 +71,67 @@ def point_objective(X, log_sigma, log_beta, Y, kappa):
     L = jnp.linalg.cholesky(K)
     a = jax.scipy.linalg.solve_triangular(L, Y, lower=True)
     return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
+
+
+def _chol_inv(K):
+    """Host LAPACK: Cholesky of K (dpotrf) and K^-1 from it (dpotri), i.e. one factorisation and
+    about n^3 flops in all; returns (K^-1, log|K|), NaNs if K is not positive definite."""
+    K = np.asarray(K, dtype=np.float64)
+    L, info = scipy.linalg.lapack.dpotrf(K, lower=1, clean=1)
+    if info != 0:
+        nan = np.full(K.shape, np.nan)
+        return nan, np.float64(np.nan)
+    logdet = 2.0 * np.sum(np.log(np.diag(L)))
+    Ki, info = scipy.linalg.lapack.dpotri(L, lower=1)
+    Ki = np.tril(Ki) + np.tril(Ki, -1).T
+    return Ki, np.float64(logdet)
+
+
+def _sq_lorentz_chords(X):
+    """Squared Lorentz norms <x_i - x_j, x_i - x_j>_L (N, N) = 4 sinh^2(d_ij / 2), built one ambient
+    coordinate at a time (no (N, N, Q+1) temporaries); clipped at 0 against rounding."""
+    sq = -((X[:, None, 0] - X[None, :, 0]) ** 2)
+    for q in range(1, X.shape[1]):
+        sq = sq + (X[:, None, q] - X[None, :, q]) ** 2
+    return jnp.maximum(sq, 0.0)
+
+
+def point_value_and_grad(X, log_sigma, log_beta, Y, kappa):
+    """Eq. (4) and its gradients, by hand, with one Cholesky (host LAPACK) per call.
+
+    Distances are d_ij = 2 asinh(||x_i - x_j||_L / 2) (equal to arccosh(-<x_i, x_j>_L) on H^Q).
+    With G = dF/dK = (alpha alpha^T - D K^-1) / 2, alpha = K^-1 Y, and C_ij = G_ij dK_ij/dsq_ij
+    (zero on the diagonal: the kernel's kink at d = 0 gets the zero sub-gradient), the ambient
+    gradient is dF/dx_i = 4 g_l sum_j C_ij (x_i - x_j).  Returns (F, dF/dX (N, Q+1) ambient,
+    dF/dlog_sigma, dF/dlog_beta).  The Riemannian gradient (metric flip + projection) equals that of
+    :func:`point_objective`; only the off-manifold extension of the ambient gradient differs.
+    """
+    n, d = Y.shape
+    sigma = jnp.exp(log_sigma)
+    beta = jnp.exp(log_beta)
+    sq = _sq_lorentz_chords(X)
+    pos = sq > 1e-24
+    h = 0.5 * jnp.sqrt(jnp.where(pos, sq, 1.0))
+    s1 = jnp.sqrt(1.0 + h * h)
+    dist = jnp.where(pos, 2.0 * jnp.log(h + s1), 0.0)
+    E = jnp.exp(-dist / kappa)
+    K = sigma * E + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
+    Ki, logdet = jax.pure_callback(
+        _chol_inv,
+        (jax.ShapeDtypeStruct((n, n), jnp.float64), jax.ShapeDtypeStruct((), jnp.float64)),
+        K,
+    )
+    alpha = Ki @ Y
+    F = -0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * jnp.sum(alpha * Y)
+    G = 0.5 * (alpha @ alpha.T - d * Ki)
+    trG = jnp.trace(G)
+    g_ls = sigma * (jnp.sum(G * E) + _JITTER * trG)
+    g_lb = -trG / beta
+    # dK/dsq = -sigma E / kappa * dd/dsq, dd/dsq = 1 / (r sqrt(4 + r^2)) = 1 / (4 h s1)
+    C = jnp.where(pos, G * E * (-sigma / kappa) / (4.0 * h * s1), 0.0)
+    gX = 4.0 * (jnp.sum(C, axis=1)[:, None] * X - C @ X)
+    gX = gX.at[:, 0].multiply(-1.0)
+    return F, gX, g_ls, g_lb
 
 
 def collapsed_bound(psi0, psi1ty, psi2, Kmm, beta, trYY, n, d):
@@ -187,12 +249,21 @@ _apply_updates_jit = jax.jit(_apply_updates, static_argnames=("variant", "use_ra
 
 
 @functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
-def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, variant, use_radam):
-    """One optimisation step (compiled once per variant/optimizer/shape, shared by all instances)."""
+def _fit_step(state, t, Z, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam):
+    """One optimisation step (compiled once per variant/optimizer/shape, shared by all instances).
+
+    ``point``: objective and gradients by :func:`point_value_and_grad` (one Cholesky); the others by
+    autodiff.  ``hmask`` (2,) zeroes the gradient of a fixed hyperparameter (log sigma, log beta).
+    """
     X, hyp, log_S = state[0], state[1], state[2]
-    f, grads = jax.value_and_grad(
-        lambda a, b, c: _objective(variant, a, b, c, Z, eps, Y, kappa), argnums=(0, 1, 2)
-    )(X, hyp, log_S)
+    if variant == "point":
+        f, gX, g_ls, g_lb = point_value_and_grad(X, hyp[0], hyp[1], Y, kappa)
+        grads = (gX, jnp.stack([g_ls, g_lb]), None)
+    else:
+        f, grads = jax.value_and_grad(
+            lambda a, b, c: _objective(variant, a, b, c, Z, eps, Y, kappa), argnums=(0, 1, 2)
+        )(X, hyp, log_S)
+    grads = (grads[0], grads[1] * hmask, grads[2])
     return _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam), f
 
 
@@ -235,6 +306,22 @@ def mc_objective(kappa: float, n: int, d: int):
     return obj
 
 
+def ppca_noise_variance(Y, q):
+    """Maximum-likelihood noise variance of q-dimensional probabilistic PCA (Tipping & Bishop 1999):
+    the mean of the D - q smallest eigenvalues of the (1/N) sample covariance of Y.  The GP-LVM with
+    a linear kernel is dual PPCA (Lawrence 2005) and has this noise at its optimum.  None if D <= q."""
+    Y = np.asarray(Y, dtype=np.float64)
+    n, d = Y.shape
+    if d <= q:
+        return None
+    Yc = Y - Y.mean(0)
+    s = np.linalg.svd(Yc, compute_uv=False)
+    ev = np.zeros(d)
+    ev[: len(s)] = s**2 / n
+    ev = np.sort(ev)[::-1]
+    return float(np.mean(ev[q:]))
+
+
 def _pca(Y, q):
     Yc = Y - Y.mean(0)
     U, s, Vt = np.linalg.svd(Yc, full_matrices=False)
@@ -264,6 +351,14 @@ class HyperboloidGPLVM:
     init : "pca" (PCA scaled to max norm ``init_scale``, mapped by expmap0) or "random"
         (U(-1e-3, 1e-3) as in the paper's appendix).
     fix_variance_iter : keep S fixed for the first iterations (bayesian; the paper fixes them 100 epochs).
+    noise : "auto" (default: "ppca" for ``point``, "learn" otherwise), "learn" (log beta by Adam from
+        beta = 100 / var(Y)), "ppca" (beta fixed at 1 / the maximum-likelihood noise variance of
+        Q-dimensional probabilistic PCA, :func:`ppca_noise_variance`) or a positive number (fixed
+        noise variance 1 / beta).  With a learned beta the exact point objective (eq. 4) has no
+        finite optimum on data such as the binary trees: the latent points spread to interpolate
+        the within-node jitter and beta grows without bound; the PPCA level keeps the residual
+        that a Q-dimensional linear-Gaussian model (dual PPCA, the GP-LVM's linear-kernel case)
+        assigns to noise.
     random_state : int seed (active set draws, MC samples, random init).
 
     Attributes after fit: ``lorentz_embedding_`` (N, Q+1), ``embedding_`` (N, Q) Poincare ball,
@@ -289,6 +384,7 @@ class HyperboloidGPLVM:
         fix_variance_iter=50,
         chunks=None,
         random_state=0,
+        noise="auto",
     ):
         self.n_components = n_components
         self.kappa = kappa
@@ -306,6 +402,7 @@ class HyperboloidGPLVM:
         self.fix_variance_iter = fix_variance_iter
         self.chunks = chunks
         self.random_state = random_state
+        self.noise = noise
 
     # ------------------------------------------------------------------ validation
     def _validate(self):
@@ -336,6 +433,19 @@ class HyperboloidGPLVM:
         check_positive(self.init_scale, "init_scale")
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or self.tol < 0:
             raise ValueError(f"tol must be a number >= 0, got {self.tol!r}")
+        nz = self.noise
+        if isinstance(nz, str):
+            if nz not in ("auto", "learn", "ppca"):
+                raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a number > 0, got {nz!r}")
+        elif isinstance(nz, bool) or not isinstance(nz, numbers.Real) or not (np.isfinite(nz) and nz > 0):
+            raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a number > 0, got {nz!r}")
+
+    def _noise_mode(self):
+        """The noise setting with "auto" resolved: "learn", "ppca" or a number."""
+        nz = self.noise
+        if nz == "auto":
+            nz = "ppca" if self.variant == "point" else "learn"
+        return nz
 
     # ------------------------------------------------------------------ helpers
     def _init_latent(self, Y, rng):
@@ -369,7 +479,18 @@ class HyperboloidGPLVM:
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
         kappa = float(self.kappa)
         var_y = float(np.sum(np.var(Y, axis=0)) / d) or 1.0
-        hyp = jnp.array([np.log(var_y), np.log(100.0 / var_y)])  # log sigma, log beta
+        mode = self._noise_mode()
+        noise_var = None
+        if mode == "ppca":
+            noise_var = ppca_noise_variance(Y, int(self.n_components))
+            if noise_var is not None:  # floor: data of rank <= Q would give 0
+                noise_var = max(noise_var, 1e-6 * var_y)
+        elif mode != "learn":
+            noise_var = float(mode)
+        self.noise_fixed_ = noise_var is not None
+        log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
+        hyp = jnp.array([np.log(var_y), log_beta0])  # log sigma, log beta
+        hmask = jnp.array([1.0, 0.0 if self.noise_fixed_ else 1.0])
         X = self._init_latent(Y, rng)
         q = int(self.n_components)
         variant = self.variant
@@ -398,7 +519,7 @@ class HyperboloidGPLVM:
             if runner is not None:  # Monte-Carlo psi statistics map-reduced over row chunks
                 local = {"X": state[0], "log_S": state[2], "eps": jnp.transpose(eps, (1, 0, 2))}
                 f, g_lo, g_gl = runner.value_and_grad(local, {"Z": Z, "hyp": state[1]})
-                grads = (jnp.asarray(g_lo["X"]), jnp.asarray(g_gl["hyp"]), jnp.asarray(g_lo["log_S"]))
+                grads = (jnp.asarray(g_lo["X"]), jnp.asarray(g_gl["hyp"]) * hmask, jnp.asarray(g_lo["log_S"]))
                 state = _apply_updates_jit(
                     state, grads, float(it), upd_S, lr, hlr, scale, variant=variant, use_radam=use_radam
                 )
@@ -414,6 +535,7 @@ class HyperboloidGPLVM:
                     lr,
                     hlr,
                     scale,
+                    hmask,
                     variant=variant,
                     use_radam=use_radam,
                 )
