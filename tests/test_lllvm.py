@@ -563,3 +563,35 @@ def test_gaussian_bound_monotone_and_bad_solver(roll300):
         LLLVM(likelihood="student").fit(Y)
     with pytest.raises(NotImplementedError):
         m.transform(Y[:3])
+
+
+def test_quadratic_likelihood_is_the_gaussian_minus_a_graph_dependent_deficit():
+    """For point masses x, C the quadratic (paper 000) log-likelihood is the normalised Gaussian one
+    minus (f - e' Sigma_y e) / 2 >= 0 (the term dropped when completing the square, eqs. 24-31): its
+    density integrates to exp(-(f - e' Sigma_y e) / 2) < 1, by an amount that depends on the graph,
+    so the quadratic bound is not a bound on a normalised evidence and cannot rank graphs fairly."""
+    Y, Wd = _tiny()
+    rng = np.random.default_rng(5)
+    th = ll.Theta(alpha=0.7, beta=1.3, gamma=0.9, eps_c=1e-3, eps_y=0.05)
+    x = rng.normal(size=(N6, Q2))
+    C = rng.normal(size=(N6, D3, Q2))
+    nQ, E = N6 * Q2, int(Wd.sum() // 2)
+    qx = ll.QX(x, np.zeros((N6, Q2, Q2)), np.zeros((E, Q2, Q2)), 0.0, full=np.zeros((nQ, nQ)))
+    qc = ll.QC(C, np.zeros((N6, Q2, Q2)), np.zeros((E, Q2, Q2)), 0.0, full=np.zeros((nQ, nQ)))
+    lik = {}
+    for name in ("quadratic", "gaussian"):
+        g = ll.prepare_graph(sp.csr_matrix(Wd), "dense", likelihood=name)
+        lik[name] = ll.elbo(Y, g, qx, qc, th, terms=True)[1][0]
+    L = np.diag(Wd.sum(1)) - Wd
+    Lt = np.linalg.inv(th.eps_y * np.eye(N6) + 2 * th.gamma * L)
+    e = th.gamma * _e_tilde(Wd, x, C)
+    f = th.gamma * sum(np.sum((C[i] @ (x[j] - x[i])) ** 2) for i in range(N6) for j in range(N6) if Wd[i, j])
+    deficit = f - np.sum(e * (Lt @ e))
+    assert deficit > 0
+    assert lik["quadratic"] == pytest.approx(lik["gaussian"] - 0.5 * deficit, rel=1e-10)
+    # the Gaussian one is the exact log density: compare with scipy at the same point masses
+    from scipy.stats import multivariate_normal
+
+    cov = np.kron(Lt, np.eye(D3))
+    ref = multivariate_normal(cov @ e.ravel(), cov).logpdf(Y.ravel())
+    assert lik["gaussian"] == pytest.approx(ref, rel=1e-10)
