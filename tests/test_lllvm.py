@@ -595,3 +595,16 @@ def test_quadratic_likelihood_is_the_gaussian_minus_a_graph_dependent_deficit():
     cov = np.kron(Lt, np.eye(D3))
     ref = multivariate_normal(cov @ e.ravel(), cov).logpdf(Y.ravel())
     assert lik["gaussian"] == pytest.approx(ref, rel=1e-10)
+
+
+def test_fixed_alpha_is_kept_and_the_bound_stays_monotone():
+    Y, _, _ = lllvm_swiss_roll(120, 3)
+    idx, _ = knn(Y, 6)
+    m = LLLVM(n_neighbors=6, alpha=0.05, max_iter=12, tol=0, random_state=0).fit(Y, idx)
+    assert m.alpha_ == 0.05
+    assert np.all(np.diff(m.elbo_trace_) >= -1e-9 * np.abs(m.elbo_trace_[1:]))
+    learned = LLLVM(n_neighbors=6, max_iter=12, tol=0, random_state=0).fit(Y, idx)
+    assert learned.alpha_ != pytest.approx(0.05, rel=1e-3)
+    assert LLLVM(**m.get_params()).get_params()["alpha"] == 0.05
+    with pytest.raises(ValueError, match="alpha"):
+        LLLVM(alpha=-1.0).fit(Y)

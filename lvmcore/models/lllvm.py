@@ -852,6 +852,13 @@ class LLLVM:
     init : "random_c" (q(C) means N(0, 1), covariance I: the authors' start), "random_x" (latent means
         N(0, 1)) or "spectral" (Laplacian eigenmaps plus 1e-3 noise)
     random_state : seed of the random start
+    likelihood : "quadratic" (paper 000 appendix B/C: the quadratic form of eq. 24 with f of eq. 28 and
+        the normaliser of eq. 31; sparse precisions, both solvers) or "gaussian" (the normalised
+        N(y | Sigma_y e, Sigma_y) of paper 003 eq. 5 and of the authors' code; its precisions are
+        dense, so the dense solver only; no ``transform``). The quadratic density integrates to
+        exp(-(f - e' Sigma_y e) / 2) < 1, a graph-dependent deficit, so only the gaussian bound is a
+        bound on a normalised evidence (compare graphs with it).
+    alpha : None (learned in the M-step, the default) or a fixed value (the authors' code fixes 1e-3)
     """
 
     def __init__(
@@ -869,6 +876,7 @@ class LLLVM:
         init: str = "random_c",
         random_state=None,
         likelihood: str = "quadratic",
+        alpha: float | None = None,
     ):
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -882,6 +890,7 @@ class LLLVM:
         self.init = init
         self.random_state = random_state
         self.likelihood = likelihood
+        self.alpha = alpha
 
     def get_params(self) -> dict:
         keys = (
@@ -894,7 +903,7 @@ class LLLVM:
             "epsilon_y",
             "standardize",
         )
-        return {k: getattr(self, k) for k in keys + ("random_state", "init", "likelihood")}
+        return {k: getattr(self, k) for k in keys + ("random_state", "init", "likelihood", "alpha")}
 
     # ------------------------------------------------------------------ checks
     def _check_params(self, n, D):
@@ -908,6 +917,8 @@ class LLLVM:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
         if self.likelihood not in _LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {self.likelihood!r}")
+        if self.alpha is not None and not (np.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"alpha must be None (learned) or a positive finite number, got {self.alpha!r}")
         if self.likelihood == "gaussian" and self.solver == "sparse":
             raise ValueError("likelihood='gaussian' has dense precisions: use solver='dense' or 'auto'")
         for name in ("epsilon_c", "epsilon_y"):
@@ -996,6 +1007,8 @@ class LLLVM:
             init=self.init,
             random_state=self.random_state,
             likelihood=self.likelihood,
+            alpha0=1e-3 if self.alpha is None else float(self.alpha),
+            learn_alpha=self.alpha is None,
         )
         self.Y_train_ = Y
         self.adjacency_ = W
