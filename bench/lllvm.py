@@ -42,34 +42,44 @@ def per_iteration(Y, W, solver: str, iters: int) -> tuple[float, float]:
     return setup, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
-def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic"):
+def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alpha=None):
     """Mean (sd) final bound over seeds for each k on the authors' roll, n = 400 (paper 003)."""
     from lvmcore.models import LLLVM
 
     Y, _, _ = lllvm_swiss_roll(400, 0)
     print(
         f"k choice, authors' roll n = 400, {iters} iterations, seeds 0..{seeds - 1}, "
-        f"likelihood = {likelihood} (k excludes the point: the authors' k is ours + 1)"
+        f"likelihood = {likelihood}, alpha = {alpha or 'learned'} "
+        "(k excludes the point: the authors' k is ours + 1)"
     )
     solver = "dense" if likelihood == "gaussian" else "auto"
     out = {}
     for k in ks:
         idx, _ = knn(Y, k)
         b = [
-            LLLVM(n_neighbors=k, max_iter=iters, tol=0, random_state=s, likelihood=likelihood, solver=solver)
-            .fit(Y, idx)
-            .elbo_
+            LLLVM(
+                n_neighbors=k,
+                max_iter=iters,
+                tol=0,
+                random_state=s,
+                likelihood=likelihood,
+                solver=solver,
+                alpha=alpha,
+            ).fit(Y, idx)
             for s in range(seeds)
         ]
+        al = [f.alpha_ for f in b]
+        b = [f.elbo_ for f in b]
         out[k] = (float(np.mean(b)), float(np.std(b)), float(np.max(b)))
         print(
-            f"k = {k:>2}: mean bound {out[k][0]:10.2f}  sd {out[k][1]:7.2f}  best {out[k][2]:10.2f}",
+            f"k = {k:>2}: mean bound {out[k][0]:10.2f}  sd {out[k][1]:7.2f}  best {out[k][2]:10.2f}  "
+            f"alpha median {np.median(al):.3g} max {np.max(al):.3g}",
             flush=True,
         )
     return out
 
 
-def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihood="quadratic"):
+def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihood="quadratic", alpha=None):
     """Bound over k on digits 0-4 (120 per class), 5-fold 1-NN error of the 2-D embedding (posterior
     mean of x of the seed with the highest bound) at every k and at the best k by the mean bound,
     against scikit-learn's Isomap and LLE at the same k. 30 EM iterations as in the authors' USPS
@@ -92,7 +102,7 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
 
     print(
         f"digits 0-4, 120 each (n = {len(Y)}), {iters} iterations, seeds 0..{seeds - 1}, "
-        f"likelihood = {likelihood} (k excludes the point)"
+        f"likelihood = {likelihood}, alpha = {alpha or 'learned'} (k excludes the point)"
     )
     print(
         f"{'k':>4} {'mean bound':>12} {'best bound':>12} {'alpha':>9} {'gamma':>8} {'LL-LVM err':>11} "
@@ -103,7 +113,13 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
         idx, _ = knn(Y, k)
         fits = [
             LLLVM(
-                n_neighbors=k, max_iter=iters, tol=0, random_state=s, likelihood=likelihood, solver="dense"
+                n_neighbors=k,
+                max_iter=iters,
+                tol=0,
+                random_state=s,
+                likelihood=likelihood,
+                solver="dense",
+                alpha=alpha,
             ).fit(Y, idx)
             for s in range(seeds)
         ]
@@ -124,7 +140,7 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
     return rows
 
 
-def study_short(iters=50, likelihood="quadratic", seeds=3):
+def study_short(iters=50, likelihood="quadratic", seeds=3, alpha=None):
     """Short-circuit experiment (paper 003 fig. 4): bound with and without one wrong edge."""
     from lvmcore.models import LLLVM
 
@@ -138,9 +154,8 @@ def study_short(iters=50, likelihood="quadratic", seeds=3):
         Ws[a, b] = Ws[b, a] = 1.0
         solver = "dense" if likelihood == "gaussian" else "auto"
         for s in range(seeds):
-            kw = dict(
-                n_neighbors=k, max_iter=iters, tol=0, random_state=s, likelihood=likelihood, solver=solver
-            )
+            kw = dict(n_neighbors=k, max_iter=iters, tol=0, random_state=s)
+            kw.update(likelihood=likelihood, solver=solver, alpha=alpha)
             g = LLLVM(**kw).fit(Y, W).elbo_
             w = LLLVM(**kw).fit(Y, Ws.tocsr()).elbo_
             print(
@@ -158,9 +173,10 @@ def main(argv=None):
     ap.add_argument("--study", choices=["roll", "digits", "short"], default=None)
     ap.add_argument("--likelihood", choices=["quadratic", "gaussian"], default="quadratic")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per k in the studies")
+    ap.add_argument("--alpha", type=float, default=None, help="fixed alpha in the studies (default: learned)")
     args = ap.parse_args(argv)
     if args.study:
-        kw = {"likelihood": args.likelihood}
+        kw = {"likelihood": args.likelihood, "alpha": args.alpha}
         if args.seeds:
             kw["seeds"] = args.seeds
         return {"roll": study_roll, "digits": study_digits, "short": study_short}[args.study](**kw)
