@@ -42,14 +42,14 @@ def per_iteration(Y, W, solver: str, iters: int) -> tuple[float, float]:
     return setup, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
-def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alpha=None):
+def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alpha=None, beta=None):
     """Mean (sd) final bound over seeds for each k on the authors' roll, n = 400 (paper 003)."""
     from lvmcore.models import LLLVM
 
     Y, _, _ = lllvm_swiss_roll(400, 0)
     print(
         f"k choice, authors' roll n = 400, {iters} iterations, seeds 0..{seeds - 1}, "
-        f"likelihood = {likelihood}, alpha = {alpha or 'learned'} "
+        f"likelihood = {likelihood}, alpha = {alpha or 'learned'}, beta = {beta or 'learned'} "
         "(k excludes the point: the authors' k is ours + 1)"
     )
     solver = "dense" if likelihood == "gaussian" else "auto"
@@ -65,6 +65,7 @@ def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alph
                 likelihood=likelihood,
                 solver=solver,
                 alpha=alpha,
+                beta=beta,
             ).fit(Y, idx)
             for s in range(seeds)
         ]
@@ -79,7 +80,9 @@ def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alph
     return out
 
 
-def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihood="quadratic", alpha=None):
+def study_digits(
+    ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihood="quadratic", alpha=None, beta=None
+):
     """Bound over k on digits 0-4 (120 per class), 5-fold 1-NN error of the 2-D embedding (posterior
     mean of x of the seed with the highest bound) at every k and at the best k by the mean bound,
     against scikit-learn's Isomap and LLE at the same k. 30 EM iterations as in the authors' USPS
@@ -102,7 +105,8 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
 
     print(
         f"digits 0-4, 120 each (n = {len(Y)}), {iters} iterations, seeds 0..{seeds - 1}, "
-        f"likelihood = {likelihood}, alpha = {alpha or 'learned'} (k excludes the point)"
+        f"likelihood = {likelihood}, alpha = {alpha or 'learned'}, beta = {beta or 'learned'} "
+        "(k excludes the point)"
     )
     print(
         f"{'k':>4} {'mean bound':>12} {'best bound':>12} {'alpha':>9} {'gamma':>8} {'LL-LVM err':>11} "
@@ -120,6 +124,7 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
                 likelihood=likelihood,
                 solver="dense",
                 alpha=alpha,
+                beta=beta,
             ).fit(Y, idx)
             for s in range(seeds)
         ]
@@ -140,7 +145,7 @@ def study_digits(ks=(4, 5, 7, 10, 20, 40, 80, 150), seeds=2, iters=30, likelihoo
     return rows
 
 
-def study_short(iters=50, likelihood="quadratic", seeds=3, alpha=None):
+def study_short(iters=50, likelihood="quadratic", seeds=3, alpha=None, beta=None):
     """Short-circuit experiment (paper 003 fig. 4): bound with and without one wrong edge."""
     from lvmcore.models import LLLVM
 
@@ -155,7 +160,7 @@ def study_short(iters=50, likelihood="quadratic", seeds=3, alpha=None):
         solver = "dense" if likelihood == "gaussian" else "auto"
         for s in range(seeds):
             kw = dict(n_neighbors=k, max_iter=iters, tol=0, random_state=s)
-            kw.update(likelihood=likelihood, solver=solver, alpha=alpha)
+            kw.update(likelihood=likelihood, solver=solver, alpha=alpha, beta=beta)
             g = LLLVM(**kw).fit(Y, W).elbo_
             w = LLLVM(**kw).fit(Y, Ws.tocsr()).elbo_
             print(
@@ -174,9 +179,10 @@ def main(argv=None):
     ap.add_argument("--likelihood", choices=["quadratic", "gaussian"], default="quadratic")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per k in the studies")
     ap.add_argument("--alpha", type=float, default=None, help="fixed alpha in the studies (default: learned)")
+    ap.add_argument("--beta", type=float, default=None, help="fixed beta in the studies (default: learned)")
     args = ap.parse_args(argv)
     if args.study:
-        kw = {"likelihood": args.likelihood, "alpha": args.alpha}
+        kw = {"likelihood": args.likelihood, "alpha": args.alpha, "beta": args.beta}
         if args.seeds:
             kw["seeds"] = args.seeds
         return {"roll": study_roll, "digits": study_digits, "short": study_short}[args.study](**kw)

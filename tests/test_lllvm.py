@@ -597,7 +597,7 @@ def test_quadratic_likelihood_is_the_gaussian_minus_a_graph_dependent_deficit():
     assert lik["gaussian"] == pytest.approx(ref, rel=1e-10)
 
 
-def test_fixed_alpha_is_kept_and_the_bound_stays_monotone():
+def test_fixed_alpha_and_beta_are_kept_and_the_bound_stays_monotone():
     Y, _, _ = lllvm_swiss_roll(120, 3)
     idx, _ = knn(Y, 6)
     m = LLLVM(n_neighbors=6, alpha=0.05, max_iter=12, tol=0, random_state=0).fit(Y, idx)
@@ -608,3 +608,9 @@ def test_fixed_alpha_is_kept_and_the_bound_stays_monotone():
     assert LLLVM(**m.get_params()).get_params()["alpha"] == 0.05
     with pytest.raises(ValueError, match="alpha"):
         LLLVM(alpha=-1.0).fit(Y)
+    mb = LLLVM(n_neighbors=6, alpha=1e-3, beta=1.0, max_iter=12, tol=0, random_state=0).fit(Y, idx)
+    assert mb.beta_ == 1.0 and mb.alpha_ == 1e-3
+    assert np.all(np.diff(mb.elbo_trace_) >= -1e-9 * np.abs(mb.elbo_trace_[1:]))
+    assert learned.beta_ != pytest.approx(1.0, rel=1e-3)
+    with pytest.raises(ValueError, match="beta"):
+        LLLVM(beta=0.0).fit(Y)

@@ -702,6 +702,7 @@ def lllvm_fit(
     gamma0: float = 1.0,
     init: str = "random_c",
     learn_alpha: bool = True,
+    learn_beta: bool = True,
     chunks: int | None = None,
     random_state=None,
     callback=None,
@@ -750,7 +751,8 @@ def lllvm_fit(
         qx = update_qx(Y, g, qc, th, ctx)
         qc = update_qc(Y, g, qx, th, ctx)
         th.gamma = update_gamma(Y, g, qx, qc, th)
-        th.beta = update_beta(g, qc, th)
+        if learn_beta:
+            th.beta = update_beta(g, qc, th)
         if learn_alpha:
             th.alpha = update_alpha(g, qx)
         F = elbo(Y, g, qx, qc, th)
@@ -859,6 +861,8 @@ class LLLVM:
         exp(-(f - e' Sigma_y e) / 2) < 1, a graph-dependent deficit, so only the gaussian bound is a
         bound on a normalised evidence (compare graphs with it).
     alpha : None (learned in the M-step, the default) or a fixed value (the authors' code fixes 1e-3)
+    beta : None (learned, the default) or a fixed value (paper 003 and the authors' code have no beta:
+        U = I, i.e. beta = 1)
     """
 
     def __init__(
@@ -877,6 +881,7 @@ class LLLVM:
         random_state=None,
         likelihood: str = "quadratic",
         alpha: float | None = None,
+        beta: float | None = None,
     ):
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -891,6 +896,7 @@ class LLLVM:
         self.random_state = random_state
         self.likelihood = likelihood
         self.alpha = alpha
+        self.beta = beta
 
     def get_params(self) -> dict:
         keys = (
@@ -903,7 +909,7 @@ class LLLVM:
             "epsilon_y",
             "standardize",
         )
-        return {k: getattr(self, k) for k in keys + ("random_state", "init", "likelihood", "alpha")}
+        return {k: getattr(self, k) for k in keys + ("random_state", "init", "likelihood", "alpha", "beta")}
 
     # ------------------------------------------------------------------ checks
     def _check_params(self, n, D):
@@ -917,8 +923,10 @@ class LLLVM:
             raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
         if self.likelihood not in _LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {self.likelihood!r}")
-        if self.alpha is not None and not (np.isfinite(self.alpha) and self.alpha > 0):
-            raise ValueError(f"alpha must be None (learned) or a positive finite number, got {self.alpha!r}")
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be None (learned) or a positive finite number, got {v!r}")
         if self.likelihood == "gaussian" and self.solver == "sparse":
             raise ValueError("likelihood='gaussian' has dense precisions: use solver='dense' or 'auto'")
         for name in ("epsilon_c", "epsilon_y"):
@@ -1009,6 +1017,8 @@ class LLLVM:
             likelihood=self.likelihood,
             alpha0=1e-3 if self.alpha is None else float(self.alpha),
             learn_alpha=self.alpha is None,
+            beta0=1.0 if self.beta is None else float(self.beta),
+            learn_beta=self.beta is None,
         )
         self.Y_train_ = Y
         self.adjacency_ = W
