@@ -56,8 +56,8 @@ of reverse mode's stored exponentials and elementwise chains (the pair-level fac
 
 Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable in
 reverse mode (``jax.vjp`` / ``jax.grad``; :func:`rbf_psi` has no forward-mode rule, so no
-``jax.jvp`` / ``jax.jacfwd`` / Hessians through it); the public functions are wrapped in ``jax.jit`` (``block_size`` of
-:func:`rbf_psi` is a static argument).
+``jax.jvp`` / ``jax.jacfwd`` / Hessians through it); the public functions are wrapped in
+``jax.jit`` (``block_size`` of :func:`rbf_psi` is a static argument).
 """
 
 from __future__ import annotations
