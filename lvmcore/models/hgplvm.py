@@ -5,8 +5,8 @@ Objectives (section 2.1, eqs. 4-6), maximised:
 
 * ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)          (eq. 4);
                 value and gradients by hand (:func:`point_value_and_grad`): one Cholesky and the
-                inverse from it (host LAPACK dpotrf + dpotri) per step, the kernel gradient as two
-                N x N x (Q+1) contractions; beta is by default fixed at the Q-dimensional PPCA
+                inverse from it (host LAPACK dpotrf + dpotri) per step, the latent gradient as one
+                (N x N) @ (N x (Q+1)) product; beta is by default fixed at the Q-dimensional PPCA
                 noise level (``noise``), since a learned beta grows without settling (see below).
 * ``sparse``:   collapsed Titsias bound (eq. 5); the inducing inputs Z are copies (no gradient) of an
                 active set of latent points re-drawn every ``resample_every`` iterations (sec. 3.2).
@@ -15,20 +15,21 @@ Objectives (section 2.1, eqs. 4-6), maximised:
                 :mod:`lvmcore.psi.monte_carlo`); Z is an active set of the means.
 
 Latent points (or means) are updated by Riemannian gradient steps (Algorithm 1): Euclidean (ambient)
-gradient by jax autodiff, time coordinate negated, projected to the tangent space, step by the
-exponential map.  ``optimizer="radam"`` is Riemannian Adam (Becigneul & Ganea, 2019) with the first
-moments carried along by parallel transport.  kappa is fixed; log sigma, log beta (and log S) are
-updated with Euclidean Adam.  For RSGD the step uses the gradient of objective / (N D), so the
-learning rate does not depend on the data size.
+gradient (by hand for ``point``, jax autodiff otherwise), time coordinate negated, projected to the
+tangent space, step by the exponential map. ``optimizer="radam"`` is Riemannian Adam (Becigneul &
+Ganea, 2019) with the first moments carried along by parallel transport. kappa is fixed; log sigma,
+log beta (and log S) are updated with Euclidean Adam. For RSGD the step uses the gradient of
+objective / (N D), so the learning rate does not depend on the data size.
 
-Noise of the point variant.  On the paper's binary trees (section 5.1) a learned beta kept growing
-(noise variance 1e-5 of the data's after 500 iterations, depth 4): the latent points spread to
-interpolate the samples' within-node jitter and the hierarchy's distances degrade (Pearson score of
-the tree falls below 2-D PCA's).  The authors' code stops such runs early (at -log-likelihood < 100,
-with clipped steps of the noise variance from 1.0), which is an implicit noise level.  Here the level
-is explicit: beta = 1 / (mean of the D - Q smallest covariance eigenvalues), the maximum-likelihood
-noise of Q-dimensional probabilistic PCA (Tipping & Bishop 1999), i.e. of the GP-LVM with a linear
-kernel (Lawrence 2005), which the point variant extends; ``noise="learn"`` restores the free beta.
+Noise of the point variant. On the paper's binary trees (section 5.1) a learned beta kept growing
+(depth 4: 7.5e3 after 500 iterations, noise 0.16% of the data's variance, still rising): the latent
+points spread to interpolate the samples' within-node jitter and the hierarchy's distances degrade
+(the tree's Pearson score falls below 2-D PCA's; bench/README.md "hgplvm_tree"). The authors' code
+stops such runs early (at -log-likelihood < 100, with clipped steps of the noise variance from 1.0),
+which is an implicit noise level. Here the level is explicit: beta = 1 / (mean of the D - Q smallest
+covariance eigenvalues), the maximum-likelihood noise of Q-dimensional probabilistic PCA (Tipping &
+Bishop 1999), i.e. of the GP-LVM with a linear kernel (Lawrence 2005), which the point variant
+extends; ``noise="learn"`` restores the free beta.
 """
 
 from __future__ import annotations
@@ -367,9 +368,9 @@ class HyperboloidGPLVM:
     noise : "auto" (default: "ppca" for ``point``, "learn" otherwise), "learn" (log beta by Adam from
         beta = 100 / var(Y)), "ppca" (beta fixed at 1 / the maximum-likelihood noise variance of
         Q-dimensional probabilistic PCA, :func:`ppca_noise_variance`) or a positive number (fixed
-        noise variance 1 / beta).  With a learned beta the exact point objective (eq. 4) has no
-        finite optimum on data such as the binary trees: the latent points spread to interpolate
-        the within-node jitter and beta grows without bound; the PPCA level keeps the residual
+        noise variance 1 / beta).  With a learned beta the exact point objective (eq. 4) kept
+        rising with beta on the binary trees (the latent points spread to interpolate the
+        within-node jitter, beta still growing after 500 iterations); the PPCA level keeps the residual
         that a Q-dimensional linear-Gaussian model (dual PPCA, the GP-LVM's linear-kernel case)
         assigns to noise.
     random_state : int seed (active set draws, MC samples, random init).
