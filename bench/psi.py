@@ -25,16 +25,6 @@ def problem(N, M, Q, D, seed=0):
     return Y, rng.standard_normal((N, Q)), rng.uniform(0.1, 0.5, (N, Q)), rng.standard_normal((M, Q))
 
 
-def best_of(f, repeats):
-    f()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
-
-
 def best_of_interleaved(fs, repeats):
     """Best wall time of each function in ``fs``, their timed calls alternating (after one warm-up
     call each), so that a change in the machine's load during the run hits all of them alike."""
