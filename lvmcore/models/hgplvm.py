@@ -377,7 +377,7 @@ class HyperboloidGPLVM:
 
     Attributes after fit: ``lorentz_embedding_`` (N, Q+1), ``embedding_`` (N, Q) Poincare ball,
     ``variance_`` (N, Q) (bayesian), ``sigma_``, ``beta_``, ``elbo_``, ``elbo_trace_``, ``n_iter_``,
-    ``inducing_`` (M, Q+1), ``fit_time_``.
+    ``inducing_`` (M, Q+1), ``fit_time_``, ``noise_fixed_`` (True when beta was held fixed).
     """
 
     def __init__(
