@@ -23,11 +23,10 @@ process), as :class:`JitStats` provides.
 
 from __future__ import annotations
 
-import ctypes
-import os
-
 import jax
 import numpy as np
+
+from lvmcore.heap import keep_heap
 
 jax.config.update("jax_enable_x64", True)
 
@@ -74,37 +73,13 @@ class JitStats:
         return _to_np(self._compiled()[2](local, glob, data, cot))
 
 
-_heap_kept = False
-
-
-def _keep_heap():
-    """Once per worker process: raise glibc's mmap and trim thresholds if the process was started
-    with ``MALLOC_TRIM_THRESHOLD_`` set (Dask's nanny sets 65536 for its workers). Setting it fixes
-    the mmap threshold at 128 KiB, so every buffer of each XLA execution above that is mapped and
-    unmapped per call and page-faulted on every first touch: measured 3-4x slower forward and
-    backward passes of the psi statistics in a worker than in process (25,000 rows, M = 50).
-    32 MiB / 128 MiB restore the in-process speed; memory is still returned above them."""
-    global _heap_kept
-    if _heap_kept:
-        return
-    _heap_kept = True
-    if os.environ.get("MALLOC_TRIM_THRESHOLD_") is None:
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 def _forward(stats_fn, local, glob, data):
-    _keep_heap()
+    keep_heap()
     return stats_fn.forward(local, glob, data)
 
 
 def _backward(stats_fn, local, glob, data, cot):
-    _keep_heap()
+    keep_heap()
     return stats_fn.backward(local, glob, data, cot)
 
 
