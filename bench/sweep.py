@@ -7,7 +7,7 @@
 Prints the overhead per grid point, (2 * T_flow - T_loop) / 48 worker-seconds, and the speed-up
 T_loop / T_flow. Targets: overhead < 0.5 s per grid point, speed-up >= 1.6x on 2 cores.
 
-    .venv/bin/python bench/sweep.py [--model glle_em] [--n 1000]
+    .venv/bin/python bench/sweep.py [--models glle_em,lllvm,ppca] [--n 1000]
 """
 
 from __future__ import annotations
@@ -28,73 +28,85 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="glle_em")
-    ap.add_argument("--n", type=int, default=1000)
-    a = ap.parse_args()
+def grid_for(spec) -> dict:
+    if "k" in spec.dims:
+        return {"k": [6, 7, 8, 9, 10, 12], "latent_dim": [1, 2], "seed": [0, 1, 2, 3]}
+    if "kappa" in spec.dims:
+        return {"kappa": [10.0, 30.0, 100.0], "latent_dim": [1, 2], "seed": list(range(8))}
+    return {"latent_dim": [1, 2], "seed": list(range(24))}
 
-    from flows.server import local_server
-    from flows.sweep import embed_sweep, input_paths
+
+def run_loop(model, dataset, grid, tmp) -> tuple[float, int]:
+    """(a) the anchor: ingest, kNN, then fit + evaluate of every grid point as plain calls."""
+    from flows.sweep import input_paths
     from tasks.evaluate import evaluate_point
     from tasks.fit import fit_point
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph
     from tasks.registry import MODELS, grid_points
 
-    spec = MODELS[a.model]
-    if "k" in spec.dims:
-        grid = {"k": [6, 7, 8, 9, 10, 12], "latent_dim": [1, 2], "seed": [0, 1, 2, 3]}
-    elif "kappa" in spec.dims:
-        grid = {"kappa": [10.0, 30.0, 100.0], "latent_dim": [1, 2], "seed": list(range(8))}
-    else:
-        grid = {"latent_dim": [1, 2], "seed": list(range(24))}
-    dataset = {"name": "swiss_roll", "n": a.n, "seed": 0}
-    points = list(grid_points(spec, grid))
-    assert len(points) == 48, len(points)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-
-    # (a) the anchor: plain calls in one process
-    data_path, graph_path = input_paths(str(tmp / "loop.zarr"))
+    spec = MODELS[model]
+    data_path, graph_path = input_paths(str(tmp / f"loop-{model}.zarr"))
     Path(data_path).parent.mkdir(parents=True)
     t0 = time.perf_counter()
     ingest_dataset(dataset, data_path)
     gp = build_graph(data_path, max(grid.get("k", [0])), graph_path) if "k" in spec.dims else None
     failed = 0
-    for idx, point in points:
-        r = evaluate_point(fit_point(a.model, {}, data_path, gp, idx, point), data_path)
+    for idx, point in grid_points(spec, grid):
+        r = evaluate_point(fit_point(model, {}, data_path, gp, idx, point), data_path)
         failed += r.status != "done"
-    t_loop = time.perf_counter() - t0
+    return time.perf_counter() - t0, failed
 
-    # (b) the flow on a 2-process LocalCluster
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="glle_em,lllvm", help="comma-separated model keys")
+    ap.add_argument("--n", type=int, default=1000)
+    a = ap.parse_args()
+
+    from flows.server import local_server
+    from flows.sweep import embed_sweep
+    from tasks.registry import MODELS, grid_points
+
+    dataset = {"name": "swiss_roll", "n": a.n, "seed": 0}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    rows = []
     with local_server(tmp / "server.log"):
         embed_sweep(
             dataset=dataset,
-            models=[a.model],
-            grid=grid,
+            models=["ppca"],
+            grid={"latent_dim": [2], "seed": [0]},
             store=str(tmp / "warm.zarr"),
             report=False,
             n_generations=0,
-        )  # warm-up: server and imports, not timed
-        t0 = time.perf_counter()
-        res = embed_sweep(
-            dataset=dataset,
-            models=[a.model],
-            grid=grid,
-            store=str(tmp / "flow.zarr"),
-            report=False,
-            n_generations=0,
-            cluster={"type": "local", "n_workers": 2},
+        )  # warm-up: server, imports and caches, not timed
+        for model in a.models.split(","):
+            grid = grid_for(MODELS[model])
+            n = len(list(grid_points(MODELS[model], grid)))
+            assert n == 48, n
+            t_loop, failed = run_loop(model, dataset, grid, tmp)
+            # (b) the flow on a 2-process LocalCluster (started and stopped inside the timing)
+            t0 = time.perf_counter()
+            res = embed_sweep(
+                dataset=dataset,
+                models=[model],
+                grid=grid,
+                store=str(tmp / f"flow-{model}.zarr"),
+                report=False,
+                n_generations=0,
+                cluster={"type": "local", "n_workers": 2},
+            )
+            t_flow = time.perf_counter() - t0
+            rows.append((model, n, t_loop, t_flow, failed, res["failed"]))
+            print(f"{model}: loop {t_loop:.1f} s, flow {t_flow:.1f} s", flush=True)
+    print(f"\nSwiss roll n = {a.n}, 48 grid points per model; flow on a 2-process LocalCluster")
+    print("model          T_loop   per point   T_flow   overhead/point   speed-up   failed (loop/flow)")
+    for model, n, t_loop, t_flow, f1, f2 in rows:
+        print(
+            f"{model:12s} {t_loop:8.1f} s {t_loop / n:8.3f} s {t_flow:7.1f} s "
+            f"{(2 * t_flow - t_loop) / n:12.3f} s {t_loop / t_flow:9.2f}x   {f1}/{f2}"
         )
-        t_flow = time.perf_counter() - t0
-    n = len(points)
-    print(
-        f"model {a.model}, {n} grid points, Swiss roll n = {a.n}; failed: loop {failed}, flow {res['failed']}"
-    )
-    print(f"(a) plain loop, 1 process          : {t_loop:8.2f} s  ({t_loop / n:.3f} s per grid point)")
-    print(f"(b) flow, 2-process LocalCluster   : {t_flow:8.2f} s")
-    print(f"overhead per grid point (2*T_flow - T_loop)/n: {(2 * t_flow - t_loop) / n:.3f} s  (target < 0.5)")
-    print(f"speed-up T_loop / T_flow: {t_loop / t_flow:.2f}x  (target >= 1.6x)")
+    print("targets: overhead (2*T_flow - T_loop)/48 < 0.5 s per grid point; speed-up T_loop/T_flow >= 1.6x")
 
 
 if __name__ == "__main__":
