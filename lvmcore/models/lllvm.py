@@ -1,5 +1,5 @@
 """LL-LVM: the locally linear latent variable model (paper 000, appendices B and C) fitted by
-variational EM with learned alpha, beta, gamma.
+variational EM with learned (or fixed) alpha, beta and learned gamma.
 
 Model (N points y_i in R^D, latent x_i in R^Q, local maps C_i in R^{D x Q}, symmetric 0/1 graph
 eta with Laplacian L):
@@ -12,7 +12,14 @@ eta with Laplacian L):
                     + D/2 log|eps_y I + 2 gamma L|,
   S = sum_i sum_j eta_ij |(y_j - y_i) - C_i (x_j - x_i)|^2.
   (As in the paper this is the quadratic form of eq. 24 with f of eq. 28, not e' Sigma_y e; it is
-  what makes the E-steps of eqs. 50-57 and 64-71 exact coordinate ascent of the bound.)
+  what makes the E-steps of eqs. 50-57 and 64-71 exact coordinate ascent of the bound. This
+  density is not normalised in y: it integrates to exp(-(f - e' Sigma_y e) / 2) < 1, a deficit
+  that depends on x, C and the graph.)
+* ``likelihood="gaussian"``: the normalised N(y | Sigma_y e, Sigma_y), Sigma_y^{-1} =
+  (eps_y I + 2 gamma L) kron I_D, e_i = gamma sum_j eta_ij (C_i + C_j)(x_i - x_j) (paper 003 eq. 5,
+  and what the authors' code computes): the quadratic forms in x and in C become
+  gamma^2 <e~' (Lt kron I) e~> with the dense Lt = (eps_y I + 2 gamma L)^{-1}, so q(x) and q(C) have
+  dense precisions (dense solver only); see the "gaussian likelihood" section below.
 
 Variational posterior q(x) q(C), q(x) = N(mu_x, Sigma_x), q(C) = MN(mu_C, I_D, Sigma_C) (every
 row of C shares the covariance Sigma_C, so <C_i^T C_i> = D Sigma_C^(ii) + <C_i>^T <C_i>; the paper's
