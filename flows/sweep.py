@@ -17,7 +17,7 @@ from flows.cluster import normalise_cluster, start_cluster
 from lvmcore.data import load
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
-from tasks.point import batch_size, grid_points_task
+from tasks.point import batch_size, batches, grid_points_task
 from tasks.registry import ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
 from tasks.report import report_task
 from tasks.store import (
@@ -193,8 +193,7 @@ def sweep_grid(
     size = batch_size(len(todo), n_workers, points_per_task)
     for s in specs:
         mine = [(idx, point) for spec, idx, point in todo if spec is s]
-        for b in range(0, len(mine), size):
-            items = mine[b : b + size]
+        for items in batches(mine, size):
             fut = grid_points_task.submit(
                 s.key,
                 _options_for(s, plan["options"]),

@@ -192,3 +192,18 @@ def test_cli_datasets_lists_every_generator(capsys):
     out = capsys.readouterr().out
     for name in ("swiss_roll", "binary_tree", "mrd_toy", "digits", "severed_bowl"):
         assert name in out
+
+
+def test_batches_deal_grid_points_round_robin():
+    from tasks.point import batch_size, batches
+
+    items = list(range(48))
+    out = batches(items, 6)
+    assert len(out) == 8 and all(len(b) == 6 for b in out)
+    assert sorted(x for b in out for x in b) == items  # every point exactly once
+    assert out[0] == [0, 8, 16, 24, 32, 40]  # each batch spans the whole grid order
+    assert [len(b) for b in batches(list(range(7)), 3)] == [3, 2, 2]
+    assert batches([], 4) == []
+    assert batch_size(48, 2) == 6 and batch_size(5, 2) == 1 and batch_size(1000, 2) == 8
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        batches(items, 0)
