@@ -194,16 +194,19 @@ def test_cli_datasets_lists_every_generator(capsys):
         assert name in out
 
 
-def test_batches_deal_grid_points_round_robin():
+def test_batches_mix_the_grid():
     from tasks.point import batch_size, batches
 
-    items = list(range(48))
+    items = list(range(48))  # a (k: 6, latent_dim: 2, seed: 4) grid in grid order
     out = batches(items, 6)
     assert len(out) == 8 and all(len(b) == 6 for b in out)
     assert sorted(x for b in out for x in b) == items  # every point exactly once
-    assert out[0] == [0, 8, 16, 24, 32, 40]  # each batch spans the whole grid order
+    assert out == batches(items, 6)  # the same sweep makes the same batches
+    latent = [{(i // 4) % 2 for i in b} for b in out]
+    assert sum(len(d) == 2 for d in latent) >= 6  # batches mix latent dimensions (costs differ)
+    assert sum(len({i // 8 for i in b}) >= 3 for b in out) == 8  # and span the k values
     assert [len(b) for b in batches(list(range(7)), 3)] == [3, 2, 2]
     assert batches([], 4) == []
-    assert batch_size(48, 2) == 6 and batch_size(5, 2) == 1 and batch_size(1000, 2) == 8
+    assert batch_size(48, 2) == 3 and batch_size(5, 2) == 1 and batch_size(1000, 2) == 8
     with pytest.raises(ValueError, match="batch size must be >= 1"):
         batches(items, 0)
