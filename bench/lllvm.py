@@ -45,9 +45,28 @@ def per_iteration(Y, W, solver: str, iters: int) -> tuple[float, float, float]:
     return setup, (stamps[-1] - stamps[0]) / (len(stamps) - 1), total
 
 
+def fits_over_seeds(Y, k, seeds, iters, likelihood, solver, alpha, beta):
+    """LL-LVM fits on the k-NN graph of Y for seeds 0..seeds-1, run for exactly ``iters`` iterations."""
+    from lvmcore.models import LLLVM
+
+    idx, _ = knn(Y, k)
+    return [
+        LLLVM(
+            n_neighbors=k,
+            max_iter=iters,
+            tol=0,
+            random_state=s,
+            likelihood=likelihood,
+            solver=solver,
+            alpha=alpha,
+            beta=beta,
+        ).fit(Y, idx)
+        for s in range(seeds)
+    ]
+
+
 def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alpha=None, beta=None):
     """Mean (sd) final bound over seeds for each k on the authors' roll, n = 400 (paper 003)."""
-    from lvmcore.models import LLLVM
 
     Y, _, _ = lllvm_swiss_roll(400, 0)
     print(
@@ -58,20 +77,7 @@ def study_roll(seeds=10, ks=range(6, 12), iters=50, likelihood="quadratic", alph
     solver = "dense" if likelihood == "gaussian" else "auto"
     out = {}
     for k in ks:
-        idx, _ = knn(Y, k)
-        b = [
-            LLLVM(
-                n_neighbors=k,
-                max_iter=iters,
-                tol=0,
-                random_state=s,
-                likelihood=likelihood,
-                solver=solver,
-                alpha=alpha,
-                beta=beta,
-            ).fit(Y, idx)
-            for s in range(seeds)
-        ]
+        b = fits_over_seeds(Y, k, seeds, iters, likelihood, solver, alpha, beta)
         al = [f.alpha_ for f in b]
         b = [f.elbo_ for f in b]
         out[k] = (float(np.mean(b)), float(np.std(b)), float(np.max(b)))
@@ -95,8 +101,6 @@ def study_digits(
     from sklearn.model_selection import StratifiedKFold, cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
-    from lvmcore.models import LLLVM
-
     X, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)
     sel = np.concatenate([rng.choice(np.flatnonzero(y == c), 120, replace=False) for c in range(5)])
@@ -117,20 +121,7 @@ def study_digits(
     )
     rows = {}
     for k in ks:
-        idx, _ = knn(Y, k)
-        fits = [
-            LLLVM(
-                n_neighbors=k,
-                max_iter=iters,
-                tol=0,
-                random_state=s,
-                likelihood=likelihood,
-                solver="dense",
-                alpha=alpha,
-                beta=beta,
-            ).fit(Y, idx)
-            for s in range(seeds)
-        ]
+        fits = fits_over_seeds(Y, k, seeds, iters, likelihood, "dense", alpha, beta)
         b = [f.elbo_ for f in fits]
         top = fits[int(np.argmax(b))]
         e = err(top.embedding_)

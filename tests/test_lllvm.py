@@ -96,6 +96,18 @@ def _zero(Q):
     return lambda i, j: np.zeros((Q, Q))
 
 
+def _em_steps(Y, Wd, g, qx, th, n_steps=3):
+    """A few EM iterations (q(C), q(x), then gamma, beta, alpha), keeping each intermediate q."""
+    for _ in range(n_steps):
+        qc = ll.update_qc(Y, g, qx, th)
+        qx_prev, qx = qx, ll.update_qx(Y, g, qc, th)
+        th_prev = ll.Theta(**vars(th))
+        th.gamma = ll.update_gamma(Y, g, qx, qc, th)
+        th.beta = ll.update_beta(g, qc, th)
+        th.alpha = ll.update_alpha(g, qx)
+    return dict(Y=Y, Wd=Wd, g=g, qx=qx, qx_prev=qx_prev, qc=qc, th=th, th_prev=th_prev)
+
+
 @pytest.fixture(scope="module")
 def tiny_state():
     """A few EM iterations on the tiny graph (dense solver), keeping each intermediate q."""
@@ -104,14 +116,7 @@ def tiny_state():
     th = ll.Theta(alpha=0.7, beta=1.3, gamma=0.9, eps_c=1e-3, eps_y=1e-3)
     rng = np.random.default_rng(0)
     qx = ll.QX(rng.normal(size=(N6, Q2)), np.zeros((N6, Q2, Q2)), np.zeros((len(g.ei), Q2, Q2)), 0.0)
-    for _ in range(3):
-        qc = ll.update_qc(Y, g, qx, th)
-        qx_prev, qx = qx, ll.update_qx(Y, g, qc, th)
-        th_prev = ll.Theta(**vars(th))
-        th.gamma = ll.update_gamma(Y, g, qx, qc, th)
-        th.beta = ll.update_beta(g, qc, th)
-        th.alpha = ll.update_alpha(g, qx)
-    return dict(Y=Y, Wd=Wd, g=g, qx=qx, qx_prev=qx_prev, qc=qc, th=th, th_prev=th_prev)
+    return _em_steps(Y, Wd, g, qx, th)
 
 
 def _full_cov_from_blocks(g, q, n, Q):
@@ -483,14 +488,7 @@ def tiny_gauss():
     nQ = N6 * Q2
     qx = ll.QX(rng.normal(size=(N6, Q2)), np.zeros((N6, Q2, Q2)), np.zeros((len(g.ei), Q2, Q2)), 0.0)
     qx.full = np.zeros((nQ, nQ))
-    for _ in range(3):
-        qc = ll.update_qc(Y, g, qx, th)
-        qx_prev, qx = qx, ll.update_qx(Y, g, qc, th)
-        th_prev = ll.Theta(**vars(th))
-        th.gamma = ll.update_gamma(Y, g, qx, qc, th)
-        th.beta = ll.update_beta(g, qc, th)
-        th.alpha = ll.update_alpha(g, qx)
-    return dict(Y=Y, Wd=Wd, g=g, qx=qx, qx_prev=qx_prev, qc=qc, th=th, th_prev=th_prev)
+    return _em_steps(Y, Wd, g, qx, th)
 
 
 def test_gaussian_qx_matches_brute_force(tiny_gauss):
