@@ -312,6 +312,19 @@ def _lap_inverse(g: LLGraph, a: float, b: float) -> np.ndarray:
     return (V / (a + 2.0 * b * g.omega)) @ V.T
 
 
+def _symmetric_blocks(n: int, Q: int, block) -> np.ndarray:
+    """The symmetric (n Q, n Q) point-major matrix whose (r, s) component block is ``block(r, s)``
+    (n, n), computed for r <= s; the (s, r) block is its transpose."""
+    out = np.empty((n * Q, n * Q))
+    for r in range(Q):
+        for s in range(r, Q):
+            A = block(r, s)
+            out[r::Q, s::Q] = A
+            if s != r:
+                out[s::Q, r::Q] = A.T
+    return out
+
+
 def gauss_x_quad(g: LLGraph, K: np.ndarray, Lt: np.ndarray) -> np.ndarray:
     """sum_d <F(c_dr)' Lt F(c_ds)> over q(C), as the (N Q, N Q) matrix with (i r, j s) entries, for the
     second moment K (N Q, N Q) = D Sigma_C + mu_C' mu_C (point-major)."""
@@ -320,27 +333,24 @@ def gauss_x_quad(g: LLGraph, K: np.ndarray, Lt: np.ndarray) -> np.ndarray:
     U = sp.diags(g.deg) + W
     LW = _rmul(Lt, W)
     WL, WLW = LW.T, np.asarray(W @ LW)
-    out = np.empty((n * Q, n * Q))
-    for r in range(Q):
-        for s in range(r, Q):
-            Kr = _split(K, Q, r, s)
-            UK = np.asarray(U @ Kr)
-            KU = _rmul(Kr, U)
-            A = (
-                Lt * _rmul(UK, U)
-                - _rmul(Lt * UK, W)
-                - LW * UK
-                - WL * KU
-                + _rmul(WL * Kr, W)
-                + WLW * Kr
-                - np.asarray(W @ (Lt * KU))
-                + _rmul(np.asarray(W @ (Lt * Kr)), W)
-                + np.asarray(W @ (LW * Kr))
-            )
-            out[r::Q, s::Q] = A
-            if s != r:
-                out[s::Q, r::Q] = A.T
-    return out
+
+    def block(r, s):
+        Kr = _split(K, Q, r, s)
+        UK = np.asarray(U @ Kr)
+        KU = _rmul(Kr, U)
+        return (
+            Lt * _rmul(UK, U)
+            - _rmul(Lt * UK, W)
+            - LW * UK
+            - WL * KU
+            + _rmul(WL * Kr, W)
+            + WLW * Kr
+            - np.asarray(W @ (Lt * KU))
+            + _rmul(np.asarray(W @ (Lt * Kr)), W)
+            + np.asarray(W @ (LW * Kr))
+        )
+
+    return _symmetric_blocks(n, Q, block)
 
 
 def gauss_c_quad(g: LLGraph, S: np.ndarray, Lt: np.ndarray) -> np.ndarray:
@@ -350,27 +360,24 @@ def gauss_c_quad(g: LLGraph, S: np.ndarray, Lt: np.ndarray) -> np.ndarray:
     Lsp = sp.diags(g.deg) - W
     LW = _rmul(Lt, W)
     WL, WLW = LW.T, np.asarray(W @ LW)
-    out = np.empty((n * Q, n * Q))
-    for r in range(Q):
-        for s in range(r, Q):
-            Sr = _split(S, Q, r, s)
-            LS = np.asarray(Lsp @ Sr)
-            SL = _rmul(Sr, Lsp)
-            A = (
-                Lt * _rmul(LS, Lsp)
-                + _rmul(Lt * LS, W)
-                - LW * LS
-                + np.asarray(W @ (Lt * SL))
-                + _rmul(np.asarray(W @ (Lt * Sr)), W)
-                - np.asarray(W @ (LW * Sr))
-                - WL * SL
-                - _rmul(WL * Sr, W)
-                + WLW * Sr
-            )
-            out[r::Q, s::Q] = A
-            if s != r:
-                out[s::Q, r::Q] = A.T
-    return out
+
+    def block(r, s):
+        Sr = _split(S, Q, r, s)
+        LS = np.asarray(Lsp @ Sr)
+        SL = _rmul(Sr, Lsp)
+        return (
+            Lt * _rmul(LS, Lsp)
+            + _rmul(Lt * LS, W)
+            - LW * LS
+            + np.asarray(W @ (Lt * SL))
+            + _rmul(np.asarray(W @ (Lt * Sr)), W)
+            - np.asarray(W @ (LW * Sr))
+            - WL * SL
+            - _rmul(WL * Sr, W)
+            + WLW * Sr
+        )
+
+    return _symmetric_blocks(n, Q, block)
 
 
 def gauss_e_moment(g: LLGraph, K: np.ndarray, S: np.ndarray) -> np.ndarray:
