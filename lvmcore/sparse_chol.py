@@ -29,6 +29,7 @@ from lvmcore.linalg import DEFAULT_JITTER, JITTER_GROWTH, MAX_JITTER_TRIES, Nume
 _potrf = sla.get_lapack_funcs("potrf", dtype=np.float64)
 _potri = sla.get_lapack_funcs("potri", dtype=np.float64)
 _trtrs = sla.get_lapack_funcs("trtrs", dtype=np.float64)
+_syrk = sla.get_blas_funcs("syrk", dtype=np.float64)
 
 __all__ = ["LevelStructure", "level_structure", "BlockTridiagonal"]
 
@@ -179,11 +180,11 @@ class BlockTridiagonal:
         Ld, Ls = [], []
         prev = None
         for lv, D in enumerate(self.diag):
-            S = D.copy()
+            S = D.copy(order="F")
             if shift:
                 S[np.diag_indices_from(S)] += shift
-            if prev is not None:
-                S -= prev @ prev.T
+            if prev is not None:  # lower triangle of S - prev prev^T (all potrf reads)
+                S = _syrk(-1.0, prev, beta=1.0, c=S, lower=1, overwrite_c=1)
             Lkk, info = _potrf(S, lower=1, clean=1, overwrite_a=1)
             if info != 0:
                 raise np.linalg.LinAlgError(f"level block {lv} is not positive definite")
@@ -262,9 +263,11 @@ class BlockTridiagonal:
         Z.ls, Z.Q, Z._factor = self.ls, self.Q, None
         Z.diag, Z.sub = [None] * nl, [None] * (nl - 1)
 
-        def inv_llt(L):
+        def inv_llt(L):  # (L L^T)^{-1} from the lower triangle potri fills (L's upper part is 0)
             Zi, _ = _potri(L, lower=1)
-            return np.tril(Zi) + np.tril(Zi, -1).T
+            Zi += Zi.T
+            Zi[np.diag_indices_from(Zi)] *= 0.5
+            return Zi
 
         Z.diag[nl - 1] = inv_llt(Ld[nl - 1])
         for lv in range(nl - 2, -1, -1):

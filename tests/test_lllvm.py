@@ -241,6 +241,54 @@ def test_block_tridiagonal_selected_inverse_matches_dense():
     assert np.allclose(A[0:2, 0:2], pb[0])
 
 
+@pytest.mark.parametrize("scale", [1e3, 1.0, 1e-3, 1e-5])
+def test_alpha_root_by_log_secant_equals_eigenvalue_brent(roll300, scale):
+    """The sparse path's alpha (secant steps in log alpha on factorisation traces, warm-started
+    anywhere in its bracket) equals Brent's method on the eigenvalue form of eq. 79's derivative,
+    for alpha from ~1e-4 (smoothness-dominated) to ~1e2 (the run-away regime)."""
+    from scipy.optimize import brentq
+
+    Y, idx, _ = roll300
+    W = adjacency(idx)
+    gs = ll.prepare_graph(W, "sparse")
+    omega = np.linalg.eigvalsh(np.diag(np.asarray(W.sum(1)).ravel()) - W.toarray())
+    n, Q = len(Y), 2
+    rng = np.random.default_rng(0)
+    qx = ll.QX(
+        rng.normal(size=(n, Q)) * np.sqrt(scale), np.zeros((n, Q, Q)), np.zeros((len(gs.ei), Q, Q)), 0.0
+    )
+    c = np.sum(qx.mean**2)
+    ref = brentq(lambda a: Q * np.sum(1.0 / (a + 2.0 * omega)) - c, Q / c, Q * n / c, rtol=1e-14)
+    for a0 in (None, 0.5 * ref, 2.0 * ref, 1.0001 * Q / c, 0.9999 * Q * n / c):
+        assert ll.update_alpha(gs, qx, a0) == pytest.approx(ref, rel=1e-9), a0
+
+
+def test_gamma_root_by_log_secant_equals_eigenvalue_brent(roll300):
+    Y, idx, _ = roll300
+    W = adjacency(idx)
+    from scipy.optimize import brentq
+
+    gs = ll.prepare_graph(W, "sparse")
+    omega = np.linalg.eigvalsh(np.diag(np.asarray(W.sum(1)).ravel()) - W.toarray())
+    th = ll.Theta(alpha=1e-3, beta=1.0, gamma=1.0, eps_c=1e-3, eps_y=1e-3)
+    n, D = Y.shape
+    rng = np.random.default_rng(0)
+    qx = ll.QX(rng.normal(size=(n, 2)), np.zeros((n, 2, 2)), np.zeros((len(gs.ei), 2, 2)), 0.0)
+    qc = ll.update_qc(Y, gs, qx, th)
+    S = ll.expected_S(Y, gs, qx, qc)
+    hi = D * (n - 1) / S
+    # eq. 72-73's derivative in eigenvalue form, by Brent's method
+    ref = brentq(
+        lambda gm: D / gm * (n - th.eps_y * np.sum(1 / (th.eps_y + 2 * gm * omega))) - S,
+        1e-8 * hi,
+        hi,
+        rtol=1e-14,
+    )
+    for g0 in (1.0, 0.5 * ref, 2.0 * ref, 0.999 * hi, 1e-6 * hi):
+        th.gamma = g0
+        assert ll.update_gamma(Y, gs, qx, qc, th) == pytest.approx(ref, rel=1e-9), g0
+
+
 def test_bad_factor_raises_with_context():
     Y, Wd = _tiny()
     g = ll.prepare_graph(sp.csr_matrix(Wd), "sparse")

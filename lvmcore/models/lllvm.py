@@ -209,14 +209,67 @@ def _gaussian(g: LLGraph, point_blocks, edge_blocks, rhs, name: str, context: st
     return mean, Z.point_blocks(), Z.edge_blocks(), M.logdet()
 
 
+#: (a, b) -> (log-det, trace) results kept per graph on the sparse path: the M-step's last
+#: evaluation is usually at the returned alpha (gamma), so the bound's log-det costs nothing
+_LAP_MEMO_SIZE = 8
+
+
 def _lap(g: LLGraph, a: float, b: float, *, trace: bool = True):
     """log|a I + 2 b L| and (if ``trace``) tr((a I + 2 b L)^{-1}), else None."""
     if g.solver == "dense":
         lam = a + 2.0 * b * g.omega
         return float(np.sum(np.log(lam))), (float(np.sum(1.0 / lam)) if trace else None)
+    memo = g.__dict__.setdefault("_lap_memo", {})
+    hit = memo.get((a, b))
+    if hit is not None and (hit[1] is not None or not trace):
+        return hit[0], (hit[1] if trace else None)
     M = g.lap_eye.combine(a, g.lap_2L, b).factor(name="a I + 2 b L")
     tr = float(np.sum(M.selected_inverse().point_blocks())) if trace else None
+    if len(memo) >= _LAP_MEMO_SIZE:
+        memo.pop(next(iter(memo)))
+    memo[(a, b)] = (M.logdet(), tr)
     return M.logdet(), tr
+
+
+def _log_secant(psi, x0: float, lo: float, hi: float):
+    """Root of ``psi``, decreasing in u = log x with slope in [-1, 0), inside (lo, hi), from x0.
+
+    The M-step equations for alpha and gamma take this form (see their docstrings): each
+    evaluation is a factorisation on the sparse path, so the steps are secant steps in log x
+    (the first with slope -1, exact where the trace is dominated by one power of x), safeguarded
+    by bisection of the sign-change bracket. Returns the last point at which ``psi`` was evaluated
+    once the next step would move x by less than ``ROOT_RTOL`` relative (so the bound reuses its
+    memoised log-det), or None if that does not happen in ``FIXED_POINT_MAX`` evaluations.
+    """
+    ulo = np.log(lo) if lo > 0 else -np.inf
+    uhi = np.log(hi) if np.isfinite(hi) else np.inf
+    u = float(np.log(x0))
+    prev = None
+    for _ in range(FIXED_POINT_MAX):
+        f = psi(float(np.exp(u)))
+        if not np.isfinite(f):
+            return None
+        if f > 0:
+            ulo = max(ulo, u)
+        else:
+            uhi = min(uhi, u)
+        slope = -1.0
+        if prev is not None and u != prev[0]:
+            slope = (f - prev[1]) / (u - prev[0])
+            if not slope < 0:
+                slope = -1.0
+        step = -f / slope
+        if abs(step) <= ROOT_RTOL:
+            return float(np.exp(u))
+        prev = (u, f)
+        u_new = u + step
+        if not ulo < u_new < uhi:  # outside the bracket: bisect it (or jump by e where open)
+            if np.isfinite(ulo) and np.isfinite(uhi):
+                u_new = 0.5 * (ulo + uhi)
+            else:
+                u_new = u + (1.0 if f > 0 else -1.0)
+        u = u_new
+    return None
 
 
 def _lap_cached(g: LLGraph, a: float) -> float:
@@ -598,28 +651,25 @@ def _root(grad, lo: float, hi: float, *, from_below: bool) -> float:
     return float(brentq(grad, a, b, rtol=ROOT_RTOL, xtol=1e-300))
 
 
-def update_alpha(g: LLGraph, qx: QX) -> float:
-    """argmax_alpha Q/2 log|alpha I + 2L| - alpha/2 (tr Sigma_x + |mu_x|^2)  (eq. 79)."""
+def update_alpha(g: LLGraph, qx: QX, a0: float | None = None) -> float:
+    """argmax_alpha Q/2 log|alpha I + 2L| - alpha/2 (tr Sigma_x + |mu_x|^2)  (eq. 79).
+
+    ``a0``: a starting guess (EM passes the current alpha); it changes how fast, not where, the
+    root is found."""
     n, Q = qx.mean.shape
     c = _x_stat(qx)
 
     def grad(a):
         return 0.5 * Q * _lap(g, a, 1.0)[1] - 0.5 * c
 
-    # tr((aI+2L)^{-1}) = 1/a + r(a), r(a) = sum_{omega>0} 1/(a + 2 omega) >= 0 slowly varying: the
-    # root solves a = Q / (c - Q r(a)); iterate that map (fast: its slope is tiny for small a), and
-    # fall back to bracketing in [Q/c, Q n/c] if it does not settle
-    a = Q / c
-    for _ in range(FIXED_POINT_MAX):
-        r = _lap(g, a, 1.0)[1] - 1.0 / a
-        denom = c - Q * r
-        if denom <= 0:
-            break
-        a_new = Q / denom
-        if abs(a_new - a) <= ROOT_RTOL * a_new:
-            return a_new
-        a = a_new
-    return _root(grad, Q / c, Q * n / c, from_below=True)
+    # tr((aI+2L)^{-1}) lies between 1/a and n/a, so log(Q tr) - log(c) falls in log a with slope
+    # in [-1, 0); solve it by safeguarded secant steps in log a, else bracket in [Q/c, Q n/c]
+    lo, hi = Q / c, Q * n / c
+    start = a0 if a0 is not None and lo < a0 < hi else lo
+    a = _log_secant(lambda a: np.log(Q * _lap(g, a, 1.0)[1]) - np.log(c), start, lo, hi)
+    if a is not None:
+        return a
+    return _root(grad, lo, hi, from_below=True)
 
 
 def update_beta(g: LLGraph, qc: QC, th: Theta) -> float:
@@ -643,18 +693,19 @@ def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta) -> float:
         tr = _lap(g, th.eps_y, gam)[1]
         return 0.5 * D / gam * (n - th.eps_y * tr) - 0.5 * S
 
-    # n - eps_y tr = n - 1 - u(gamma), u = sum_{omega>0} eps_y / (eps_y + 2 gamma omega) >= 0 small, for a
-    # connected graph: the root solves gamma = D (n - 1 - u(gamma)) / S; iterate, else bracket
-    gam = D * (n - 1) / S
-    for _ in range(FIXED_POINT_MAX):
-        u = th.eps_y * _lap(g, th.eps_y, gam)[1] - 1.0
-        g_new = D * (n - 1 - u) / S
-        if g_new <= 0:
-            break
-        if abs(g_new - gam) <= ROOT_RTOL * g_new:
-            return g_new
-        gam = g_new
-    return _root(grad, 0.0, D * (n - 1) / S, from_below=False)
+    # n - eps_y tr = n - 1 - u(gamma), u = sum_{omega>0} eps_y / (eps_y + 2 gamma omega) >= 0, for a
+    # connected graph: the root solves log(D (n - 1 - u)) - log(gamma S) = 0, falling in log gamma
+    # with slope in (-1, 0); safeguarded secant steps in log gamma from the current gamma, else bracket
+    hi = D * (n - 1) / S
+
+    def psi(gam):
+        f = D * (n - th.eps_y * _lap(g, th.eps_y, gam)[1])
+        return np.log(f) - np.log(gam * S) if f > 0 else np.inf
+
+    gam = _log_secant(psi, th.gamma if 0 < th.gamma < hi else hi, 0.0, hi)
+    if gam is not None:
+        return gam
+    return _root(grad, 0.0, hi, from_below=False)
 
 
 # --------------------------------------------------------------------------- bound
@@ -774,7 +825,7 @@ def lllvm_fit(
         if learn_beta:
             th.beta = update_beta(g, qc, th)
         if learn_alpha:
-            th.alpha = update_alpha(g, qx)
+            th.alpha = update_alpha(g, qx, th.alpha)
         F = elbo(Y, g, qx, qc, th)
         trace.append(F)
         if callback is not None:
