@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -74,13 +75,18 @@ def _json_arg(text, what):
 
 def cmd_run(a) -> int:
     _env_defaults()
+    from flows.cluster import normalise_cluster, start_cluster
     from flows.server import local_server
-    from flows.sweep import embed_sweep
+    from flows.sweep import check_store, embed_sweep, plan_sweep
     from tasks.report import summary_table
 
     out = Path(a.out)
-    if a.dataset or a.models or a.grid or a.config:
-        cfg = _json_arg(a.config, "config") or {}
+    cfg = _json_arg(a.config, "config") or {}
+    if "sweeps" in cfg:  # several sweeps in one run, sharing one local cluster
+        if a.dataset or a.models or a.grid or a.store:
+            raise ValueError("a --config 'sweeps' list takes none of --dataset, --models, --grid, --store")
+        sweeps = [_sweep_entry(sw, i) for i, sw in enumerate(cfg["sweeps"])]
+    elif a.dataset or a.models or a.grid or a.config:
         sweeps = [
             {
                 "dataset": _json_arg(a.dataset, "dataset")
@@ -97,12 +103,24 @@ def cmd_run(a) -> int:
     cluster = _json_arg(a.cluster, "cluster") if a.cluster and a.cluster.startswith("{") else a.cluster
     if isinstance(cluster, str) and cluster.isdigit():
         cluster = {"type": "local", "n_workers": int(cluster)}
+    spec = normalise_cluster(cluster)
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    with local_server(out / "prefect-server.log") as url:
+    stores = [str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"] for sw in sweeps]
+    for sw, store in zip(sweeps, stores):  # every sweep's errors before any work starts
+        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "exact")
+        if not a.replace:
+            check_store(store, plan["identity"])
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(local_server(out / "prefect-server.log"))
         print(f"Prefect API: {url}")
-        for sw in sweeps:
-            store = str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"]
+        if spec["type"] == "local" and len(sweeps) > 1:
+            # one local cluster for all the sweeps (its start and stop cost seconds per sweep); the
+            # sweeps reach it by address, as they would a user's scheduler
+            address, dashboard, _ = stack.enter_context(start_cluster(spec))
+            print(f"Dask dashboard: {dashboard}")
+            cluster = address
+        for sw, store in zip(sweeps, stores):
             print(f"\n== sweep {sw['dataset']} -> {store}")
             if a.replace:
                 _set_aside_if_different(sw, store)
@@ -120,6 +138,22 @@ def cmd_run(a) -> int:
                 print(f"report: {res['report']}")
     print(f"\nall sweeps finished in {time.perf_counter() - t0:.0f} s; results under {out}/")
     return 0
+
+
+def _sweep_entry(sw, i: int) -> dict:
+    """One item of a config's "sweeps" list, with the keys a sweep needs."""
+    if not isinstance(sw, dict) or "dataset" not in sw:
+        raise ValueError(f"--config sweeps[{i}] must be an object with at least a 'dataset'; got {sw!r}")
+    unknown = set(sw) - {"dataset", "models", "grid", "store", "model_options"}
+    if unknown:
+        raise ValueError(f"--config sweeps[{i}] has unknown keys {sorted(unknown)}")
+    return {
+        "dataset": sw["dataset"],
+        "models": sw.get("models", "all"),
+        "grid": sw.get("grid"),
+        "store": sw.get("store", f"sweep{i}.zarr"),
+        "model_options": sw.get("model_options"),
+    }
 
 
 def _set_aside_if_different(sw: dict, store: str) -> None:
@@ -177,7 +211,11 @@ def main(argv=None) -> int:
     r.add_argument("--models", help="comma-separated families or keys (default all)")
     r.add_argument("--grid", help='JSON, e.g. \'{"k": [8, 10], "latent_dim": [2], "seed": [0, 1]}\'')
     r.add_argument("--options", help="JSON {model: {option: value}}")
-    r.add_argument("--config", help="JSON file with dataset, models, grid, store, model_options")
+    r.add_argument(
+        "--config",
+        help='JSON file with dataset, models, grid, store, model_options, or {"sweeps": [{...}, ...]} '
+        "for several sweeps on one local cluster",
+    )
     r.add_argument("--store", help="result store name under --out (default sweep.zarr)")
     r.add_argument("--cluster", help="number of local workers, tcp://scheduler:8786, or a JSON spec")
     r.add_argument("--out", default="results", help="output folder (default results/)")

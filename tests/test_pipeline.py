@@ -210,3 +210,35 @@ def test_batches_mix_the_grid():
     assert batch_size(48, 2) == 3 and batch_size(5, 2) == 1 and batch_size(1000, 2) == 8
     with pytest.raises(ValueError, match="batch size must be >= 1"):
         batches(items, 0)
+
+
+def test_cli_runs_several_sweeps_on_one_local_cluster(tmp_path, capsys):
+    """`run --config` with a "sweeps" list: every sweep is validated before any work, then all of
+    them run on one LocalCluster (one dashboard line), each store complete."""
+    import json
+
+    from tasks.store import STATUS_DONE, read_status
+
+    out = tmp_path / "out"
+    sweeps = [
+        {"dataset": TINY, "models": ["ppca"], "grid": {"latent_dim": [1, 2], "seed": [0]}, "store": "a.zarr"},
+        {
+            "dataset": {"name": "binary_tree", "depth": 3, "seed": 0},
+            "models": ["ppca"],
+            "grid": {"latent_dim": [2], "seed": [0, 1, 2]},
+            "store": "b.zarr",
+        },
+    ]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sweeps": [sweeps[0], dict(sweeps[1], models=["umap"])]}))
+    assert cli_main(["run", "--config", str(bad), "--out", str(out), "--no-report"]) == 2
+    assert "unknown model 'umap'" in capsys.readouterr().err
+    assert not (out / "a.zarr").exists()  # the first sweep did not start
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"sweeps": sweeps}))
+    assert cli_main(["run", "--config", str(good), "--out", str(out), "--no-report"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("Dask dashboard: http://127.0.0.1:") == 1
+    assert (read_status(out / "a.zarr", "ppca") == STATUS_DONE).sum() == 2
+    assert (read_status(out / "b.zarr", "ppca") == STATUS_DONE).sum() == 3
