@@ -242,3 +242,41 @@ def test_cli_runs_several_sweeps_on_one_local_cluster(tmp_path, capsys):
     assert printed.count("Dask dashboard: http://127.0.0.1:") == 1
     assert (read_status(out / "a.zarr", "ppca") == STATUS_DONE).sum() == 2
     assert (read_status(out / "b.zarr", "ppca") == STATUS_DONE).sum() == 3
+
+
+def test_queued_grid_points_do_not_run_side_by_side_on_a_one_thread_worker(tmp_path):
+    """Reading the inputs and fitting a model without `chunks` must not secede from the worker's
+    thread pool: a seceded task lets the worker start its next queued task beside it (before the
+    fix every queued batch of a sweep ran at once on the worker's one core, 8x slower each)."""
+    import time
+
+    from distributed import Client, LocalCluster
+
+    from flows.sweep import input_paths
+    from tasks.ingest import ingest_dataset
+    from tasks.knn import build_graph
+
+    data_path, graph_path = input_paths(str(tmp_path / "s.zarr"))
+    Path(data_path).parent.mkdir(parents=True)
+    ingest_dataset(TINY, data_path)
+    build_graph(data_path, 8, graph_path)
+
+    def grid_point(seed):
+        from tasks.fit import fit_point
+        from tasks.inputs import load_data, load_graph
+
+        t0 = time.time()
+        load_data(data_path), load_graph(graph_path)  # cold per-process caches on the first tasks
+        res = fit_point("ppca", {}, data_path, graph_path, (0, 0), {"latent_dim": 2, "seed": seed})
+        t1 = time.time()
+        while time.time() < t1 + 0.3:  # keep the thread busy so that an overlap would show
+            pass
+        return t0, time.time(), res.status
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        with Client(lc) as client:
+            spans = client.gather([client.submit(grid_point, s, pure=False) for s in range(4)])
+    assert [s for _, _, s in spans] == ["done"] * 4
+    spans = sorted(spans)
+    for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
+        assert start >= end - 1e-3, spans  # each task starts after the previous one ended

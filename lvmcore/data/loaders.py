@@ -235,13 +235,17 @@ def views_of(ds: xr.Dataset) -> list[np.ndarray]:
     return [ds[v].values for v in names] if names else [ds["Y"].values]
 
 
-def open_dataset(path) -> xr.Dataset:
-    """Open a data store written by :func:`ingest`, with a clear error if it is not one."""
+def open_dataset(path, *, dask: bool = True) -> xr.Dataset:
+    """Open a data store written by :func:`ingest`, with a clear error if it is not one.
+
+    ``dask=False`` opens it with lazily indexed numpy-backed variables instead of Dask arrays:
+    use it for reads inside a Dask task, where computing a Dask array makes the task secede from
+    the worker's thread pool and lets the worker start its next task beside it."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"data store {str(path)!r} does not exist; run ingest first")
     try:
-        ds = xr.open_zarr(path, consolidated=False)
+        ds = xr.open_zarr(path, consolidated=False, **({} if dask else {"chunks": None}))
     except Exception as e:
         raise ValueError(
             f"{path} is not a readable zarr data store ({type(e).__name__}: {e}); delete it and ingest again"
