@@ -17,7 +17,7 @@ from flows.cluster import normalise_cluster, start_cluster
 from lvmcore.data import load
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
-from tasks.point import batch_size, batches, grid_points_task
+from tasks.point import batch_sizes, batches, grid_points_task
 from tasks.registry import ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
 from tasks.report import report_task
 from tasks.store import (
@@ -190,21 +190,23 @@ def sweep_grid(
     )
     futures = {}
     n_workers = max(1, get_dask_worker_count())
-    size = batch_size(len(todo), n_workers, points_per_task)
+    work = []  # (spec, batch) of every model; larger batches are submitted first
     for s in specs:
         mine = [(idx, point) for spec, idx, point in todo if spec is s]
-        for items in batches(mine, size):
-            fut = grid_points_task.submit(
-                s.key,
-                _options_for(s, plan["options"]),
-                data_path,
-                graph or None,
-                items,
-                store,
-                layout,
-                len(items),
-            )
-            futures[id(fut)] = (fut, s.key, items)
+        work += [(s, b) for b in batches(mine, batch_sizes(len(mine), n_workers, points_per_task))]
+    work.sort(key=lambda sb: -len(sb[1]))  # stable: grid order kept among equal sizes
+    for s, items in work:
+        fut = grid_points_task.submit(
+            s.key,
+            _options_for(s, plan["options"]),
+            data_path,
+            graph or None,
+            items,
+            store,
+            layout,
+            len(items),
+        )
+        futures[id(fut)] = (fut, s.key, items)
     done = failed = 0
     t0 = time.perf_counter()
     for fut in as_completed([f for f, _, _ in futures.values()]):

@@ -2,11 +2,11 @@
 one task, and a task runs a small batch of points.
 
 The three steps also exist as separate tasks (tasks.fit, tasks.evaluate, tasks.write). Running
-them as plain calls keeps a point's arrays on the worker that computed them, and batching a
-few points per task divides Prefect's per-task-run cost (about 0.25 worker-seconds here: state
-changes through the API server) among them. Every point still writes its own cell as soon as
-it finishes, and a batch skips points already marked done, so a killed worker or flow loses
-at most the point in flight (bench/sweep.py measures the difference).
+them as plain calls keeps a point's arrays on the worker that computed them, and batching
+points per task divides Prefect's per-task-run cost (about 0.25 worker-seconds here: state
+changes through the API server) among them (see :func:`batch_sizes`). Every point still
+writes its own cell as soon as it finishes, and a batch skips points already marked done, so a
+killed worker or flow loses at most the point in flight (bench/sweep.py measures the difference).
 """
 
 from __future__ import annotations
@@ -24,35 +24,45 @@ from tasks.store import STATUS_PENDING, Layout, read_status, write_point
 
 #: at most this many grid points per task run
 MAX_POINTS_PER_TASK = 8
-#: aim for at least this many task runs per worker, so the cluster stays balanced
-TASKS_PER_WORKER = 8
+#: guided batch sizes: each batch takes 1 / (GUIDED_SHARE * workers) of the points still unassigned
+GUIDED_SHARE = 2
 
 
-def batch_size(n_points: int, n_workers: int, requested: int | None = None) -> int:
-    """Points per task: ``requested`` if given, else enough tasks to keep every worker busy."""
+def batch_sizes(n_points: int, n_workers: int, requested: int | None = None) -> list[int]:
+    """Points per task run, in submission order: ``requested`` each if given, else guided sizes.
+
+    Guided (as OpenMP's guided schedule): each batch takes 1 / (2 x workers) of the points not yet
+    in a batch, between 1 and ``MAX_POINTS_PER_TASK``; large batches first, single points last. The
+    large ones divide Prefect's per-task-run cost (about 0.25 worker-seconds: state changes through
+    the API server); the single points at the end keep the workers finishing together (Dask hands
+    queued tasks out in submission order). 48 points on 2 workers: 8 8 8 6 5 4 3 2 1 1 1 1."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"points_per_task must be >= 1, got {requested}")
-        return int(requested)
-    per = math.ceil(n_points / max(1, TASKS_PER_WORKER * n_workers))
-    return int(min(MAX_POINTS_PER_TASK, max(1, per)))
+        full, rest = divmod(n_points, int(requested))
+        return [int(requested)] * full + ([rest] if rest else [])
+    sizes, left = [], n_points
+    while left > 0:
+        size = min(MAX_POINTS_PER_TASK, max(1, math.ceil(left / (GUIDED_SHARE * max(1, n_workers)))))
+        sizes.append(size)
+        left -= size
+    return sizes
 
 
-def batches(items: list, size: int) -> list[list]:
-    """Split ``items`` into ceil(len / size) batches of at most ``size``, each a spread sample.
+def batches(items: list, sizes: list[int]) -> list[list]:
+    """Split ``items`` into batches of the given ``sizes`` (which add up to len(items)), each a
+    spread sample of the grid.
 
     Grid points come in grid order (k, latent_dim, ..., seed), so neighbouring points cost alike
     (a larger k or latent dimension is slower for every seed). Contiguous batches put the expensive
-    ones together, and so does dealing them out round-robin when the number of batches divides a
-    grid stride (8 batches of a (6, 2, 4) grid: every batch had one latent_dim). Either way one
-    worker finished the last batches alone (bench/sweep.py, LL-LVM: the other worker idle for the
-    last ~50 s). Here the points are put in a fixed pseudo-random order first (seeded: the same
-    sweep always makes the same batches), then dealt out."""
-    if size < 1:
-        raise ValueError(f"batch size must be >= 1, got {size}")
-    n = math.ceil(len(items) / size)
+    ones together (bench/sweep.py, LL-LVM: one worker finished the last batches alone). Here the
+    points are put in a fixed pseudo-random order first (seeded: the same sweep always makes the
+    same batches), then cut into the sizes."""
+    if sum(sizes) != len(items) or any(s < 1 for s in sizes):
+        raise ValueError(f"batch sizes {sizes} do not split {len(items)} grid points")
     order = np.random.default_rng(0).permutation(len(items))
-    return [[items[i] for i in order[j::n]] for j in range(n)]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [[items[i] for i in order[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def run_point(

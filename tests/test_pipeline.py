@@ -194,22 +194,29 @@ def test_cli_datasets_lists_every_generator(capsys):
         assert name in out
 
 
-def test_batches_mix_the_grid():
-    from tasks.point import batch_size, batches
+def test_batches_mix_the_grid_and_shrink_towards_the_end():
+    from tasks.point import MAX_POINTS_PER_TASK, batch_sizes, batches
 
+    sizes = batch_sizes(48, 2)
+    assert sizes == [8, 8, 8, 6, 5, 4, 3, 2, 1, 1, 1, 1]  # guided: 1/4 of what is left, at most 8
+    assert sizes == sorted(sizes, reverse=True) and sum(sizes) == 48
+    assert sum(batch_sizes(1000, 2)) == 1000 and max(batch_sizes(1000, 2)) == MAX_POINTS_PER_TASK
+    assert batch_sizes(5, 2) == [2, 1, 1, 1] and batch_sizes(0, 2) == []
+    assert batch_sizes(7, 2, requested=3) == [3, 3, 1]
     items = list(range(48))  # a (k: 6, latent_dim: 2, seed: 4) grid in grid order
-    out = batches(items, 6)
+    out = batches(items, [6] * 8)
     assert len(out) == 8 and all(len(b) == 6 for b in out)
     assert sorted(x for b in out for x in b) == items  # every point exactly once
-    assert out == batches(items, 6)  # the same sweep makes the same batches
+    assert out == batches(items, [6] * 8)  # the same sweep makes the same batches
     latent = [{(i // 4) % 2 for i in b} for b in out]
     assert sum(len(d) == 2 for d in latent) >= 6  # batches mix latent dimensions (costs differ)
-    assert sum(len({i // 8 for i in b}) >= 3 for b in out) == 8  # and span the k values
-    assert [len(b) for b in batches(list(range(7)), 3)] == [3, 2, 2]
-    assert batches([], 4) == []
-    assert batch_size(48, 2) == 3 and batch_size(5, 2) == 1 and batch_size(1000, 2) == 8
-    with pytest.raises(ValueError, match="batch size must be >= 1"):
-        batches(items, 0)
+    assert sum(len({i // 8 for i in b}) >= 3 for b in out) >= 6  # and span the k values
+    assert sorted(x for b in batches(items, sizes) for x in b) == items
+    assert batches([], []) == []
+    with pytest.raises(ValueError, match="do not split"):
+        batches(items, [40, 7])
+    with pytest.raises(ValueError, match="points_per_task must be >= 1"):
+        batch_sizes(48, 2, requested=0)
 
 
 def test_cli_runs_several_sweeps_on_one_local_cluster(tmp_path, capsys):
