@@ -251,8 +251,9 @@ def embed_sweep(
         only to the models that have it (k: graph models; kappa: hGP-LVM).
     store: the result zarr store (inputs go beside it in <name>.inputs/).
     model_options: {family_or_key: {constructor option: value}}.
-    points_per_task: grid points per Prefect task run (default: about 8 task runs per worker, at most 8
-        points each); every point is written as soon as it finishes either way.
+    points_per_task: grid points per Prefect task run (default: guided sizes, at most 8 points, shrinking
+        to single points at the end; tasks.point.batch_sizes); every point is written as soon as it
+        finishes either way.
     cluster: None (local processes), "tcp://host:8786", {"type": "local", "n_workers": 4},
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
     """
