@@ -107,8 +107,10 @@ def cmd_run(a) -> int:
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     stores = [str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"] for sw in sweeps]
-    for sw, store in zip(sweeps, stores):  # every sweep's errors before any work starts
+    identities = []  # every sweep's errors before any work starts
+    for sw, store in zip(sweeps, stores):
         plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "exact")
+        identities.append(plan["identity"])
         if not a.replace:
             check_store(store, plan["identity"])
     with contextlib.ExitStack() as stack:
@@ -120,10 +122,10 @@ def cmd_run(a) -> int:
             address, dashboard, _ = stack.enter_context(start_cluster(spec))
             print(f"Dask dashboard: {dashboard}")
             cluster = address
-        for sw, store in zip(sweeps, stores):
+        for sw, store, identity in zip(sweeps, stores, identities):
             print(f"\n== sweep {sw['dataset']} -> {store}")
             if a.replace:
-                _set_aside_if_different(sw, store)
+                _set_aside_if_different(store, identity)
             res = embed_sweep(
                 dataset=sw["dataset"],
                 models=sw["models"],
@@ -156,15 +158,15 @@ def _sweep_entry(sw, i: int) -> dict:
     }
 
 
-def _set_aside_if_different(sw: dict, store: str) -> None:
-    """--replace: a store holding a different sweep is renamed aside (never deleted)."""
-    from flows.sweep import check_store, plan_sweep
+def _set_aside_if_different(store: str, identity: dict) -> None:
+    """--replace: a store holding a different sweep (not ``identity``) is renamed aside (never
+    deleted)."""
+    from flows.sweep import check_store
 
     if not Path(store).exists():
         return
-    plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "exact")
     try:
-        check_store(store, plan["identity"])
+        check_store(store, identity)
     except ValueError as e:
         if "different sweep" not in str(e):
             raise

@@ -74,8 +74,9 @@ AUTO_DENSE_MAX_N = 200
 _LIKELIHOODS = ("quadratic", "gaussian")
 #: relative tolerance of the 1-D root finding for alpha and gamma
 ROOT_RTOL = 1e-10
-#: iterations of the fixed-point maps for alpha and gamma before falling back to Brent's method
-FIXED_POINT_MAX = 30
+#: evaluations of the alpha and gamma M-step equations (secant steps in log space, each a
+#: factorisation on the sparse path) before falling back to Brent's method
+ROOT_MAX_EVALS = 30
 #: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
 OOS_SWEEPS = 50
 
@@ -228,7 +229,7 @@ def _lap(g: LLGraph, a: float, b: float, *, trace: bool = True):
     if len(memo) >= _LAP_MEMO_SIZE:
         memo.pop(next(iter(memo)))
     memo[(a, b)] = (M.logdet(), tr)
-    return M.logdet(), tr
+    return memo[(a, b)]
 
 
 def _log_secant(psi, x0: float, lo: float, hi: float):
@@ -239,13 +240,14 @@ def _log_secant(psi, x0: float, lo: float, hi: float):
     (the first with slope -1, exact where the trace is dominated by one power of x), safeguarded
     by bisection of the sign-change bracket. Returns the last point at which ``psi`` was evaluated
     once the next step would move x by less than ``ROOT_RTOL`` relative (so the bound reuses its
-    memoised log-det), or None if that does not happen in ``FIXED_POINT_MAX`` evaluations.
+    memoised log-det), or None if ``psi`` is not finite or that does not happen in
+    ``ROOT_MAX_EVALS`` evaluations.
     """
     ulo = np.log(lo) if lo > 0 else -np.inf
     uhi = np.log(hi) if np.isfinite(hi) else np.inf
     u = float(np.log(x0))
     prev = None
-    for _ in range(FIXED_POINT_MAX):
+    for _ in range(ROOT_MAX_EVALS):
         f = psi(float(np.exp(u)))
         if not np.isfinite(f):
             return None
