@@ -28,16 +28,13 @@ def main():
     ap.add_argument("--k", type=int, default=10)
     a = ap.parse_args()
     from _cluster import local_client
-    from scipy.stats import spearmanr
     from sklearn.manifold import LocallyLinearEmbedding
 
     from lvmcore.data.synthetic import swiss_roll
     from lvmcore.graph import knn
     from lvmcore.lle import lle
+    from lvmcore.metrics import unfolding as unfold
     from lvmcore.models.glle import GLLE
-
-    def unfold(E, t):
-        return max(abs(spearmanr(E[:, j], t).statistic) for j in range(E.shape[1]))
 
     knn(swiss_roll(500, seed=1)[0], a.k)  # load the kNN kernel's compiled code before timing
     print(f"{'n':>7s} {'method':28s} {'seconds':>8s} {'ratio':>6s} {'unfold':>6s}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.spatial.distance import pdist, squareform
-from scipy.stats import pearsonr, spearmanr
+from scipy.stats import pearsonr, rankdata, spearmanr
 
 __all__ = [
     "trustworthiness",
@@ -20,6 +20,7 @@ __all__ = [
     "shepard_goodness",
     "procrustes_disparity",
     "pairwise_distances",
+    "unfolding",
 ]
 
 
@@ -188,3 +189,45 @@ def procrustes_disparity(truth, X) -> float:
     T, X = T / nt, X / nx
     U, s, Vt = np.linalg.svd(T.T @ X)
     return float(1.0 - np.sum(s) ** 2)
+
+
+def unfolding(X, t, n_angles: int = 720, rotate: bool = True) -> float:
+    """How well the embedding X (N, Q) unfolds a manifold parameter t (N,): the largest |Spearman|
+    correlation of t with a coordinate of X.
+
+    LLE-type embeddings are defined only up to an orthogonal transform (the cost tr(X^T M X) and
+    the constraint X^T X = I are both invariant to X -> X R), so with ``rotate=True`` (default) the
+    coordinate is any unit direction of X, not only an axis: the maximum is taken over the axes,
+    ``n_angles`` directions (a step of pi / n_angles) in every plane of two axes, and the
+    least-squares direction of rank(t) on X. For Q <= 2 this is the maximum over all directions to
+    the grid's step. ``rotate=False`` gives the axis-only measure (max over the columns).
+    """
+    X = _as2d(X, "X")
+    t = np.asarray(t, dtype=float).ravel()
+    if t.shape[0] != X.shape[0]:
+        raise ValueError(f"t has {t.shape[0]} values but X has {X.shape[0]} points")
+    if not np.all(np.isfinite(t)):
+        raise ValueError("t contains NaN or inf; unfolding needs a finite manifold parameter")
+    if int(n_angles) != n_angles or n_angles < 1:
+        raise ValueError(f"n_angles must be a positive integer, got {n_angles!r}")
+    Xc = X - X.mean(axis=0)
+    dirs = [Xc]
+    q = X.shape[1]
+    if rotate and q > 1:
+        th = np.arange(int(n_angles)) * (np.pi / n_angles)
+        cs = np.stack([np.cos(th), np.sin(th)])
+        for a in range(q):
+            for b in range(a + 1, q):
+                dirs.append(Xc[:, [a, b]] @ cs)
+        r = rankdata(t) - (t.shape[0] + 1) / 2.0
+        w, *_ = np.linalg.lstsq(Xc, r, rcond=None)
+        dirs.append((Xc @ w)[:, None])
+    V = np.hstack(dirs)
+    R = rankdata(V, axis=0)
+    R -= R.mean(axis=0)
+    r = rankdata(t)
+    r -= r.mean()
+    den = np.linalg.norm(R, axis=0) * np.linalg.norm(r)
+    if not np.all(den > 0):
+        raise ValueError("unfolding needs a non-constant t and non-constant coordinates of X")
+    return float(np.max(np.abs(R.T @ r) / den))

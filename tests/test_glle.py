@@ -5,16 +5,12 @@ the paper's unfolding protocol and bad input."""
 import numpy as np
 import pytest
 from scipy.spatial import procrustes
-from scipy.stats import spearmanr
 
 from lvmcore.data import synthetic as S
 from lvmcore.graph import knn
 from lvmcore.lle import barycenter_weights, embed, weight_matrix
+from lvmcore.metrics import unfolding
 from lvmcore.models.glle import GLLE, em_iterations, em_point_stats, sum_to_one_basis
-
-
-def best_coordinate(E, t):
-    return max(abs(spearmanr(E[:, j], t).statistic) for j in range(E.shape[1]))
 
 
 def test_barycenter_weights_equal_sklearn():
@@ -154,22 +150,31 @@ MANIFOLDS = {
 
 @pytest.mark.parametrize("name", list(MANIFOLDS))
 def test_paper_unfolding_protocol(name):
-    """Paper 001 section VI: 5,000 points, k = 10, a = 1, 10 generations per variant; the unfolding
-    measure is |Spearman| of the best embedding coordinate with the manifold parameter. LLE unfolds
-    (>= 0.99). The issue's target (every generation >= 0.9) is NOT met: at a = 1 some draws only
-    half unfold (measured minima 0.74-0.97 for EM, 0.77-0.82 for direct; all values in the issue
-    note). What holds, and is asserted: sigma_i > 0; most generations unfold (EM: at least 7 of 10
-    and median >= 0.95; direct, noisier as the paper says: at least 6 of 10, median >= 0.9)."""
+    """Paper 001 section VI: 5,000 points, k = 10, a = 1, 10 generations per variant. The unfolding
+    measure is |Spearman| of the manifold parameter with the best embedding coordinate, a coordinate
+    being any direction of the embedding (``metrics.unfolding``): an LLE embedding is defined only up
+    to rotation. Asserted: LLE unfolds (>= 0.99), sigma_i > 0, every EM generation unfolds (>= 0.9;
+    measured 30 of 30 draws on each manifold, minimum 0.904 on the Swiss roll).
+
+    NOT met for direct sampling: 9 of these 10 draws unfold on the severed bowl (one folds back at
+    the cut end, 0.83), and over 30 draws one fails on the Swiss roll, the roll with a hole and the
+    bowl (0.87, 0.895, 0.83). Its covariance in the directions the neighbours leave free is set by
+    the ridge alone. So for direct sampling at least 9 of 10 and the median (>= 0.95) are asserted.
+    The axis-only measure (the eigensolver's columns as they come) is lower because the sampled
+    weights rotate the bottom eigenvectors (minima 0.64-0.92 over 30 draws); its median is asserted."""
     Y, lat = MANIFOLDS[name](5000, seed=0)
     t = lat[:, 0]
     for method in ("em", "direct"):
         m = GLLE(2, 10, method=method, random_state=0).fit(Y)
-        assert best_coordinate(m.lle_embedding_, t) >= 0.99
+        assert unfolding(m.lle_embedding_, t, rotate=False) >= 0.99
         if method == "em":
             assert np.all(m.sigma_ > 0)
-        rho = np.array([best_coordinate(g, t) for g in m.sample(10, random_state=1)])
-        assert np.median(rho) >= (0.95 if method == "em" else 0.9), (method, rho)
-        assert np.sum(rho >= 0.9) >= (7 if method == "em" else 6), (method, rho)
+        gens = m.sample(10, random_state=1)
+        rho = np.array([unfolding(g, t) for g in gens])
+        assert np.sum(rho >= 0.9) >= (10 if method == "em" else 9), (method, rho)
+        assert np.median(rho) >= 0.95, (method, rho)
+        axis = np.array([unfolding(g, t, rotate=False) for g in gens])
+        assert np.median(axis) >= 0.9, (method, axis)
 
 
 def test_bad_input():

@@ -158,3 +158,26 @@ def test_metric_bad_input(pair):
         metrics.trustworthiness(Y, X[:100])
     with pytest.raises(ValueError, match="square"):
         metrics.trustworthiness(Y, X, metric="precomputed")
+
+
+def test_unfolding_is_rotation_invariant_and_matches_a_direction_search():
+    """The rotation-invariant unfolding score equals a brute-force search over 3,600 directions
+    (to the grid's step), is unchanged by rotating the embedding, and the axis-only score is
+    scipy's best-column Spearman."""
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3, 400)
+    X = np.column_stack([np.cos(t) + 0.05 * rng.normal(size=400), rng.normal(size=400)])
+    th = np.linspace(0, np.pi, 3600, endpoint=False)
+    brute = max(abs(spearmanr(X @ [np.cos(a), np.sin(a)], t).statistic) for a in th)
+    assert metrics.unfolding(X, t) == pytest.approx(brute, abs=2e-3)
+    for ang in (0.3, 0.8, 1.2):
+        R = np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
+        XR = X @ R
+        assert metrics.unfolding(XR, t) == pytest.approx(brute, abs=2e-3)
+        axis = max(abs(spearmanr(XR[:, j], t).statistic) for j in range(2))
+        assert metrics.unfolding(XR, t, rotate=False) == pytest.approx(axis, abs=1e-12)
+    assert metrics.unfolding(X @ np.array([[1, 1], [1, -1]]) / 2**0.5, t, rotate=False) < 0.8
+    with pytest.raises(ValueError, match="t has 399 values"):
+        metrics.unfolding(X, t[:-1])
+    with pytest.raises(ValueError, match="n_angles must be a positive integer"):
+        metrics.unfolding(X, t, n_angles=0)

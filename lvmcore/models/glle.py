@@ -44,8 +44,10 @@ and a = 1 means "as uncertain as the LLE residuals say".
 Generations (section VI): each draw of all weights gives W, and the embedding of section V (the
 bottom eigenvectors of (I - W)^T (I - W) without the constant one). ``cov_scale`` is the paper's
 a: the sampling covariance is a Cov[v] (EM) or a Gamma_i (direct). Each generation's coordinates
-are permuted and sign-flipped to match the LLE embedding's (never rotated: a rotation mixes the
-eigenvectors, and each coordinate is what the unfolding measure looks at).
+are permuted and sign-flipped to match the LLE embedding's, never rotated: they are the eigensolver's
+columns. The sampled weights do rotate the bottom eigenvectors against LLE's (the Swiss roll's
+first two t-harmonics and its height mode lie close), so unfolding is measured over all directions
+of an embedding (``lvmcore.metrics.unfolding``), as LLE's cost is rotation-invariant.
 """
 
 from __future__ import annotations
