@@ -9,7 +9,6 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from scipy.spatial.distance import pdist, squareform
-from scipy.stats import rankdata
 
 from lvmcore import metrics
 from tasks.inputs import load_data
@@ -43,11 +42,12 @@ def _reference(data_path: str, seed: int):
         sel = np.sort(np.random.default_rng(seed).choice(n, MAX_EVAL_POINTS, replace=False))
     DY = squareform(pdist(data["Y"][sel]))
     iu = np.triu_indices(len(sel), k=1)
-    rank_y = rankdata(DY[iu])
+    nranks_y = metrics.neighbour_ranks(DY)
+    rank_y = metrics.average_ranks(DY[iu])
     DT = None
     if data["truth"] is not None:
         DT = squareform(pdist(data["truth"][sel], data["truth_metric"]))
-    return sel, DY, iu, rank_y, DT
+    return sel, DY, nranks_y, iu, rank_y, DT
 
 
 def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResult:
@@ -55,17 +55,17 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResu
         return res
     spec = MODELS[res.key]
     data = load_data(data_path)
-    sel, DY, iu, rank_y, DT = _reference(str(data_path), seed)
+    sel, DY, nranks_y, iu, rank_y, DT = _reference(str(data_path), seed)
     Xs = res.embedding[sel]
     DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
     k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))
     m = res.metrics
     pre = {"metric": "precomputed", "metric_x": "precomputed"}
     try:
-        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, **pre)
+        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, data_ranks=nranks_y, **pre)
         m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
         # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
-        m["shepard_goodness"] = float(np.corrcoef(rank_y, rankdata(DX[iu]))[0, 1])
+        m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
         if data["label"] is not None:
             m["knn_accuracy"] = metrics.knn_accuracy(
                 DX, data["label"][sel], n_neighbors=1, metric="precomputed"

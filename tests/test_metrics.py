@@ -60,6 +60,26 @@ def test_trustworthiness_ties_follow_stable_order():
         penalty += sum(max(rank[j] - k, 0) for j in ox[:k])
     ref = 1 - 2.0 / (n * k * (2 * n - 3 * k - 1)) * penalty
     assert metrics.trustworthiness(Y, X, k) == pytest.approx(ref, abs=1e-12)
+    # the same with the data side's ranks computed once (as the sweep's evaluation does)
+    R = metrics.neighbour_ranks(Dy)
+    for i in range(n):
+        oy = [j for j in np.argsort(Dy[i], kind="stable") if j != i]
+        assert R[i, i] == 0 and [R[i, j] for j in oy] == list(range(1, n))
+    got = metrics.trustworthiness(Dy, Dx, k, metric="precomputed", metric_x="precomputed", data_ranks=R)
+    assert got == pytest.approx(ref, abs=1e-12)
+    with pytest.raises(ValueError, match=r"data_ranks must have shape \(60, 60\)"):
+        metrics.trustworthiness(Y, X, k, data_ranks=R[:-1])
+
+
+def test_average_ranks_equal_scipy_rankdata():
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(2)
+    ints = rng.integers(0, 40, size=5000).astype(float)  # many ties
+    for x in (rng.normal(size=5000), ints, np.ones(7), np.arange(1.0)):
+        np.testing.assert_array_equal(metrics.average_ranks(x), rankdata(x))
+    with pytest.raises(ValueError, match="finite"):
+        metrics.average_ranks([1.0, np.nan])
 
 
 def test_knn_accuracy_matches_manual_cv():

@@ -287,3 +287,29 @@ def test_queued_grid_points_do_not_run_side_by_side_on_a_one_thread_worker(tmp_p
     spans = sorted(spans)
     for (_, end, _), (start, _, _) in zip(spans, spans[1:]):
         assert start >= end - 1e-3, spans  # each task starts after the previous one ended
+
+
+def test_evaluation_equals_the_reference_metrics(tmp_path):
+    """A grid point's stored metrics (data-side ranks cached per dataset, fast average ranks)
+    equal the metrics computed from scratch: our trustworthiness / continuity (themselves checked
+    against scikit-learn in test_metrics), and the Shepard goodness as scipy's spearmanr."""
+    from scipy.spatial.distance import pdist
+    from scipy.stats import spearmanr
+
+    from lvmcore import metrics
+    from tasks.evaluate import EVAL_NEIGHBORS, evaluate_point
+    from tasks.fit import fit_point
+    from tasks.ingest import ingest_dataset
+    from tasks.inputs import load_data
+
+    path = str(tmp_path / "data.zarr")
+    ingest_dataset({"name": "swiss_roll", "n": 300, "seed": 0}, path)
+    Y = load_data(path)["Y"]
+    for seed in (0, 1):
+        point = {"latent_dim": 2, "seed": seed}
+        res = evaluate_point(fit_point("ppca", {}, path, None, (0, seed), point), path)
+        X, m = res.embedding, res.metrics
+        assert res.status == "done" and res.error == ""
+        assert m["trustworthiness"] == pytest.approx(metrics.trustworthiness(Y, X, EVAL_NEIGHBORS), abs=1e-12)
+        assert m["continuity"] == pytest.approx(metrics.continuity(Y, X, EVAL_NEIGHBORS), abs=1e-12)
+        assert m["shepard_goodness"] == pytest.approx(spearmanr(pdist(Y), pdist(X))[0], abs=1e-12)
