@@ -40,34 +40,12 @@ def grid_for(spec) -> dict:
     return {"latent_dim": [1, 2], "seed": list(range(24))}
 
 
-def run_loop(model, dataset, grid, tmp) -> tuple[float, int]:
-    """(a) the anchor: ingest, kNN, then fit + evaluate of every grid point as plain calls."""
-    from flows.sweep import input_paths
-    from tasks.evaluate import evaluate_point
-    from tasks.fit import fit_point
-    from tasks.ingest import ingest_dataset
-    from tasks.knn import build_graph
-    from tasks.registry import MODELS, grid_points
-
-    spec = MODELS[model]
-    data_path, graph_path = input_paths(str(tmp / f"loop-{model}.zarr"))
-    Path(data_path).parent.mkdir(parents=True)
-    t0 = time.perf_counter()
-    ingest_dataset(dataset, data_path)
-    gp = build_graph(data_path, max(grid.get("k", [0])), graph_path) if "k" in spec.dims else None
-    failed = 0
-    for idx, point in grid_points(spec, grid):
-        r = evaluate_point(fit_point(model, {}, data_path, gp, idx, point), data_path)
-        failed += r.status != "done"
-    return time.perf_counter() - t0, failed
-
-
 def _pool_init():
     import tasks.evaluate  # noqa: F401
     import tasks.fit  # noqa: F401
 
 
-def _pool_point(args):
+def _plain_point(args) -> str:
     from tasks.evaluate import evaluate_point
     from tasks.fit import fit_point
 
@@ -75,22 +53,24 @@ def _pool_point(args):
     return evaluate_point(fit_point(model, {}, data_path, gp, idx, point), data_path).status
 
 
-def run_pool(model, dataset, grid, tmp, pool) -> tuple[float, int]:
-    """(c) ingest and kNN as in (a), then the grid points on a warm 2-process pool, dynamically."""
+def run_plain(model, dataset, grid, tmp, pool=None) -> tuple[float, int]:
+    """Ingest, kNN, then fit + evaluate of every grid point as plain calls: (a) the anchor, in a
+    loop in this process (``pool=None``); (c) on a warm process pool, one point per message."""
     from flows.sweep import input_paths
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph
     from tasks.registry import MODELS, grid_points
 
     spec = MODELS[model]
-    data_path, graph_path = input_paths(str(tmp / f"pool-{model}.zarr"))
+    data_path, graph_path = input_paths(str(tmp / f"{'loop' if pool is None else 'pool'}-{model}.zarr"))
     Path(data_path).parent.mkdir(parents=True)
     t0 = time.perf_counter()
     ingest_dataset(dataset, data_path)
     gp = build_graph(data_path, max(grid.get("k", [0])), graph_path) if "k" in spec.dims else None
     args = [(model, data_path, gp, idx, point) for idx, point in grid_points(spec, grid)]
-    states = list(pool.imap_unordered(_pool_point, args, chunksize=1))
-    return time.perf_counter() - t0, sum(s != "done" for s in states)
+    states = map(_plain_point, args) if pool is None else pool.imap_unordered(_plain_point, args, chunksize=1)
+    failed = sum(s != "done" for s in states)
+    return time.perf_counter() - t0, failed
 
 
 def main():
@@ -121,10 +101,10 @@ def main():
             grid = grid_for(MODELS[model])
             n = len(list(grid_points(MODELS[model], grid)))
             assert n == 48, n
-            t_loop, failed = run_loop(model, dataset, grid, tmp)
+            t_loop, failed = run_plain(model, dataset, grid, tmp)
             with multiprocessing.get_context("spawn").Pool(2, initializer=_pool_init) as pool:
                 pool.map(abs, range(2))  # both processes up and imported before the timing
-                t_pool, failed_pool = run_pool(model, dataset, grid, tmp, pool)
+                t_pool, failed_pool = run_plain(model, dataset, grid, tmp, pool)
             # (b) the flow on a 2-process LocalCluster (started and stopped inside the timing)
             t0 = time.perf_counter()
             res = embed_sweep(
