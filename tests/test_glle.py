@@ -10,7 +10,7 @@ from lvmcore.data import synthetic as S
 from lvmcore.graph import knn
 from lvmcore.lle import barycenter_weights, embed, weight_matrix
 from lvmcore.metrics import unfolding
-from lvmcore.models.glle import GLLE, em_iterations, em_point_stats, sum_to_one_basis
+from lvmcore.models.glle import GLLE, direct_point_stats, em_iterations, em_point_stats, sum_to_one_basis
 
 
 def test_barycenter_weights_equal_sklearn():
@@ -106,6 +106,38 @@ def test_em_iterations_never_give_nonpositive_sigma():
     assert np.all(sigma > 0)
 
 
+def test_direct_covariance_is_the_evidence_maximising_posterior():
+    """Direct sampling on k' = 9 > D + Q = 5: the target [y_i; x_i] - neighbour mean is modelled as
+    A v + N(0, tau^2 I) with v ~ N(0, tau^2 / eps I). Checked against a brute-force construction:
+    tau^2 maximises the log evidence log N(t; 0, tau^2 (I + A A^T / eps)) (found numerically) and
+    the precision is the posterior one, (A^T A + eps I) / tau^2."""
+    from scipy.optimize import minimize_scalar
+
+    rng = np.random.default_rng(3)
+    n, D, Q, k, reg = 12, 3, 2, 10, 1e-2
+    Y, E = rng.standard_normal((n, D)), rng.standard_normal((n, Q))
+    idx = np.array([np.delete(np.arange(n), [0, 1])[:k]])
+    L, logdet = direct_point_stats(Y, idx, np.array([0]), E, reg)
+    B = sum_to_one_basis(k)
+    J = np.hstack([Y, E])
+    G = J[idx[0]] - J[0]  # (k, D + Q)
+    A = G.T @ B
+    t = J[0] - J[idx[0]].mean(axis=0)
+    eps = reg * np.trace(G @ G.T)
+    K = np.eye(D + Q) + A @ A.T / eps
+
+    def neg_log_evidence(log_tau2):
+        cov = np.exp(log_tau2) * K
+        return 0.5 * (np.linalg.slogdet(cov)[1] + t @ np.linalg.solve(cov, t))
+
+    best = minimize_scalar(neg_log_evidence, bounds=(-20, 10), method="bounded", options={"xatol": 1e-10})
+    P = L[0] @ L[0].T
+    tau2 = (A.T @ A + eps * np.eye(k - 1))[0, 0] / P[0, 0]
+    np.testing.assert_allclose(tau2, np.exp(best.x), rtol=1e-6)
+    np.testing.assert_allclose(P, (A.T @ A + eps * np.eye(k - 1)) / tau2, rtol=1e-10)
+    np.testing.assert_allclose(logdet[0], np.linalg.slogdet(P)[1], rtol=1e-10)
+
+
 @pytest.mark.parametrize("method", ["em", "direct"])
 def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
     Y, _ = S.swiss_roll(3000, seed=2)
@@ -153,15 +185,15 @@ def test_paper_unfolding_protocol(name):
     """Paper 001 section VI: 5,000 points, k = 10, a = 1, 10 generations per variant. The unfolding
     measure is |Spearman| of the manifold parameter with the best embedding coordinate, a coordinate
     being any direction of the embedding (``metrics.unfolding``): an LLE embedding is defined only up
-    to rotation. Asserted: LLE unfolds (>= 0.99), sigma_i > 0, every EM generation unfolds (>= 0.9;
-    measured 30 of 30 draws on each manifold, minimum 0.904 on the Swiss roll).
+    to rotation. Asserted: LLE unfolds (>= 0.99), sigma_i > 0, and every generation of both variants
+    unfolds (>= 0.9).
 
-    NOT met for direct sampling: 9 of these 10 draws unfold on the severed bowl (one folds back at
-    the cut end, 0.83), and over 30 draws one fails on the Swiss roll, the roll with a hole and the
-    bowl (0.87, 0.895, 0.83). Its covariance in the directions the neighbours leave free is set by
-    the ridge alone. So for direct sampling at least 9 of 10 and the median (>= 0.95) are asserted.
-    The axis-only measure (the eigensolver's columns as they come) is lower because the sampled
-    weights rotate the bottom eigenvectors (minima 0.64-0.92 over 30 draws); its median is asserted."""
+    Unfolding is a property of most draws, not of every draw: over 120 draws per manifold (seeds 1,
+    7, 11 of ``sample``), 4 of 480 direct-sampling generations fold (< 0.9; the worst 0.43 on the
+    roll with a hole, seed 7) and so do 4 of 480 EM generations (worst 0.38, the same manifold and
+    seed). Seed 1's first 10 unfold for both. The axis-only measure (the eigensolver's columns as
+    they come) is lower because the sampled weights rotate the bottom eigenvectors; its median is
+    asserted."""
     Y, lat = MANIFOLDS[name](5000, seed=0)
     t = lat[:, 0]
     for method in ("em", "direct"):
@@ -171,7 +203,7 @@ def test_paper_unfolding_protocol(name):
             assert np.all(m.sigma_ > 0)
         gens = m.sample(10, random_state=1)
         rho = np.array([unfolding(g, t) for g in gens])
-        assert np.sum(rho >= 0.9) >= (10 if method == "em" else 9), (method, rho)
+        assert np.all(rho >= 0.9), (method, rho)
         assert np.median(rho) >= 0.95, (method, rho)
         axis = np.array([unfolding(g, t, rotate=False) for g in gens])
         assert np.median(axis) >= 0.9, (method, axis)
