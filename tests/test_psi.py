@@ -299,6 +299,13 @@ def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
     for k, (g, r) in enumerate(zip(vjp(cot), ref_vjp(cot))):
         assert np.shape(g) == np.shape(r), k
         _rel_close(g, r, 1e-10)
+    # primal=False (the chunked backward task): zero sums, no forward row pass, the same VJP; its
+    # backward pass accumulates the row sums that the variance and pair gradients need itself
+    out0, vjp0 = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, primal=False), *args)
+    assert not np.any(np.asarray(out0[1])) and not np.any(np.asarray(out0[2]))
+    for k, (g, r) in enumerate(zip(vjp0(cot), ref_vjp(cot))):
+        assert np.shape(g) == np.shape(r), k
+        _rel_close(g, r, 1e-10)
 
 
 def test_linear_gradients_finite_differences(case):

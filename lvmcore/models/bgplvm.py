@@ -67,11 +67,11 @@ def psi_block(M: int) -> int:
     return int(np.clip(rows // 16 * 16, 16, 1024))
 
 
-def view_psi(kind, mu, S, Z, kp, Y):
+def view_psi(kind, mu, S, Z, kp, Y, primal=True):
     from lvmcore.psi.closed_form import linear_psi, rbf_psi
 
     if kind == "rbf":
-        return rbf_psi(mu, S, Z, *kernel_params(kind, kp), Y, block_size=psi_block(Z.shape[0]))
+        return rbf_psi(mu, S, Z, *kernel_params(kind, kp), Y, block_size=psi_block(Z.shape[0]), primal=primal)
     return linear_psi(mu, S, Z, *kernel_params(kind, kp), Y)
 
 
@@ -113,7 +113,7 @@ class ViewStats(JitStats):
     def key(self):
         return (self.kinds, self.shared, self.with_kl)
 
-    def build(self):
+    def build(self, primal=True):
         import jax.numpy as jnp
 
         from lvmcore.psi.closed_form import kl_diag_gaussian
@@ -125,11 +125,14 @@ class ViewStats(JitStats):
             out = []
             for v, kind in enumerate(kinds):
                 Z = glob["Z"][0 if shared else v]
-                p0, p1, p2 = view_psi(kind, mu, S, Z, glob["kern"][v], data[v])
+                p0, p1, p2 = view_psi(kind, mu, S, Z, glob["kern"][v], data[v], primal=primal)
                 out.append((p0, p1, p2, jnp.sum(data[v] ** 2)))
             return {"views": out, "kl": kl_diag_gaussian(mu, S) if with_kl else jnp.zeros(())}
 
         return f
+
+    def build_for_vjp(self):
+        return self.build(primal=False)
 
 
 @functools.lru_cache(maxsize=64)

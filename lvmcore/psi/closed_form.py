@@ -188,21 +188,56 @@ def _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block):
     return _over_row_blocks(body, init, (mu, S, Y), block)[0]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _rbf_sums(mu, S, Y, l2, Z, zbar, block):
-    """(sum_n psi1_n^T Y_n / variance (M, D), sum_n of Psi2_n's row-dependent factor per pair (P,)).
-
-    Differentiated by the hand-written rule below; its only residuals are the inputs (each row
-    block's exponentials are recomputed in the backward pass, while in cache)."""
-    return _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block)
+def _rbf_outputs(variance, log_pair, e1Y, acc):
+    """(Psi1^T Y, Psi2's pairs) from the row sums of :func:`_rbf_sums_impl`."""
+    return variance * e1Y, variance * variance * jnp.exp(log_pair) * acc
 
 
-def _rbf_sums_fwd(mu, S, Y, l2, Z, zbar, block):
-    return _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block), (mu, S, Y, l2, Z, zbar)
+@partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal):
+    """(Psi1^T Y (M, D), sum_n Psi2_n per pair m <= m' (P,)), ``log_pair`` the pairs' log factor
+    -sum_q (z_m - z_m')^2 / (4 l2).
+
+    Differentiated by the hand-written rule below; its residuals are the inputs and the row sums
+    (each row block's exponentials are recomputed in the backward pass, while in cache). With
+    ``primal=False`` the outputs are zeros and their row pass is skipped; the backward pass then
+    accumulates the row sums itself (the variance and pair-factor gradients need them), so the
+    vector-Jacobian product is unchanged. That is for a ``jax.vjp`` whose outputs are discarded:
+    XLA does not remove an unused forward loop from a jitted ``jax.vjp``."""
+    if not primal:
+        return _zero_sums(Y, Z, zbar)
+    return _rbf_outputs(variance, log_pair, *_rbf_sums_impl(mu, S, Y, l2, Z, zbar, block))
 
 
-def _rbf_sums_bwd(block, res, cot):
-    """Cotangents V (M, D) of the first output and c (P,) of the second; see the module docstring."""
+def _zero_sums(Y, Z, zbar):
+    return jnp.zeros((Z.shape[0], Y.shape[1]), Y.dtype), jnp.zeros((zbar.shape[0],), Y.dtype)
+
+
+def _rbf_stats_fwd(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal):
+    if not primal:
+        return _zero_sums(Y, Z, zbar), (mu, S, Y, l2, Z, zbar, variance, log_pair, None)
+    sums = _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block)
+    return _rbf_outputs(variance, log_pair, *sums), (mu, S, Y, l2, Z, zbar, variance, log_pair, sums)
+
+
+def _rbf_stats_bwd(block, primal, res, cot):
+    """Cotangents G1 (M, D) of Psi1^T Y and G2 (P,) of the pairs; the row pass gets V = variance G1
+    and c = variance^2 exp(log_pair) G2 (see the module docstring)."""
+    mu, S, Y, l2, Z, zbar, variance, log_pair, sums = res
+    G1, G2 = cot
+    pf = variance * variance * jnp.exp(log_pair)
+    (g_mu, g_S, g_Y, g_l2, g_Z, g_zbar), row_sums = _rbf_sums_bwd(
+        block, (mu, S, Y, l2, Z, zbar), (variance * G1, pf * G2), with_sums=sums is None
+    )
+    e1Y, acc = row_sums if sums is None else sums
+    g_var = jnp.sum(G1 * e1Y) + 2.0 * variance * jnp.sum(G2 * jnp.exp(log_pair) * acc)
+    return g_mu, g_S, g_Y, g_l2, g_Z, g_zbar, g_var, G2 * pf * acc
+
+
+def _rbf_sums_bwd(block, res, cot, with_sums=False):
+    """The row pass of the backward rule: cotangents V (M, D) of e1Y and c (P,) of the row sums of
+    :func:`_rbf_sums_impl`; see the module docstring. With ``with_sums`` it also returns those row
+    sums (e1Y, acc), accumulated from the exponentials it recomputes anyway (else None)."""
     mu, S, Y, l2, Z, zbar = res
     V, c = cot
     Q = mu.shape[1]
@@ -212,7 +247,7 @@ def _rbf_sums_bwd(block, res, cot):
     C2t = (c[:, None] * jnp.concatenate([jnp.ones_like(zbar[:, :1]), zbar, zbar * zbar], axis=1)).T
 
     def body(carry, rows):
-        g_l2, g_Z, g_zbar = carry
+        g_l2, g_Z, g_zbar, sums = carry
         mu_b, S_b, Y_b = rows
         muT, ST = mu_b.T, S_b.T
         mu2 = muT * muT
@@ -234,22 +269,28 @@ def _rbf_sums_bwd(block, res, cot):
         f, k1, k2 = H2[:1], H2[1 : Q + 1], H2[Q + 1 :]
         g_mu = g_mu - 2.0 * a * (muT * f - k1)
         g_S2 = -a * f + 2.0 * a * a * (mu2 * f - 2.0 * muT * k1 + k2)
-        g_zbar = g_zbar + E2 @ A2.T  # (P, 2Q)
+        if with_sums:  # the row sum of E2 as one more column of the same GEMM
+            EA = E2 @ jnp.concatenate([A2, jnp.ones_like(A2[:1])], axis=0).T  # (P, 2Q + 1)
+            g_zbar = g_zbar + EA[:, :-1]
+            sums = (sums[0] + e1 @ Y_b, sums[1] + EA[:, -1])
+        else:
+            g_zbar = g_zbar + E2 @ A2.T  # (P, 2Q)
         g_l2 = g_l2 + (g_S1 + 0.5 * g_S2 + 0.5 * (s1 + f) / l2c).sum(1)
-        return (g_l2, g_Z, g_zbar), (g_mu.T, (g_S1 + g_S2).T, g_Y)
+        return (g_l2, g_Z, g_zbar, sums), (g_mu.T, (g_S1 + g_S2).T, g_Y)
 
     init = (
         jnp.zeros_like(l2),
         jnp.zeros((Z.shape[0], 2 * Q), mu.dtype),
         jnp.zeros((zbar.shape[0], 2 * Q), mu.dtype),
+        _zero_sums(Y, Z, zbar) if with_sums else None,
     )
-    (g_l2, GZ, Gz), (g_mu, g_S, g_Y) = _over_row_blocks(body, init, (mu, S, Y), block)
+    (g_l2, GZ, Gz, sums), (g_mu, g_S, g_Y) = _over_row_blocks(body, init, (mu, S, Y), block)
     g_Z = GZ[:, :Q] - Z * GZ[:, Q:]
     g_zbar = 2.0 * c[:, None] * (Gz[:, :Q] - zbar * Gz[:, Q:])
-    return g_mu, g_S, g_Y, g_l2, g_Z, g_zbar
+    return (g_mu, g_S, g_Y, g_l2, g_Z, g_zbar), sums
 
 
-_rbf_sums.defvjp(_rbf_sums_fwd, _rbf_sums_bwd)
+_rbf_stats.defvjp(_rbf_stats_fwd, _rbf_stats_bwd)
 
 
 @jax.jit
@@ -260,12 +301,15 @@ def rbf_psi1(mu, S, Z, variance, lengthscale):
     return _rbf_psi1_block(mu, S, Z, jnp.asarray(variance, dtype=jnp.float64), l2)
 
 
-@partial(jax.jit, static_argnames=("block_size",))
-def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK):
+@partial(jax.jit, static_argnames=("block_size", "primal"))
+def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK, primal: bool = True):
     """Per-chunk partial sums for the RBF-ARD kernel.
 
     Returns ``(psi0_sum, psi1TY, psi2_sum)``: the scalar N * variance, Psi1^T Y of shape (M, D) and
     sum_n Psi2_n of shape (M, M).  Rows are processed ``block_size`` at a time (static int).
+    ``primal=False`` is only for a ``jax.vjp`` whose outputs are discarded (the backward task of the
+    chunked map-reduce): Psi1^T Y and Psi2 come back as zeros without their row pass, and the
+    vector-Jacobian product is the same.
     """
     mu, S, Z, Y = _as64(mu, S, Z, Y)
     variance = jnp.asarray(variance, dtype=jnp.float64)
@@ -278,9 +322,8 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     dzz = Z[iu] - Z[ju]
     log_pair = -(dzz * dzz / (4.0 * l2)).sum(1)  # (P,)
 
-    e1Y, acc = _rbf_sums(mu, S, Y, l2, Z, zbar, max(1, int(block_size)))
-    psi1TY = variance * e1Y
-    pairs = variance * variance * jnp.exp(log_pair) * acc
+    block = max(1, int(block_size))
+    psi1TY, pairs = _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block, bool(primal))
     psi2 = jnp.zeros((M, M), jnp.float64).at[iu, ju].set(pairs).at[ju, iu].set(pairs)
     psi0 = N * variance
     return psi0, psi1TY, psi2
