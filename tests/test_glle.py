@@ -149,6 +149,15 @@ def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
     np.testing.assert_array_equal(chunked.sample(2, random_state=9), plain.sample(2, random_state=9))
 
 
+def test_chunked_equals_unchunked_without_a_cluster():
+    """chunks without a distributed client: Dask's local scheduler, Y held once in the graph."""
+    Y, _ = S.swiss_roll(1500, seed=2)
+    plain = GLLE(2, 10, method="direct", random_state=5).fit(Y)
+    chunked = GLLE(2, 10, method="direct", random_state=5, chunks=400).fit(Y)
+    np.testing.assert_array_equal(chunked.weights_, plain.weights_)
+    np.testing.assert_array_equal(chunked.sample(2, random_state=9), plain.sample(2, random_state=9))
+
+
 def test_generations_repeat_for_a_seed_and_differ_between_seeds():
     Y, _ = S.s_curve(1200, seed=4)
     m = GLLE(2, 10, random_state=0).fit(Y)
