@@ -51,8 +51,11 @@ pass), w1 = 1 / (l2 + S) and W1[m, n] = Psi1[n, m] (V_m . Y_n) / variance:
 where s1, h1, h2 = sum_m W1[m, n] (1, z_mq, z_mq^2) and f, k1, k2 = sum_p c_p E[p, n] (1, zbar_pq,
 zbar_pq^2): per block, the GEMMs [c, c zbar, c zbar^2]^T E (rows' sums) and E [a mu, a]^T (pairs'
 sums), plus one recomputation of E: one exp pass and three (P, 2Q)-sized GEMMs per block, instead
-of reverse mode's stored exponentials and elementwise chains (the pair-level factors, exp of
--(z_m - z_m')^2 / (4 l2), the variance, zbar's dependence on Z, stay with autodiff).
+of reverse mode's stored exponentials and elementwise chains. The same rule gives the gradients
+of the variance and of the pairs' log factor -(z_m - z_m')^2 / (4 l2) from the row sums; the
+dependence of that factor and of zbar on Z and l2 stays with autodiff. For a backward-only use
+(``rbf_psi(primal=False)``) the row sums are accumulated in the backward pass instead of a
+forward one.
 
 Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable in
 reverse mode (``jax.vjp`` / ``jax.grad``; :func:`rbf_psi` has no forward-mode rule, so no
