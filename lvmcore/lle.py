@@ -148,8 +148,7 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
     import dask
     import dask.array as da
 
-    idx_d = da.from_array(idx, chunks=(int(chunks), -1))
-    starts = np.cumsum((0,) + idx_d.chunks[0])
+    starts = np.append(np.arange(0, n, int(chunks)), n)
     try:
         from distributed import get_client
 
@@ -172,6 +171,7 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
             futs.append(client.submit(_apply, func, Yd, piece[0], np.arange(a, e), piece[1:], kw, pure=False))
         results = client.gather(futs)
     else:
+        idx_d = da.from_array(idx, chunks=(int(chunks), -1))
         Yd = dask.delayed(Y, pure=True)
         parts = []
         for b, blk in enumerate(idx_d.to_delayed().ravel()):
