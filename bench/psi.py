@@ -1,6 +1,8 @@
 """Bound + gradient of the Bayesian GP-LVM (RBF-ARD): ours (fused jitted map-reduce, one chunk)
-against GPy 1.15's BayesianGPLVM at the same parameters, one BLAS/XLA thread each, in one run;
-then the chunked Dask evaluation at large N on 1 vs 2 worker processes.
+against GPy 1.15's BayesianGPLVM at the same parameters, in one run, on one CPU core (the process
+is pinned to it: XLA's thread pool follows the affinity, not the thread variables; see
+``bench/_pin.py``); then the chunked Dask evaluation at large N on 1 vs 2 worker processes, one
+core each.
 
     python bench/psi.py [--big 200000] [--repeats 5]
 Prints ratios (GPy time / our time; 1-worker time / 2-worker time); the timed calls of the two
@@ -16,6 +18,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _pin import pin_one_core, unpin  # noqa: E402
 
 
 def problem(N, M, Q, D, seed=0):
@@ -68,6 +71,8 @@ def main():
     ap.add_argument("--big", type=int, default=200_000, help="0: skip the chunked run")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
+    # before jax starts its CPU backend; not at import, which the spawned Dask workers repeat
+    print(f"in process on core {pin_one_core()}")
     print("size (N, M, Q, D)        ours_ms   gpy_ms   gpy/ours")
     for N, M, Q, D in ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50)):
         Y, mu, S, Z = problem(N, M, Q, D)
@@ -77,15 +82,19 @@ def main():
         return
     from _cluster import local_client
 
+    unpin()  # the workers start with every core; flows.pin_cores gives each its own
+
     Y, mu, S, Z = problem(a.big, 50, 5, 20)
     # both clusters up at once (each RowChunks keeps the client current at its construction), their
     # evaluations alternating
-    with local_client(1):
+    with local_client(1) as c1:
         one = ours_runner(Y, mu, S, Z, chunks=a.big // 8)
-        with local_client(2):
+        with local_client(2) as c2:
             two = ours_runner(Y, mu, S, Z, chunks=a.big // 8)
             t1, t2 = best_of_interleaved([one, two], a.repeats)
+            cores = [sorted(c.run(lambda: sorted(os.sched_getaffinity(0))).values()) for c in (c1, c2)]
     print(f"chunked N={a.big}: 1 worker {t1:.3f} s, 2 workers {t2:.3f} s, speed-up {t1 / t2:.2f}x")
+    print(f"cores of the workers: 1-worker cluster {cores[0]}, 2-worker cluster {cores[1]}")
 
 
 if __name__ == "__main__":
