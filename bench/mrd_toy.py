@@ -4,7 +4,10 @@ the segmentation they imply (threshold 1e-3), learned noise variances (truth 0.0
 cross-view prediction error (view 1 from noisy view 0) on the shared-signal columns: ours by
 Algorithm 1, ours without its completion step, and GPy's (InferenceX on view 0, then predict).
 
-    python bench/mrd_toy.py [--seed 0]"""
+    python bench/mrd_toy.py [--seed 0]
+
+Runs on one CPU core (``bench/_pin.py``: XLA's thread pool follows the process's affinity), so that
+the fit times compare one core with one core."""
 
 import os
 
@@ -15,6 +18,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _pin import pin_one_core  # noqa: E402
 
 
 def segment(rel, thr=1e-3):
@@ -30,6 +34,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    print(f"on core {pin_one_core()}")
     import GPy
 
     from lvmcore.data.synthetic import mrd_toy
