@@ -4,9 +4,10 @@ XLA sizes its CPU thread pool from the process's CPU affinity; the thread variab
 and ``XLA_FLAGS=... intra_op_parallelism_threads=1`` do not bound it (jax-ml/jax#1539). Unpinned on
 the 2-core VM, a jitted bound + gradient ran on two XLA threads at once (each busy about 100% of
 the wall time), so "one thread each" against GPy was not true. :func:`pin_one_core` must run before
-jax starts its CPU backend (the first jax computation); :func:`unpin` restores the original set for
-processes started afterwards (the Dask workers of the chunked runs, which ``flows.pin_cores`` then
-pins one core each); the threads jax has already started keep the one core."""
+jax starts its CPU backend (the first jax computation), and not at import in a script that starts
+Dask workers (they re-import it). :func:`unpin` gives the threads their cores back for processes
+started afterwards (the Dask workers of the chunked runs, which ``flows.pin_cores`` then pins one
+core each); jax's pool keeps the one thread it was sized for."""
 
 import os
 
