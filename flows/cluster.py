@@ -19,6 +19,22 @@ PINNED_THREADS_ENV = {
 CLUSTER_TYPES = ("local", "address", "slurm", "kubernetes")
 
 
+def compile_cache_env() -> dict:
+    """JAX's persistent compilation cache for the workers: ``{"JAX_COMPILATION_CACHE_DIR": dir}``.
+
+    XLA compiles each model's bound and gradient once per worker process and data shape (5-6 s
+    for the Bayesian GP-LVM's at N = 1,000 on one core, against 10-14 ms per evaluation). With
+    the cache on disk, a second worker, a later sweep or the next scheduled run of the same grid
+    loads the executable instead. The directory is the caller's ``JAX_COMPILATION_CACHE_DIR`` if
+    set (set it empty to switch the cache off), else ``$XDG_CACHE_HOME/embed-sweep/jax`` (default
+    ``~/.cache/embed-sweep/jax``). jax compresses each entry and treats an entry it cannot read
+    (e.g. one being written by another process) as a miss."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return {"JAX_COMPILATION_CACHE_DIR": os.environ["JAX_COMPILATION_CACHE_DIR"]}
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(base, "embed-sweep", "jax")}
+
+
 def normalise_cluster(cluster) -> dict:
     """A cluster spec as a dict with a ``type``; raises ValueError for a spec that cannot work."""
     if cluster is None:
@@ -61,8 +77,9 @@ def normalise_cluster(cluster) -> dict:
 
 
 def pin_threads() -> None:
-    """Set the pinned-thread environment (inherited by worker processes spawned afterwards)."""
-    for k, v in PINNED_THREADS_ENV.items():
+    """Set the pinned-thread environment and the compilation cache (inherited by worker processes
+    spawned afterwards)."""
+    for k, v in dict(PINNED_THREADS_ENV, **compile_cache_env()).items():
         os.environ.setdefault(k, v)
 
 
@@ -98,7 +115,7 @@ def start_cluster(spec: dict):
         adapt = spec.pop("adapt", None)
         jobs = spec.pop("jobs", 2)
         prologue = list(spec.pop("job_script_prologue", []))
-        prologue += [f"export {k}='{v}'" for k, v in PINNED_THREADS_ENV.items()]
+        prologue += [f"export {k}='{v}'" for k, v in dict(PINNED_THREADS_ENV, **compile_cache_env()).items()]
         cluster = SLURMCluster(job_script_prologue=prologue, **spec)
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes
@@ -106,7 +123,7 @@ def start_cluster(spec: dict):
 
         adapt = spec.pop("adapt", None)
         n = spec.pop("n_workers", 2)
-        env = dict(PINNED_THREADS_ENV, **spec.pop("env", {}))
+        env = dict(PINNED_THREADS_ENV, **compile_cache_env(), **spec.pop("env", {}))
         cluster = KubeCluster(n_workers=n, env=env, **spec)
         if adapt:
             cluster.adapt(**adapt)

@@ -5,6 +5,13 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
+# the sweep's workers use jax's persistent compilation cache (flows.cluster.compile_cache_env); the
+# tests keep theirs in a fresh folder of this run, not in the user's ~/.cache
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="embed-sweep-test-jax-cache-")
+
 
 import pytest  # noqa: E402
 
