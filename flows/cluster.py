@@ -76,10 +76,14 @@ def normalise_cluster(cluster) -> dict:
     return cluster
 
 
+def worker_env() -> dict:
+    """The environment every worker gets: one thread per library and the compilation cache."""
+    return dict(PINNED_THREADS_ENV, **compile_cache_env())
+
+
 def pin_threads() -> None:
-    """Set the pinned-thread environment and the compilation cache (inherited by worker processes
-    spawned afterwards)."""
-    for k, v in dict(PINNED_THREADS_ENV, **compile_cache_env()).items():
+    """Set :func:`worker_env` here (inherited by worker processes spawned afterwards)."""
+    for k, v in worker_env().items():
         os.environ.setdefault(k, v)
 
 
@@ -115,7 +119,7 @@ def start_cluster(spec: dict):
         adapt = spec.pop("adapt", None)
         jobs = spec.pop("jobs", 2)
         prologue = list(spec.pop("job_script_prologue", []))
-        prologue += [f"export {k}='{v}'" for k, v in dict(PINNED_THREADS_ENV, **compile_cache_env()).items()]
+        prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
         cluster = SLURMCluster(job_script_prologue=prologue, **spec)
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes
@@ -123,7 +127,7 @@ def start_cluster(spec: dict):
 
         adapt = spec.pop("adapt", None)
         n = spec.pop("n_workers", 2)
-        env = dict(PINNED_THREADS_ENV, **compile_cache_env(), **spec.pop("env", {}))
+        env = dict(worker_env(), **spec.pop("env", {}))
         cluster = KubeCluster(n_workers=n, env=env, **spec)
         if adapt:
             cluster.adapt(**adapt)
