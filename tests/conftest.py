@@ -15,6 +15,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="embed-sweep-test-jax-cache-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
+# likewise the native psi2 kernel (lvmcore.psi.native) is built once per test run, into a fresh folder
+if "EMBED_SWEEP_NATIVE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["EMBED_SWEEP_NATIVE_DIR"] = tempfile.mkdtemp(prefix="embed-sweep-test-native-")
+    atexit.register(shutil.rmtree, os.environ["EMBED_SWEEP_NATIVE_DIR"], ignore_errors=True)
+
 
 import pytest  # noqa: E402
 

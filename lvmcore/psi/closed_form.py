@@ -304,16 +304,104 @@ def rbf_psi1(mu, S, Z, variance, lengthscale):
     return _rbf_psi1_block(mu, S, Z, jnp.asarray(variance, dtype=jnp.float64), l2)
 
 
-@partial(jax.jit, static_argnames=("block_size", "primal"))
-def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK, primal: bool = True):
+def _pair_inputs(mu, S, l2, Z):
+    """(U (N, M), a (N, Q), Zc (P, Q)) of the native pair kernel (``lvmcore.psi.native``): the
+    exponent of Psi2_n's pair p = (m, m') is U[n, m] + U[n, m'] + a_n . Zc[p] (plus the pair factor
+    log_pair), i.e. the module docstring's expansion with zbar = (z_m + z_m') / 2 split over m, m'."""
+    a = 1.0 / (l2 + 2.0 * S)
+    r = -0.5 * jnp.log1p(2.0 * S / l2).sum(1) - (a * mu * mu).sum(1)
+    U = (a * mu) @ Z.T - 0.25 * (a @ (Z * Z).T) + 0.5 * r[:, None]
+    iu, ju = np.triu_indices(Z.shape[0])
+    return U, a, -0.5 * Z[iu] * Z[ju]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store):
+    """sum_n Psi2_n per pair m <= m' (P,), by the C kernel; ``primal=False`` as in :func:`_rbf_stats`
+    (zeros out, the backward pass computes the row sums it needs); ``store``: the forward pass keeps
+    its exponentials for the backward pass (``native.store_max_bytes``)."""
+    return _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store)[0]
+
+
+def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
+    from lvmcore.psi import native
+
+    if not primal:
+        return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None, None)
+    Es = None
+    if store:
+        acc, Es = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=True)
+    else:
+        acc = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z))
+    return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, Es)
+
+
+def _native_pairs_bwd(primal, store, res, g):
+    from lvmcore.psi import native
+
+    mu, S, l2, Z, variance, log_pair, acc, Es = res
+    el = jnp.exp(log_pair)
+    pf = variance * variance * el
+    inputs, vjp = jax.vjp(_pair_inputs, mu, S, l2, Z)
+    gU, gA, gZc, acc_b = native.pairs_bwd(*inputs, pf * g, with_acc=acc is None, Es=Es)
+    acc = acc_b if acc is None else acc
+    g_mu, g_S, g_l2, g_Z = vjp((gU, gA, gZc))
+    return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
+
+
+_native_pairs.defvjp(_native_pairs_fwd, _native_pairs_bwd)
+
+
+@jax.custom_vjp
+def _zero_primal(x):
+    """Zeros with the identity's vector-Jacobian product (outputs nobody reads, gradient intact)."""
+    return jnp.zeros_like(x)
+
+
+_zero_primal.defvjp(lambda x: (jnp.zeros_like(x), None), lambda _, g: (g,))
+
+IMPLS = ("native", "xla")
+
+
+def _resolve_impl(impl):
+    """'native' (the C pair kernel), 'xla' (pure jax) or None: native where it is available."""
+    from lvmcore.psi import native
+
+    if impl is None:
+        return "native" if native.available() else "xla"
+    if impl not in IMPLS:
+        raise ValueError(f"unknown psi implementation {impl!r}; use one of {IMPLS} or None (automatic)")
+    if impl == "native" and not native.available():
+        raise RuntimeError(f"the native psi2 kernel is unavailable: {native.unavailable_reason()}")
+    return impl
+
+
+def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLOCK, primal: bool = True,
+            impl: str | None = None):  # fmt: skip
     """Per-chunk partial sums for the RBF-ARD kernel.
 
     Returns ``(psi0_sum, psi1TY, psi2_sum)``: the scalar N * variance, Psi1^T Y of shape (M, D) and
-    sum_n Psi2_n of shape (M, M).  Rows are processed ``block_size`` at a time (static int).
-    ``primal=False`` is only for a ``jax.vjp`` whose outputs are discarded (the backward task of the
-    chunked map-reduce): Psi1^T Y and Psi2 come back as zeros without their row pass, and the
-    vector-Jacobian product is the same.
+    sum_n Psi2_n of shape (M, M).  Rows are processed ``block_size`` at a time (static int; XLA
+    path).  ``primal=False`` is only for a ``jax.vjp`` whose outputs are discarded (the backward
+    task of the chunked map-reduce): Psi1^T Y and Psi2 come back as zeros without their row pass,
+    and the vector-Jacobian product is the same.  ``impl``: ``"native"`` (Psi2's pair sums by the
+    C kernel of ``lvmcore.psi.native``, Psi1 by jax), ``"xla"`` (all jax, the row blocks above) or
+    None, native where it is available (decided when the caller is traced).
     """
+    impl = _resolve_impl(impl)
+    store = False
+    if impl == "native" and primal:
+        from lvmcore.psi import native
+
+        store = native.store_len(np.shape(mu)[0], np.shape(Z)[0]) * 8 <= native.store_max_bytes()
+    return _rbf_psi(
+        mu, S, Z, variance, lengthscale, Y, block_size=max(1, int(block_size)), primal=bool(primal),
+        impl=impl, store=store,
+    )  # fmt: skip
+
+
+@partial(jax.jit, static_argnames=("block_size", "primal", "impl", "store"))
+def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, store):
     mu, S, Z, Y = _as64(mu, S, Z, Y)
     variance = jnp.asarray(variance, dtype=jnp.float64)
     N, Q = mu.shape
@@ -321,12 +409,17 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     l2 = _lengthscale_sq(lengthscale, Q)
 
     iu, ju = np.triu_indices(M)
-    zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
     dzz = Z[iu] - Z[ju]
     log_pair = -(dzz * dzz / (4.0 * l2)).sum(1)  # (P,)
 
-    block = max(1, int(block_size))
-    psi1TY, pairs = _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block, bool(primal))
+    if impl == "native":
+        psi1TY = _rbf_psi1_block(mu, S, Z, variance, l2).T @ Y
+        if not primal:
+            psi1TY = _zero_primal(psi1TY)
+        pairs = _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store)
+    else:
+        zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
+        psi1TY, pairs = _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block_size, primal)
     psi2 = jnp.zeros((M, M), jnp.float64).at[iu, ju].set(pairs).at[ju, iu].set(pairs)
     psi0 = N * variance
     return psi0, psi1TY, psi2

@@ -1,0 +1,245 @@
+/* Pair-exponential sums of the RBF psi2 statistic (see lvmcore/psi/native.py for the algebra).
+
+   For rows n < N and the pairs p = (m, m2), m <= m2 < M, in np.triu_indices(M) order:
+
+       x[p, n] = U[n, m] + U[n, m2] + sum_q A[n, q] Zc[p, q],      E[p, n] = exp(x[p, n])
+
+   pairs_fwd:  acc[p] = sum_n E[p, n]; if Es != NULL it also stores the exponentials there
+               (pairs_store_len(N, M) doubles, tile-major) for the backward pass.
+   pairs_bwd:  for a cotangent c (P,) of acc, the gradients of L = sum_p c_p acc_p:
+               gU[n, m] = sum over pairs p containing m of c_p E[p, n] (the pair (m, m) twice),
+               gA[n, q] = sum_p c_p E[p, n] Zc[p, q],   gZc[p, q] = c_p sum_n E[p, n] A[n, q].
+               With Es (the forward pass's store) the exponentials are read, else recomputed per
+               tile; acc != NULL (only without Es) also returns acc.
+
+   Rows go in tiles of NB, transposed into a workspace so that the vector lanes run over rows; a
+   tile's exponentials of one pair row (m, m..M-1) are kept in an L1-sized buffer for the three
+   contractions of the backward pass. All arrays are C-contiguous float64. Portable C: GCC/Clang
+   vector extensions (4 doubles: one AVX2 register, two NEON/SSE registers). Single-threaded and
+   reentrant (the workspace is allocated per call). Returns 0, or -1 if the workspace could not
+   be allocated. */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4i __attribute__((vector_size(32)));
+typedef double v4du __attribute__((vector_size(32), aligned(8))); /* for the caller's store: any alignment */
+
+#define NB 64          /* rows per tile */
+#define NV (NB / 4)    /* vectors per tile row */
+#define PAD_U -1000.0  /* U of a padding row: its exponentials are exactly 0 */
+
+static inline v4d splat(double x) { return (v4d){x, x, x, x}; }
+static inline double hsum(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+static inline v4d blend(v4i mask, v4d yes, v4d no) { return (v4d)(((v4i)yes & mask) | ((v4i)no & ~mask)); }
+
+/* exp(x) to about 1 ulp: x = k ln2 + r (Cody-Waite, |r| <= ln2 / 2), the degree-12 Taylor
+   polynomial of exp(r) (truncation < 2e-16 relative), times 2^k built in the exponent bits.
+   Below -708 the result is 0 (the true value is under 3.4e-308); above 709, +inf; NaN stays NaN. */
+static inline v4d vexp(v4d x) {
+    const v4d lo = splat(-708.0), hi = splat(709.0);
+    v4i under = x < lo, over = x > hi;
+    x = blend(under, lo, x);
+    x = blend(over, hi, x);
+    const v4d magic = splat(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
+    v4d t = x * splat(1.4426950408889634) + magic;
+    v4d kd = t - magic;
+    v4i ki = (v4i)t - (v4i)magic;
+    v4d r = x - kd * splat(6.93147180369123816490e-01);
+    r = r - kd * splat(1.90821492927058770002e-10);
+    v4d p = splat(1.0 / 479001600.0);
+    p = p * r + splat(1.0 / 39916800.0);
+    p = p * r + splat(1.0 / 3628800.0);
+    p = p * r + splat(1.0 / 362880.0);
+    p = p * r + splat(1.0 / 40320.0);
+    p = p * r + splat(1.0 / 5040.0);
+    p = p * r + splat(1.0 / 720.0);
+    p = p * r + splat(1.0 / 120.0);
+    p = p * r + splat(1.0 / 24.0);
+    p = p * r + splat(1.0 / 6.0);
+    p = p * r + splat(0.5);
+    p = p * r + splat(1.0);
+    p = p * r + splat(1.0);
+    v4d y = p * (v4d)((ki + 1023) << 52);
+    y = (v4d)((v4i)y & ~under);
+    return blend(over, splat(__builtin_inf()), y);
+}
+
+/* rows n0 .. n0 + nb of U (N x M) and A (N x Q) into UT[m][row], AT[q][row] (NB rows, padded) */
+static void load_tile(int n0, int nb, int M, int Q, const double *U, const double *A, double *ut, double *at) {
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < NB; j++) ut[m * NB + j] = j < nb ? U[(size_t)(n0 + j) * M + m] : PAD_U;
+    for (int q = 0; q < Q; q++)
+        for (int j = 0; j < NB; j++) at[q * NB + j] = j < nb ? A[(size_t)(n0 + j) * Q + q] : 0.0;
+}
+
+static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, const double *U,
+                                                          const double *A, const double *Zc, double *acc,
+                                                          double *Es) {
+    const int P = M * (M + 1) / 2;
+    v4d *UT = aligned_alloc(32, sizeof(v4d) * (size_t)(M + Q) * NV);
+    if (!UT) return -1;
+    v4d *AT = UT + (size_t)M * NV;
+    memset(acc, 0, sizeof(double) * P);
+    for (int n0 = 0; n0 < N; n0 += NB) {
+        int nb = N - n0 < NB ? N - n0 : NB;
+        load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        int p = 0;
+        for (int m = 0; m < M; m++) {
+            const v4d *restrict um = UT + (size_t)m * NV;
+            for (int m2 = m; m2 < M; m2++, p++) {
+                const v4d *restrict um2 = UT + (size_t)m2 * NV;
+                const double *zc = Zc + (size_t)p * Q;
+                v4du *restrict es = Es ? (v4du *)Es + ((size_t)(n0 / NB) * P + p) * NV : NULL;
+                v4d zq[Q];
+                for (int q = 0; q < Q; q++) zq[q] = splat(zc[q]);
+                v4d s0 = splat(0.0), s1 = s0;
+                for (int j = 0; j < NV; j += 2) {
+                    v4d x0 = um[j] + um2[j], x1 = um[j + 1] + um2[j + 1];
+                    for (int q = 0; q < Q; q++) {
+                        x0 += AT[q * NV + j] * zq[q];
+                        x1 += AT[q * NV + j + 1] * zq[q];
+                    }
+                    v4d e0 = vexp(x0), e1 = vexp(x1);
+                    s0 += e0;
+                    s1 += e1;
+                    if (es) {
+                        es[j] = e0;
+                        es[j + 1] = e1;
+                    }
+                }
+                acc[p] += hsum(s0 + s1);
+            }
+        }
+    }
+    free(UT);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const int Q, const double *U,
+                                                          const double *A, const double *Zc, const double *c,
+                                                          const double *Es, double *gU, double *gA, double *gZc,
+                                                          double *acc) {
+    const int P = M * (M + 1) / 2;
+    /* UT, T, E: M x NV each; AT, K: Q x NV; cz: M x Q doubles */
+    size_t nvec = (size_t)(3 * M + 2 * Q) * NV + ((size_t)M * Q + 3) / 4;
+    v4d *UT = aligned_alloc(32, sizeof(v4d) * nvec);
+    if (!UT) return -1;
+    v4d *T = UT + (size_t)M * NV, *Ebuf = T + (size_t)M * NV, *AT = Ebuf + (size_t)M * NV, *K = AT + (size_t)Q * NV;
+    double *cz = (double *)(K + (size_t)Q * NV);
+    memset(gZc, 0, sizeof(double) * P * Q);
+    if (acc) memset(acc, 0, sizeof(double) * P);
+    if (Es) acc = NULL; /* the sums come with the store's forward pass */
+    for (int n0 = 0; n0 < N; n0 += NB) {
+        int nb = N - n0 < NB ? N - n0 : NB;
+        load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        memset(T, 0, sizeof(v4d) * (size_t)M * NV);
+        memset(K, 0, sizeof(v4d) * (size_t)Q * NV);
+        int p0 = 0;
+        for (int m = 0; m < M; m++) {
+            const v4d *restrict um = UT + (size_t)m * NV;
+            const int np = M - m;
+            for (int i = 0; i < np; i++)
+                for (int q = 0; q < Q; q++) cz[i * Q + q] = c[p0 + i] * Zc[(size_t)(p0 + i) * Q + q];
+            /* the exponentials of the pairs (m, m + i), i < np, for the tile's rows: from the forward
+               pass's store, or computed into the buffer E */
+            const v4du *E = Es ? (const v4du *)Es + ((size_t)(n0 / NB) * P + p0) * NV : (const v4du *)Ebuf;
+            for (int i = 0; i < np && !Es; i++) {
+                const int p = p0 + i;
+                const v4d *restrict um2 = UT + (size_t)(m + i) * NV;
+                const double *zc = Zc + (size_t)p * Q;
+                v4d zq[Q];
+                for (int q = 0; q < Q; q++) zq[q] = splat(zc[q]);
+                v4d *restrict e = Ebuf + (size_t)i * NV;
+                v4d s = splat(0.0);
+                for (int j = 0; j < NV; j++) {
+                    v4d x = um[j] + um2[j];
+                    for (int q = 0; q < Q; q++) x += AT[q * NV + j] * zq[q];
+                    v4d ej = vexp(x);
+                    e[j] = ej;
+                    s += ej;
+                }
+                if (acc) acc[p] += hsum(s);
+            }
+            /* gU (rows m and m + i) and gA: contractions over the pairs */
+            for (int j = 0; j < NV; j++) {
+                v4d k[Q];
+                for (int q = 0; q < Q; q++) k[q] = splat(0.0);
+                v4d tm = splat(0.0);
+                for (int i = 0; i < np; i++) {
+                    v4d ej = E[(size_t)i * NV + j];
+                    v4d w = ej * c[p0 + i];
+                    tm += w;
+                    T[(size_t)(m + i) * NV + j] += w;
+                    for (int q = 0; q < Q; q++) k[q] += ej * cz[i * Q + q];
+                }
+                T[(size_t)m * NV + j] += tm;
+                for (int q = 0; q < Q; q++) K[q * NV + j] += k[q];
+            }
+            /* gZc: contractions over the tile's rows */
+            for (int i = 0; i < np; i++) {
+                v4d r[Q];
+                for (int q = 0; q < Q; q++) r[q] = splat(0.0);
+                for (int j = 0; j < NV; j++) {
+                    v4d ej = E[(size_t)i * NV + j];
+                    for (int q = 0; q < Q; q++) r[q] += ej * AT[q * NV + j];
+                }
+                double *gz = gZc + (size_t)(p0 + i) * Q;
+                for (int q = 0; q < Q; q++) gz[q] += c[p0 + i] * hsum(r[q]);
+            }
+            p0 += np;
+        }
+        const double *t = (const double *)T, *k = (const double *)K;
+        for (int j = 0; j < nb; j++) {
+            for (int m = 0; m < M; m++) gU[(size_t)(n0 + j) * M + m] = t[m * NB + j];
+            for (int q = 0; q < Q; q++) gA[(size_t)(n0 + j) * Q + q] = k[q * NB + j];
+        }
+    }
+    free(UT);
+    return 0;
+}
+
+/* Q known at compile time for the common latent dimensions (unrolled, register-resident); any
+   other Q takes the generic loop. */
+#define DISPATCH(CALL)        \
+    switch (Q) {              \
+        case 1: return CALL(1);   \
+        case 2: return CALL(2);   \
+        case 3: return CALL(3);   \
+        case 4: return CALL(4);   \
+        case 5: return CALL(5);   \
+        case 6: return CALL(6);   \
+        case 7: return CALL(7);   \
+        case 8: return CALL(8);   \
+        case 10: return CALL(10); \
+        default: return CALL(Q);  \
+    }
+
+int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc, double *Es) {
+#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, Es)
+    DISPATCH(FWD)
+#undef FWD
+}
+
+int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
+              const double *Es, double *gU, double *gA, double *gZc, double *acc) {
+#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, Es, gU, gA, gZc, acc)
+    DISPATCH(BWD)
+#undef BWD
+}
+
+int pairs_tile_rows(void) { return NB; }
+
+/* length of the forward pass's store of the exponentials: whole tiles of NB rows */
+long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
+
+/* the vectorised exp alone, for the tests: y[i] = exp(x[i]), n a multiple of 4 */
+void vexp_array(int n, const double *x, double *y) {
+    for (int i = 0; i < n; i += 4) {
+        v4d v = {x[i], x[i + 1], x[i + 2], x[i + 3]};
+        v4d r = vexp(v);
+        for (int l = 0; l < 4; l++) y[i + l] = r[l];
+    }
+}

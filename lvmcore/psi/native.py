@@ -1,0 +1,317 @@
+"""Native (C) kernel for the pair sums of the RBF psi2 statistic, built on first use.
+
+Why: the bound of the Bayesian GP-LVM spends most of its time on the N x P pair exponentials of
+Psi2 (P = M (M + 1) / 2): one exp per (row, pair) in the forward pass, and in the backward pass
+the same exponentials again plus three contractions. XLA computes them as GEMMs of depth 2Q
+around materialised (P, rows) blocks. Writing zbar = (z_m + z_m') / 2 and a_nq = 1 / (l2_q + 2 S_nq),
+the exponent of row n and pair p = (m, m') splits into per-inducing-point terms and one
+cross term of depth Q:
+
+    x[p, n] = U[n, m] + U[n, m'] + sum_q a_nq Zc[p, q],   Zc[p, q] = -z_mq z_m'q / 2,
+    U[n, m] = sum_q a_nq (mu_nq z_mq - z_mq^2 / 4) + r_n / 2,
+    r_n     = -1/2 sum_q log(1 + 2 S_nq / l2_q) - sum_q a_nq mu_nq^2
+
+(x is the log of Psi2_n[m, m'] / (variance^2 exp(-sum_q (z_mq - z_m'q)^2 / (4 l2_q))), as in
+``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) and, for a
+cotangent c of acc, the gradients with respect to U (N, M), a (N, Q) and Zc (P, Q): contractions
+of depth Q instead of 2Q, over row tiles whose exponentials stay in L1. When the forward pass's
+exponentials fit the last-level cache (:func:`store_max_bytes`) they are kept for the backward
+pass instead of being recomputed. The small maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with
+jax autodiff. Its exp is a vectorised polynomial (about 1 ulp; checked against numpy at load).
+jax calls the kernel as an XLA custom call (``jax.ffi``): on XLA's thread, on XLA's buffers, no
+Python in between (a ``jax.pure_callback`` deadlocked on a one-core worker: its arguments are
+device_put back to the CPU device from inside XLA's only thread).
+
+Build: on the first use in a process the C kernel and its C++ FFI handlers (against the headers
+jaxlib ships) are compiled with the system compilers (``CC`` / ``CXX``, else cc / c++) into
+``$EMBED_SWEEP_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/embed-sweep/native``, ``~/.cache/...``),
+keyed by a hash of the sources, the compilers' versions, the flags (AVX2 + FMA where the CPU has
+them) and jax's version; the library is built in a temporary folder and renamed into place, so
+concurrent workers never load a half-written file. Without compilers, or if the build or the self
+check fails, :func:`available` is False, one warning says why, and ``closed_form.rbf_psi`` takes
+its pure-XLA path (same values to ~1e-14). ``EMBED_SWEEP_NATIVE=0`` switches the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("_pairs.c")
+FFI_SOURCE = Path(__file__).with_name("_pairs_ffi.cc")
+FFI_TARGETS = {
+    "fwd": ("embed_sweep_pairs_fwd", "EmbedSweepPairsFwd"),
+    "fwd_store": ("embed_sweep_pairs_fwd_store", "EmbedSweepPairsFwdStore"),
+    "bwd": ("embed_sweep_pairs_bwd", "EmbedSweepPairsBwd"),
+    "bwd_stored": ("embed_sweep_pairs_bwd_stored", "EmbedSweepPairsBwdStored"),
+}
+ENV_SWITCH = "EMBED_SWEEP_NATIVE"
+ENV_DIR = "EMBED_SWEEP_NATIVE_DIR"
+
+_lock = threading.Lock()
+_state: dict = {}  # "lib": ctypes library or None, "reason": why not
+
+
+def cache_dir() -> Path:
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "embed-sweep" / "native"
+
+
+def _cpu_flags() -> list[str]:
+    """-mavx2 -mfma on an x86-64 CPU that has both (read from /proc/cpuinfo), else nothing (the
+    vector code then compiles to the baseline SSE2 / NEON instructions)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= flags else []
+    return []
+
+
+def _compilers() -> tuple[str, str]:
+    """(C compiler, C++ compiler): ``CC`` / ``CXX``, else cc / c++ (gcc / g++)."""
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    cxx = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("g++")
+    if cc is None or cxx is None:
+        raise RuntimeError("no C/C++ compiler found (set CC and CXX, or install gcc and g++)")
+    return cc, cxx
+
+
+def _version(exe: str) -> str:
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"{exe} --version failed: {e}") from e
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+
+
+def _build() -> Path:
+    """Compile (or find in the cache) the shared library: the C kernel and its XLA FFI handlers
+    (C++, against the headers jaxlib ships). Raises RuntimeError with the reason."""
+    import jax
+    import jax.ffi
+
+    cc, cxx = _compilers()
+    cflags = ["-O3", "-std=gnu11", "-fPIC", "-Wno-psabi", *_cpu_flags()]
+    cxxflags = ["-O2", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
+    key = hashlib.sha256(
+        b"\0".join(
+            [SOURCE.read_bytes(), FFI_SOURCE.read_bytes(), _version(cc).encode(), _version(cxx).encode()]
+            + [" ".join(f).encode() for f in (cflags, cxxflags)]
+            + [platform.machine().encode(), jax.__version__.encode()]
+        )
+    ).hexdigest()[:20]
+    out_dir = cache_dir()
+    target = out_dir / f"pairs-{key}.so"
+    if target.exists():
+        return target
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        out_dir = Path(tempfile.gettempdir()) / "embed-sweep-native"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        target = out_dir / target.name
+        if target.exists():
+            return target
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+        obj, lib = os.path.join(tmp, "pairs.o"), os.path.join(tmp, "pairs.so")
+        _run([cc, *cflags, "-c", str(SOURCE), "-o", obj])
+        _run([cxx, *cxxflags, "-shared", str(FFI_SOURCE), obj, "-o", lib])
+        os.replace(lib, target)  # atomic: a concurrent worker sees no file or a whole one
+    return target
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+
+
+def _load(path: Path):
+    lib = ctypes.CDLL(str(path))
+    lib.pairs_fwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P]
+    lib.pairs_fwd.restype = _I
+    lib.pairs_bwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+    lib.pairs_bwd.restype = _I
+    lib.pairs_store_len.argtypes = [_I, _I]
+    lib.pairs_store_len.restype = ctypes.c_longlong
+    lib.vexp_array.argtypes = [_I, _P, _P]
+    lib.vexp_array.restype = None
+    # self check: the vectorised exp against numpy over the range the kernel uses
+    x = np.ascontiguousarray(np.concatenate([np.linspace(-750.0, 20.0, 4092), [0.0, -1e-300, 1.0, -1.0]]))
+    y = np.empty_like(x)
+    lib.vexp_array(len(x), x.ctypes.data, y.ctypes.data)
+    ref = np.exp(x)
+    err = np.abs(y - ref) / np.maximum(ref, 1e-300)
+    if not np.all(err[x > -700.0] < 1e-14) or np.any(y[x < -708.0] != 0.0):
+        raise RuntimeError(f"self check failed: exp relative error {err[x > -700].max():.3g}")
+    import jax.ffi
+
+    for name, symbol in FFI_TARGETS.values():
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return lib
+
+
+def library():
+    """The loaded kernel library, or None (see :func:`unavailable_reason`)."""
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                try:
+                    _state["lib"] = _load(_build())
+                    _state["reason"] = None
+                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    _state["lib"], _state["reason"] = None, str(e)
+                    warnings.warn(
+                        f"embed-sweep: the native psi2 kernel is unavailable ({e}); using the XLA path",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+    return _state["lib"]
+
+
+ENV_STORE = "EMBED_SWEEP_PSI_STORE_MB"
+
+
+def _last_level_cache_bytes(default: int = 16 << 20) -> int:
+    """Size of CPU 0's largest cache (Linux sysfs), else ``default``."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            sizes.append(int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=default)
+
+
+def store_max_bytes() -> int:
+    """Largest store of the forward pass's pair exponentials (about N x M (M + 1) / 2 float64) that
+    the backward pass reads instead of recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always
+    recomputes), default the last-level cache's size. Measured on a 32 MiB L3 (one core, M = 50):
+    a store of 10-25 MB (N = 1,000-2,500) made the whole bound + gradient 13-25% faster, one of
+    51 MB (N = 5,000), which goes through main memory, 60% slower than recomputing. Decided when
+    the bound is traced, per chunk shape."""
+    if os.environ.get(ENV_STORE):
+        return int(float(os.environ[ENV_STORE]) * (1 << 20))
+    return _last_level_cache_bytes()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def available() -> bool:
+    """True if the kernel is switched on (``EMBED_SWEEP_NATIVE``) and built."""
+    return enabled() and library() is not None
+
+
+def unavailable_reason() -> str | None:
+    if not enabled():
+        return f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
+    library()
+    return _state.get("reason")
+
+
+# ---------------------------------------------------------------------------------------------
+# host functions (numpy in, numpy out) and their jax wrappers
+# ---------------------------------------------------------------------------------------------
+
+
+def _c64(a):
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def store_len(N: int, M: int) -> int:
+    """Length (float64 entries) of the forward pass's store of the pair exponentials."""
+    return int(library().pairs_store_len(N, M))
+
+
+def pairs_fwd_host(U, A, Zc, store: bool = False):
+    """acc (P,) = sum_n exp(U[n, m] + U[n, m'] + A[n] . Zc[p]) over the pairs p = (m <= m'); with
+    ``store``, (acc, the exponentials) for :func:`pairs_bwd_host`."""
+    U, A, Zc = _c64(U), _c64(A), _c64(Zc)
+    (N, M), Q = U.shape, A.shape[1]
+    acc = np.empty(M * (M + 1) // 2)
+    Es = np.empty(store_len(N, M)) if store else None
+    rc = library().pairs_fwd(
+        N,
+        M,
+        Q,
+        U.ctypes.data,
+        A.ctypes.data,
+        Zc.ctypes.data,
+        acc.ctypes.data,
+        None if Es is None else Es.ctypes.data,
+    )
+    if rc:
+        raise MemoryError("pairs_fwd: could not allocate its workspace")
+    return (acc, Es) if store else acc
+
+
+def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False, Es=None):
+    """(gU, gA, gZc, acc): the gradients of sum_p c_p acc_p, and acc itself if ``with_acc`` (else
+    zeros, not computed; not with ``Es``, the forward pass's store, which saves recomputing)."""
+    U, A, Zc, c = _c64(U), _c64(A), _c64(Zc), _c64(c)
+    (N, M), Q = U.shape, A.shape[1]
+    if Es is not None and with_acc:
+        raise ValueError("with_acc needs the recomputing pass (Es=None); the store's forward pass has acc")
+    gU, gA, gZc, acc = np.empty_like(U), np.empty_like(A), np.empty_like(Zc), np.zeros(len(c))
+    rc = library().pairs_bwd(
+        N, M, Q, U.ctypes.data, A.ctypes.data, Zc.ctypes.data, c.ctypes.data,
+        None if Es is None else _c64(Es).ctypes.data,
+        gU.ctypes.data, gA.ctypes.data, gZc.ctypes.data, acc.ctypes.data if with_acc else None,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("pairs_bwd: could not allocate its workspace")
+    return gU, gA, gZc, acc
+
+
+def _f64(*shape):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.ShapeDtypeStruct(shape, jnp.float64)
+
+
+def pairs_fwd(U, A, Zc, store: bool = False):
+    """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, exponentials)."""
+    import jax
+
+    (N, M), P = U.shape, U.shape[1] * (U.shape[1] + 1) // 2
+    if store:
+        return jax.ffi.ffi_call(FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(store_len(N, M))))(U, A, Zc)
+    return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P))(U, A, Zc)
+
+
+def pairs_bwd(U, A, Zc, c, with_acc: bool = False, Es=None):
+    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``; with ``Es``, the
+    forward pass's store, acc is None)."""
+    import jax
+
+    shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
+    if Es is not None:
+        return (*jax.ffi.ffi_call(FFI_TARGETS["bwd_stored"][0], shapes)(U, A, Zc, c, Es), None)
+    return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)))(
+        U, A, Zc, c, with_acc=bool(with_acc)
+    )

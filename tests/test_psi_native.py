@@ -1,0 +1,178 @@
+"""The native psi2 pair kernel (lvmcore.psi.native): against a slow loop reference, against the XLA
+path of rbf_psi (values and vector-Jacobian products), its exp against numpy, the store of the
+forward pass's exponentials, a one-core process (XLA's only thread runs the custom call), and the
+fallback when it cannot be built."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lvmcore.psi import closed_form as cf
+from lvmcore.psi import native
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native kernel unavailable: {native.unavailable_reason()}"
+)
+
+
+def _loop_reference(U, A, Zc, c):
+    """acc and the gradients of sum_p c_p acc_p, one pair and one row at a time."""
+    N, M = U.shape
+    P = M * (M + 1) // 2
+    acc, gU, gA, gZc = np.zeros(P), np.zeros_like(U), np.zeros_like(A), np.zeros_like(Zc)
+    p = 0
+    for m in range(M):
+        for m2 in range(m, M):
+            for n in range(N):
+                e = np.exp(U[n, m] + U[n, m2] + A[n] @ Zc[p])
+                acc[p] += e
+                gU[n, m] += c[p] * e
+                gU[n, m2] += c[p] * e
+                gA[n] += c[p] * e * Zc[p]
+                gZc[p] += c[p] * e * A[n]
+            p += 1
+    return acc, gU, gA, gZc
+
+
+def _rel(a, b):
+    return np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(np.asarray(b)).max(), 1e-300)
+
+
+@pytest.mark.parametrize("N,M,Q", [(70, 6, 3), (64, 5, 9), (3, 4, 1), (130, 3, 10)])
+def test_kernel_equals_loop_reference(N, M, Q):
+    """Tiles with a tail (70, 130 rows), exactly one tile (64), fewer rows than a vector (3); the
+    compile-time Q variants (1, 3, 10) and the generic loop (9); with and without the store."""
+    rng = np.random.default_rng(N + Q)
+    U = rng.normal(-1.0, 1.0, (N, M))
+    A = rng.uniform(0.2, 1.0, (N, Q))
+    Zc = rng.normal(0.0, 0.5, (M * (M + 1) // 2, Q))
+    c = rng.normal(size=M * (M + 1) // 2)
+    ref = _loop_reference(U, A, Zc, c)
+    acc = native.pairs_fwd_host(U, A, Zc)
+    assert _rel(acc, ref[0]) < 1e-13
+    gU, gA, gZc, acc_b = native.pairs_bwd_host(U, A, Zc, c, with_acc=True)
+    for got, want in zip((acc_b, gU, gA, gZc), ref):
+        assert _rel(got, want) < 1e-13
+    acc_s, Es = native.pairs_fwd_host(U, A, Zc, store=True)
+    assert np.array_equal(acc_s, acc)
+    assert Es.shape == (native.store_len(N, M),)
+    for got, want in zip(native.pairs_bwd_host(U, A, Zc, c, Es=Es)[:3], (gU, gA, gZc)):
+        assert np.array_equal(got, want)  # stored and recomputed exponentials are the same numbers
+
+
+def test_exp_against_numpy():
+    x = np.concatenate([np.linspace(-745.0, 709.0, 200_000), [-np.inf, np.inf, np.nan, -708.5, 709.5, 0.0]])
+    x = np.concatenate([x, np.zeros((-len(x)) % 4)])
+    y = np.empty_like(x)
+    native.library().vexp_array(len(x), x.ctypes.data, y.ctypes.data)
+    ref = np.exp(x)
+    ok = (x > -708.0) & (x < 709.0)
+    assert (np.abs(y[ok] - ref[ok]) / ref[ok]).max() < 5e-16
+    assert np.all(y[x < -708.0] == 0.0)  # the true values are below 3.4e-308
+    assert np.all(np.isposinf(y[x > 709.0]))
+    assert np.isnan(y[np.isnan(x)]).all()
+
+
+def _case(N=150, M=12, Q=4, D=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(
+        jnp.asarray(a)
+        for a in (
+            rng.normal(size=(N, Q)),
+            rng.uniform(0.05, 0.6, (N, Q)),
+            rng.normal(size=(M, Q)),
+            1.7,
+            rng.uniform(0.6, 2.0, Q),
+            rng.normal(size=(N, D)),
+        )
+    )
+
+
+@pytest.mark.parametrize("store_mb", ["0", "64"])
+def test_rbf_psi_native_equals_xla(monkeypatch, store_mb):
+    """Values and the vector-Jacobian product for all six inputs, native (recomputing or storing)
+    against the XLA path, and the chunked backward task's primal=False form."""
+    monkeypatch.setenv(native.ENV_STORE, store_mb)
+    args = _case()
+    M, D = args[2].shape[0], args[5].shape[1]
+    rng = np.random.default_rng(1)
+    cot = (jnp.asarray(0.4), jnp.asarray(rng.normal(size=(M, D))), jnp.asarray(rng.normal(size=(M, M))))
+    out_x, vjp_x = jax.vjp(lambda *a: cf.rbf_psi(*a, impl="xla"), *args)
+    g_x = vjp_x(cot)
+    for primal in (True, False):
+        out_n, vjp_n = jax.vjp(lambda *a, pr=primal: cf.rbf_psi(*a, impl="native", primal=pr), *args)
+        if primal:
+            for a, b in zip(out_n, out_x):
+                assert _rel(a, b) < 1e-12
+        else:
+            assert not np.any(np.asarray(out_n[1])) and not np.any(np.asarray(out_n[2]))
+        for k, (a, b) in enumerate(zip(vjp_n(cot), g_x)):
+            assert np.shape(a) == np.shape(b), k
+            assert _rel(a, b) < 1e-11, k
+
+
+def test_rbf_psi_implementation_names(monkeypatch):
+    with pytest.raises(ValueError, match="unknown psi implementation 'gpu'"):
+        cf.rbf_psi(*_case(), impl="gpu")
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    assert not native.available()
+    with pytest.raises(RuntimeError, match="EMBED_SWEEP_NATIVE=0"):
+        cf.rbf_psi(*_case(), impl="native")
+    assert cf._resolve_impl(None) == "xla"
+
+
+def _run_python(code, env_extra, timeout=240):
+    env = dict(os.environ, **env_extra)
+    cmd = [sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_one_core_process_runs_the_custom_call():
+    """A process pinned to one core (as each sweep worker is) has one XLA thread; the kernel runs
+    on it. A host callback deadlocked here; this would time out."""
+    code = """
+        import os
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        import jax, numpy as np
+        from lvmcore.psi import closed_form as cf, native
+        assert native.available()
+        rng = np.random.default_rng(0)
+        mu, S = rng.normal(size=(300, 3)), rng.uniform(0.1, 0.5, (300, 3))
+        Z, Y = rng.normal(size=(8, 3)), rng.normal(size=(300, 2))
+        f = jax.jit(jax.value_and_grad(lambda mu: cf.rbf_psi(mu, S, Z, 1.0, 1.0, Y)[2].sum()))
+        v, g = f(mu)
+        print("ok", float(v), float(np.abs(np.asarray(g)).sum()))
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    proc = _run_python(code, {})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok ")
+
+
+def test_without_a_compiler_falls_back_to_xla(tmp_path):
+    code = """
+        import warnings
+        warnings.simplefilter("always")
+        import numpy as np
+        from lvmcore.psi import closed_form as cf, native
+        with warnings.catch_warnings(record=True) as w:
+            ok = native.available()
+        assert not ok and "no C/C++ compiler" in native.unavailable_reason(), native.unavailable_reason()
+        assert any("using the XLA path" in str(x.message) for x in w)
+        rng = np.random.default_rng(0)
+        mu, S, Z = rng.normal(size=(20, 2)), rng.uniform(0.1, 0.5, (20, 2)), rng.normal(size=(5, 2))
+        out = cf.rbf_psi(mu, S, Z, 1.0, 1.0, np.ones((20, 1)))
+        print("ok", float(out[2].sum()))
+    """
+    env = {"CC": "/nonexistent/cc", "CXX": "/nonexistent/c++", "PATH": str(tmp_path)}
+    env[native.ENV_DIR] = str(tmp_path / "native")
+    proc = _run_python(code, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok ")
