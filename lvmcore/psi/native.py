@@ -300,8 +300,10 @@ def pairs_fwd(U, A, Zc, store: bool = False):
 
     (N, M), P = U.shape, U.shape[1] * (U.shape[1] + 1) // 2
     if store:
-        return jax.ffi.ffi_call(FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(store_len(N, M))))(U, A, Zc)
-    return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P))(U, A, Zc)
+        return jax.ffi.ffi_call(
+            FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(store_len(N, M))), vmap_method="sequential"
+        )(U, A, Zc)
+    return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P), vmap_method="sequential")(U, A, Zc)
 
 
 def pairs_bwd(U, A, Zc, c, with_acc: bool = False, Es=None):
@@ -311,7 +313,12 @@ def pairs_bwd(U, A, Zc, c, with_acc: bool = False, Es=None):
 
     shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
     if Es is not None:
-        return (*jax.ffi.ffi_call(FFI_TARGETS["bwd_stored"][0], shapes)(U, A, Zc, c, Es), None)
-    return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)))(
+        return (
+            *jax.ffi.ffi_call(FFI_TARGETS["bwd_stored"][0], shapes, vmap_method="sequential")(
+                U, A, Zc, c, Es
+            ),
+            None,
+        )
+    return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)), vmap_method="sequential")(
         U, A, Zc, c, with_acc=bool(with_acc)
     )
