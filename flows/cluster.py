@@ -31,8 +31,9 @@ def compile_cache_env() -> dict:
     (e.g. one being written by another process) as a miss."""
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return {"JAX_COMPILATION_CACHE_DIR": os.environ["JAX_COMPILATION_CACHE_DIR"]}
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return {"JAX_COMPILATION_CACHE_DIR": os.path.join(base, "embed-sweep", "jax")}
+    from lvmcore import user_cache_dir
+
+    return {"JAX_COMPILATION_CACHE_DIR": user_cache_dir("jax")}
 
 
 def normalise_cluster(cluster) -> dict:

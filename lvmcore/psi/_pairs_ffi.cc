@@ -31,30 +31,29 @@ static ffi::Error PairsFwdStoreImpl(F64 U, F64 A, F64 Zc, F64Out acc, F64Out Es)
   return Fwd(U, A, Zc, acc, Es->typed_data());
 }
 
-static ffi::Error PairsBwdImpl(F64 U, F64 A, F64 Zc, F64 c, F64Out gU, F64Out gA, F64Out gZc, F64Out acc,
-                               bool with_acc) {
+static ffi::Error Bwd(F64 U, F64 A, F64 Zc, F64 c, const double *Es, F64Out gU, F64Out gA, F64Out gZc,
+                      double *acc) {
   auto u = U.dimensions(), a = A.dimensions();
   if (u.size() != 2 || a.size() != 2) return ffi::Error::InvalidArgument("pairs_bwd: U and A must be 2-D");
+  int rc = pairs_bwd(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(a[1]), U.typed_data(),
+                     A.typed_data(), Zc.typed_data(), c.typed_data(), Es, gU->typed_data(), gA->typed_data(),
+                     gZc->typed_data(), acc);
+  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_bwd: workspace allocation failed");
+  return ffi::Error::Success();
+}
+
+static ffi::Error PairsBwdImpl(F64 U, F64 A, F64 Zc, F64 c, F64Out gU, F64Out gA, F64Out gZc, F64Out acc,
+                               bool with_acc) {
   double *accp = acc->typed_data();
   if (!with_acc) {
     for (int64_t i = 0, n = acc->element_count(); i < n; i++) accp[i] = 0.0;
     accp = nullptr;
   }
-  int rc = pairs_bwd(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(a[1]), U.typed_data(),
-                     A.typed_data(), Zc.typed_data(), c.typed_data(), nullptr, gU->typed_data(), gA->typed_data(),
-                     gZc->typed_data(), accp);
-  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_bwd: workspace allocation failed");
-  return ffi::Error::Success();
+  return Bwd(U, A, Zc, c, nullptr, gU, gA, gZc, accp);
 }
 
 static ffi::Error PairsBwdStoredImpl(F64 U, F64 A, F64 Zc, F64 c, F64 Es, F64Out gU, F64Out gA, F64Out gZc) {
-  auto u = U.dimensions(), a = A.dimensions();
-  if (u.size() != 2 || a.size() != 2) return ffi::Error::InvalidArgument("pairs_bwd: U and A must be 2-D");
-  int rc = pairs_bwd(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(a[1]), U.typed_data(),
-                     A.typed_data(), Zc.typed_data(), c.typed_data(), Es.typed_data(), gU->typed_data(),
-                     gA->typed_data(), gZc->typed_data(), nullptr);
-  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_bwd: workspace allocation failed");
-  return ffi::Error::Success();
+  return Bwd(U, A, Zc, c, Es.typed_data(), gU, gA, gZc, nullptr);
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsFwd, PairsFwdImpl,

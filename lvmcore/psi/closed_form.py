@@ -328,11 +328,8 @@ def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
 
     if not primal:
         return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None, None)
-    Es = None
-    if store:
-        acc, Es = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=True)
-    else:
-        acc = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z))
+    out = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=store)
+    acc, Es = out if store else (out, None)
     return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, Es)
 
 

@@ -35,6 +35,7 @@ its pure-XLA path (same values to ~1e-14). ``EMBED_SWEEP_NATIVE=0`` switches the
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -63,10 +64,9 @@ _state: dict = {}  # "lib": ctypes library or None, "reason": why not
 
 
 def cache_dir() -> Path:
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "embed-sweep" / "native"
+    from lvmcore import user_cache_dir
+
+    return Path(os.environ.get(ENV_DIR) or user_cache_dir("native"))
 
 
 def _cpu_flags() -> list[str]:
@@ -193,6 +193,7 @@ def library():
 ENV_STORE = "EMBED_SWEEP_PSI_STORE_MB"
 
 
+@functools.cache
 def _last_level_cache_bytes(default: int = 16 << 20) -> int:
     """Size of CPU 0's largest cache (Linux sysfs), else ``default``."""
     sizes = []
