@@ -35,36 +35,38 @@ static inline v4d splat(double x) { return (v4d){x, x, x, x}; }
 static inline double hsum(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 static inline v4d blend(v4i mask, v4d yes, v4d no) { return (v4d)(((v4i)yes & mask) | ((v4i)no & ~mask)); }
 
-/* exp(x) to about 1 ulp: x = k ln2 + r (Cody-Waite, |r| <= ln2 / 2), the degree-12 Taylor
-   polynomial of exp(r) (truncation < 2e-16 relative), times 2^k built in the exponent bits.
-   Below -708 the result is 0 (the true value is under 3.4e-308); above 709, +inf; NaN stays NaN. */
-static inline v4d vexp(v4d x) {
+/* exp(x) to about 1 ulp, in place on XB vectors at once (independent instruction chains, which
+   the out-of-order core overlaps: about 15% faster than one vector at a time here): x = k ln2 + r
+   (Cody-Waite, |r| <= ln2 / 2), the degree-12 Taylor polynomial of exp(r) (truncation < 2e-16
+   relative), times 2^k built in the exponent bits. Below -708 the result is 0 (the true value is
+   under 3.4e-308); above 709, +inf; NaN stays NaN. */
+#define XB 8
+static const double EXP_TAYLOR[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                      1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                                      1.0 / 6.0, 0.5, 1.0, 1.0};
+
+static inline __attribute__((always_inline)) void vexp_batch(v4d *x) {
     const v4d lo = splat(-708.0), hi = splat(709.0);
-    v4i under = x < lo, over = x > hi;
-    x = blend(under, lo, x);
-    x = blend(over, hi, x);
     const v4d magic = splat(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
-    v4d t = x * splat(1.4426950408889634) + magic;
-    v4d kd = t - magic;
-    v4i ki = (v4i)t - (v4i)magic;
-    v4d r = x - kd * splat(6.93147180369123816490e-01);
-    r = r - kd * splat(1.90821492927058770002e-10);
-    v4d p = splat(1.0 / 479001600.0);
-    p = p * r + splat(1.0 / 39916800.0);
-    p = p * r + splat(1.0 / 3628800.0);
-    p = p * r + splat(1.0 / 362880.0);
-    p = p * r + splat(1.0 / 40320.0);
-    p = p * r + splat(1.0 / 5040.0);
-    p = p * r + splat(1.0 / 720.0);
-    p = p * r + splat(1.0 / 120.0);
-    p = p * r + splat(1.0 / 24.0);
-    p = p * r + splat(1.0 / 6.0);
-    p = p * r + splat(0.5);
-    p = p * r + splat(1.0);
-    p = p * r + splat(1.0);
-    v4d y = p * (v4d)((ki + 1023) << 52);
-    y = (v4d)((v4i)y & ~under);
-    return blend(over, splat(__builtin_inf()), y);
+    v4i under[XB], over[XB], ki[XB];
+    v4d r[XB], p[XB];
+    for (int k = 0; k < XB; k++) {
+        under[k] = x[k] < lo;
+        over[k] = x[k] > hi;
+        v4d xk = blend(over[k], hi, blend(under[k], lo, x[k]));
+        v4d t = xk * splat(1.4426950408889634) + magic;
+        v4d kd = t - magic;
+        ki[k] = (v4i)t - (v4i)magic;
+        r[k] = (xk - kd * splat(6.93147180369123816490e-01)) - kd * splat(1.90821492927058770002e-10);
+        p[k] = splat(EXP_TAYLOR[0]);
+    }
+    for (int i = 1; i < 13; i++)
+        for (int k = 0; k < XB; k++) p[k] = p[k] * r[k] + splat(EXP_TAYLOR[i]);
+    for (int k = 0; k < XB; k++) {
+        v4d y = p[k] * (v4d)((ki[k] + 1023) << 52);
+        y = (v4d)((v4i)y & ~under[k]);
+        x[k] = blend(over[k], splat(__builtin_inf()), y);
+    }
 }
 
 /* rows n0 .. n0 + nb of U (N x M) and A (N x Q) into UT[m][row], AT[q][row] (NB rows, padded) */
@@ -73,6 +75,26 @@ static void load_tile(int n0, int nb, int M, int Q, const double *U, const doubl
         for (int j = 0; j < NB; j++) ut[m * NB + j] = j < nb ? U[(size_t)(n0 + j) * M + m] : PAD_U;
     for (int q = 0; q < Q; q++)
         for (int j = 0; j < NB; j++) at[q * NB + j] = j < nb ? A[(size_t)(n0 + j) * Q + q] : 0.0;
+}
+
+/* The tile's exponentials of the pair with rows um, um2 of UT and cross factors zc (Q):
+   e[j] = exp(um[j] + um2[j] + sum_q AT[q][j] zc[q]), j < NV; returns their sum (a vector). The
+   exponent is accumulated q by q over the whole tile (NV independent chains), then exponentiated
+   XB vectors at a time. */
+static inline __attribute__((always_inline)) v4d pair_exps(const v4d *restrict um, const v4d *restrict um2,
+                                                          const v4d *restrict AT, const double *zc, const int Q,
+                                                          v4d *restrict e) {
+    for (int j = 0; j < NV; j++) e[j] = um[j] + um2[j];
+    for (int q = 0; q < Q; q++) {
+        const v4d z = splat(zc[q]);
+        for (int j = 0; j < NV; j++) e[j] += AT[q * NV + j] * z;
+    }
+    v4d s = splat(0.0);
+    for (int j = 0; j < NV; j += XB) {
+        vexp_batch(e + j);
+        for (int k = 0; k < XB; k++) s += e[j + k];
+    }
+    return s;
 }
 
 static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, const double *U,
@@ -91,26 +113,12 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
             const v4d *restrict um = UT + (size_t)m * NV;
             for (int m2 = m; m2 < M; m2++, p++) {
                 const v4d *restrict um2 = UT + (size_t)m2 * NV;
-                const double *zc = Zc + (size_t)p * Q;
-                v4du *restrict es = Es ? (v4du *)Es + ((size_t)(n0 / NB) * P + p) * NV : NULL;
-                v4d zq[Q];
-                for (int q = 0; q < Q; q++) zq[q] = splat(zc[q]);
-                v4d s0 = splat(0.0), s1 = s0;
-                for (int j = 0; j < NV; j += 2) {
-                    v4d x0 = um[j] + um2[j], x1 = um[j + 1] + um2[j + 1];
-                    for (int q = 0; q < Q; q++) {
-                        x0 += AT[q * NV + j] * zq[q];
-                        x1 += AT[q * NV + j + 1] * zq[q];
-                    }
-                    v4d e0 = vexp(x0), e1 = vexp(x1);
-                    s0 += e0;
-                    s1 += e1;
-                    if (es) {
-                        es[j] = e0;
-                        es[j + 1] = e1;
-                    }
+                v4d e[NV];
+                acc[p] += hsum(pair_exps(um, um2, AT, Zc + (size_t)p * Q, Q, e));
+                if (Es) {
+                    v4du *restrict es = (v4du *)Es + ((size_t)(n0 / NB) * P + p) * NV;
+                    for (int j = 0; j < NV; j++) es[j] = e[j];
                 }
-                acc[p] += hsum(s0 + s1);
             }
         }
     }
@@ -148,19 +156,7 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
             const v4du *E = Es ? (const v4du *)Es + ((size_t)(n0 / NB) * P + p0) * NV : (const v4du *)Ebuf;
             for (int i = 0; i < np && !Es; i++) {
                 const int p = p0 + i;
-                const v4d *restrict um2 = UT + (size_t)(m + i) * NV;
-                const double *zc = Zc + (size_t)p * Q;
-                v4d zq[Q];
-                for (int q = 0; q < Q; q++) zq[q] = splat(zc[q]);
-                v4d *restrict e = Ebuf + (size_t)i * NV;
-                v4d s = splat(0.0);
-                for (int j = 0; j < NV; j++) {
-                    v4d x = um[j] + um2[j];
-                    for (int q = 0; q < Q; q++) x += AT[q * NV + j] * zq[q];
-                    v4d ej = vexp(x);
-                    e[j] = ej;
-                    s += ej;
-                }
+                v4d s = pair_exps(um, UT + (size_t)(m + i) * NV, AT, Zc + (size_t)p * Q, Q, Ebuf + (size_t)i * NV);
                 if (acc) acc[p] += hsum(s);
             }
             /* gU (rows m and m + i) and gA: contractions over the pairs */
@@ -235,11 +231,13 @@ int pairs_tile_rows(void) { return NB; }
 /* length of the forward pass's store of the exponentials: whole tiles of NB rows */
 long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
 
-/* the vectorised exp alone, for the tests: y[i] = exp(x[i]), n a multiple of 4 */
+/* the vectorised exp alone, for the tests: y[i] = exp(x[i]) */
 void vexp_array(int n, const double *x, double *y) {
-    for (int i = 0; i < n; i += 4) {
-        v4d v = {x[i], x[i + 1], x[i + 2], x[i + 3]};
-        v4d r = vexp(v);
-        for (int l = 0; l < 4; l++) y[i + l] = r[l];
+    for (int i = 0; i < n; i += 4 * XB) {
+        v4d b[XB];
+        double *d = (double *)b;
+        for (int l = 0; l < 4 * XB; l++) d[l] = i + l < n ? x[i + l] : 0.0;
+        vexp_batch(b);
+        for (int l = 0; l < 4 * XB && i + l < n; l++) y[i + l] = d[l];
     }
 }

@@ -348,15 +348,6 @@ def _native_pairs_bwd(primal, store, res, g):
 
 _native_pairs.defvjp(_native_pairs_fwd, _native_pairs_bwd)
 
-
-@jax.custom_vjp
-def _zero_primal(x):
-    """Zeros with the identity's vector-Jacobian product (outputs nobody reads, gradient intact)."""
-    return jnp.zeros_like(x)
-
-
-_zero_primal.defvjp(lambda x: (jnp.zeros_like(x), None), lambda _, g: (g,))
-
 IMPLS = ("native", "xla")
 
 
@@ -410,9 +401,10 @@ def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, st
     log_pair = -(dzz * dzz / (4.0 * l2)).sum(1)  # (P,)
 
     if impl == "native":
-        psi1TY = _rbf_psi1_block(mu, S, Z, variance, l2).T @ Y
-        if not primal:
-            psi1TY = _zero_primal(psi1TY)
+        # Psi1 by the row-block pass with no pairs (P = 0: its Psi2 terms are empty arrays), so
+        # that no (N, M) temporaries are formed: at N = 20,000 those cost more in page faults of
+        # fresh memory than in arithmetic
+        psi1TY, _ = _rbf_stats(mu, S, Y, l2, Z, Z[:0], variance, log_pair[:0], block_size, primal)
         pairs = _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store)
     else:
         zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
