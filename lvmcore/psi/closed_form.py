@@ -84,6 +84,9 @@ __all__ = [
 ]
 
 DEFAULT_BLOCK = 256
+PSI1_BLOCK_ENTRIES = 1 << 16
+"""(rows, M) entries per row block of Psi1 on the native path (1,310 rows at M = 50; measured at
+N = 1,000 and 20,000: 256 rows or all rows at once were 3-10% slower)."""
 
 
 def _lengthscale_sq(lengthscale, Q: int):
@@ -401,10 +404,11 @@ def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, st
     log_pair = -(dzz * dzz / (4.0 * l2)).sum(1)  # (P,)
 
     if impl == "native":
-        # Psi1 by the row-block pass with no pairs (P = 0: its Psi2 terms are empty arrays), so
-        # that no (N, M) temporaries are formed: at N = 20,000 those cost more in page faults of
-        # fresh memory than in arithmetic
-        psi1TY, _ = _rbf_stats(mu, S, Y, l2, Z, Z[:0], variance, log_pair[:0], block_size, primal)
+        # Psi1 by the row-block pass with no pairs (P = 0: its Psi2 terms are empty arrays), in
+        # blocks of PSI1_BLOCK_ENTRIES / M rows: no (N, M) temporaries, which at N = 20,000 cost
+        # more in page faults of fresh memory than in arithmetic
+        rows1 = max(block_size, PSI1_BLOCK_ENTRIES // M)
+        psi1TY, _ = _rbf_stats(mu, S, Y, l2, Z, Z[:0], variance, log_pair[:0], rows1, primal)
         pairs = _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store)
     else:
         zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
