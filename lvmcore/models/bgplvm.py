@@ -274,6 +274,14 @@ class _CollapsedGPLVM:
 
     # ------------------------------------------------------------------ fit
     def _fit_views(self, views, times=None, sequences=None):
+        try:
+            self._optimise_views(views, times, sequences)
+        finally:
+            from lvmcore.psi import native
+
+            native.release_store()  # the pair exponentials kept between forward and backward passes
+
+    def _optimise_views(self, views, times=None, sequences=None):
         from jax.flatten_util import ravel_pytree
         from scipy.optimize import minimize
 

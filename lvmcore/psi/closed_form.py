@@ -321,9 +321,10 @@ def _pair_inputs(mu, S, l2, Z):
 @partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store):
     """sum_n Psi2_n per pair m <= m' (P,), by the C kernel; ``primal=False`` as in :func:`_rbf_stats`
-    (zeros out, the backward pass computes the row sums it needs); ``store``: the forward pass keeps
-    its exponentials for the backward pass (``native.store_max_bytes``)."""
-    return _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store)[0]
+    (zeros out, the backward pass computes the row sums it needs); ``store``: when differentiated,
+    the forward pass keeps its exponentials for the backward pass (``native.store_max_bytes``; an
+    undifferentiated call has no backward pass and stores nothing)."""
+    return _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, False)[0]
 
 
 def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
@@ -332,18 +333,18 @@ def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
     if not primal:
         return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None, None)
     out = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=store)
-    acc, Es = out if store else (out, None)
-    return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, Es)
+    acc, token = out if store else (out, None)
+    return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, token)
 
 
 def _native_pairs_bwd(primal, store, res, g):
     from lvmcore.psi import native
 
-    mu, S, l2, Z, variance, log_pair, acc, Es = res
+    mu, S, l2, Z, variance, log_pair, acc, token = res
     el = jnp.exp(log_pair)
     pf = variance * variance * el
     inputs, vjp = jax.vjp(_pair_inputs, mu, S, l2, Z)
-    gU, gA, gZc, acc_b = native.pairs_bwd(*inputs, pf * g, with_acc=acc is None, Es=Es)
+    gU, gA, gZc, acc_b = native.pairs_bwd(*inputs, pf * g, with_acc=acc is None, token=token)
     acc = acc_b if acc is None else acc
     g_mu, g_S, g_l2, g_Z = vjp((gU, gA, gZc))
     return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc

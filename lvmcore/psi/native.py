@@ -14,10 +14,12 @@ cross term of depth Q:
 (x is the log of Psi2_n[m, m'] / (variance^2 exp(-sum_q (z_mq - z_m'q)^2 / (4 l2_q))), as in
 ``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) and, for a
 cotangent c of acc, the gradients with respect to U (N, M), a (N, Q) and Zc (P, Q): contractions
-of depth Q instead of 2Q, over row tiles whose exponentials stay in L1. When the forward pass's
-exponentials fit the last-level cache (:func:`store_max_bytes`) they are kept for the backward
-pass instead of being recomputed. The small maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with
-jax autodiff. Its exp is a vectorised polynomial (about 1 ulp; checked against numpy at load).
+of depth Q instead of 2Q, over row tiles whose exponentials stay in L1. In a differentiated call
+the forward pass's exponentials are kept, up to :func:`store_max_bytes`, in a store the library
+holds between calls (an XLA output of that size would be page-faulted afresh at every call), and
+the backward pass reads them instead of recomputing, prefetching ahead. The small maps
+(mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff. Its exp is a vectorised
+polynomial (about 1 ulp; checked against numpy at load).
 jax calls the kernel as an XLA custom call (``jax.ffi``): on XLA's thread, on XLA's buffers, no
 Python in between (a ``jax.pure_callback`` deadlocked on a one-core worker: its arguments are
 device_put back to the CPU device from inside XLA's only thread).
@@ -157,6 +159,10 @@ def _load(path: Path):
     lib.pairs_store_len.restype = ctypes.c_longlong
     lib.vexp_array.argtypes = [_I, _P, _P]
     lib.vexp_array.restype = None
+    lib.pairs_store_release.argtypes = []
+    lib.pairs_store_release.restype = None
+    lib.pairs_store_bytes.argtypes = []
+    lib.pairs_store_bytes.restype = ctypes.c_longlong
     # self check: the vectorised exp against numpy over the range the kernel uses
     x = np.ascontiguousarray(np.concatenate([np.linspace(-750.0, 20.0, 4092), [0.0, -1e-300, 1.0, -1.0]]))
     y = np.empty_like(x)
@@ -193,29 +199,26 @@ def library():
 ENV_STORE = "EMBED_SWEEP_PSI_STORE_MB"
 
 
-@functools.cache
-def _last_level_cache_bytes(default: int = 16 << 20) -> int:
-    """Size of CPU 0's largest cache (Linux sysfs), else ``default``."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = f.read_text().strip().upper()
-            sizes.append(int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0))
-        except (OSError, ValueError):
-            continue
-    return max(sizes, default=default)
-
-
 def store_max_bytes() -> int:
-    """Largest store of the forward pass's pair exponentials (about N x M (M + 1) / 2 float64) that
-    the backward pass reads instead of recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always
-    recomputes), default the last-level cache's size. Measured on a 32 MiB L3 (one core, M = 50):
-    a store of 10-25 MB (N = 1,000-2,500) made the whole bound + gradient 13-25% faster, one of
-    51 MB (N = 5,000), which goes through main memory, 60% slower than recomputing. Decided when
-    the bound is traced, per chunk shape."""
+    """Largest store of the forward pass's pair exponentials (``store_len`` float64, about
+    N x M (M + 1) / 2) that a differentiated bound keeps for its backward pass instead of
+    recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always recomputes), default 1 GiB or an
+    eighth of the machine's memory, whichever is less. The store lives in the library (one per
+    process, reused across evaluations; ``release_store`` frees it, as the end of a fit does).
+    Measured on one core (M = 50, whole bound + gradient): N = 1,000 (10 MB) 13-25% faster,
+    N = 5,000 (51 MB) 10-15%, N = 20,000 at Q = 10 (204 MB) 23%. Decided when the bound is traced,
+    per chunk shape; the Dask-chunked evaluation never stores (its backward task recomputes)."""
     if os.environ.get(ENV_STORE):
         return int(float(os.environ[ENV_STORE]) * (1 << 20))
-    return _last_level_cache_bytes()
+    return min(1 << 30, _physical_memory_bytes() // 8)
+
+
+@functools.cache
+def _physical_memory_bytes(default: int = 8 << 30) -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return default
 
 
 def enabled() -> bool:
@@ -296,30 +299,46 @@ def _f64(*shape):
 
 
 def pairs_fwd(U, A, Zc, store: bool = False):
-    """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, exponentials)."""
+    """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, token): the
+    forward pass's exponentials stay in the library's store (:func:`store_bytes`), and ``token``
+    (shape (1,)) names them for :func:`pairs_bwd`."""
     import jax
 
-    (N, M), P = U.shape, U.shape[1] * (U.shape[1] + 1) // 2
+    P = U.shape[1] * (U.shape[1] + 1) // 2
     if store:
-        return jax.ffi.ffi_call(
-            FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(store_len(N, M))), vmap_method="sequential"
-        )(U, A, Zc)
+        return jax.ffi.ffi_call(FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(1)), vmap_method="sequential")(
+            U, A, Zc
+        )
     return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P), vmap_method="sequential")(U, A, Zc)
 
 
-def pairs_bwd(U, A, Zc, c, with_acc: bool = False, Es=None):
-    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``; with ``Es``, the
-    forward pass's store, acc is None)."""
+def pairs_bwd(U, A, Zc, c, with_acc: bool = False, token=None):
+    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``). With ``token`` (from
+    ``pairs_fwd(store=True)``) the exponentials are read from the store if it still holds that
+    forward call's, else recomputed; acc is then None (the forward pass has it)."""
     import jax
 
     shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
-    if Es is not None:
+    if token is not None:
         return (
             *jax.ffi.ffi_call(FFI_TARGETS["bwd_stored"][0], shapes, vmap_method="sequential")(
-                U, A, Zc, c, Es
+                U, A, Zc, c, token
             ),
             None,
         )
     return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)), vmap_method="sequential")(
         U, A, Zc, c, with_acc=bool(with_acc)
     )
+
+
+def store_bytes() -> int:
+    """Bytes the library's store of pair exponentials holds now (0 if none, or no library)."""
+    lib = _state.get("lib")
+    return int(lib.pairs_store_bytes()) if lib is not None else 0
+
+
+def release_store() -> None:
+    """Frees the store of pair exponentials (the next stored forward pass allocates it again)."""
+    lib = _state.get("lib")
+    if lib is not None:
+        lib.pairs_store_release()
