@@ -175,10 +175,16 @@ class RowChunks:
         if self.client is not None:
             # send each chunk's rows once, straight to the worker holding its data; the forward and
             # the backward task both use them there
-            locs = [
-                self.client.scatter([lo], hash=False, workers=[w], direct=True)[0]
-                for lo, w in zip(locs, self.placement, strict=True)
-            ]
+            # (one scatter call per worker, with all of its chunks: each call is a round trip)
+            by_worker: dict = {}
+            for i, w in enumerate(self.placement):
+                by_worker.setdefault(w, []).append(i)
+            futs = [None] * len(locs)
+            for w, idx in by_worker.items():
+                sent = self.client.scatter([locs[i] for i in idx], hash=False, workers=[w], direct=True)
+                for i, f in zip(idx, sent, strict=True):
+                    futs[i] = f
+            locs = futs
         stats = None
         for o in self._run(_forward, [(lo, glob, d) for lo, d in zip(locs, self.data, strict=True)]):
             stats = o if stats is None else _tree_add(stats, o)
