@@ -196,29 +196,41 @@ def _pair_case(seed, N=70, M=6, Q=3):
     return -rng.uniform(0.5, 3.0, (N, M)), 0.3 * rng.standard_normal((N, Q)), rng.standard_normal((P, Q))
 
 
-def test_store_generations_stale_token_recomputes():
-    """The library's store holds the last stored forward pass only. A backward call whose forward
-    pass was overwritten since (another chunk, another vmapped call) recomputes; either way the
-    gradients are the recomputing pass's, bit for bit."""
+def test_store_slots_generations_and_cap(monkeypatch):
+    """The library keeps the exponentials of the last few stored forward passes (one slot each,
+    oldest evicted first, within the byte cap). A backward call whose forward pass was evicted since
+    recomputes; either way the gradients are the recomputing pass's, bit for bit."""
     native.release_store()
     assert native.store_bytes() == 0
-    a, b = _pair_case(0), _pair_case(1)
-    c = np.random.default_rng(2).standard_normal(a[2].shape[0])
-    acc_a, tok_a = native.pairs_fwd(*a, store=True)
-    acc_b, tok_b = native.pairs_fwd(*b, store=True)  # overwrites a's exponentials
-    assert native.store_bytes() >= 8 * native.store_len(70, 6)
-    assert int(tok_a[0]) != int(tok_b[0]) and int(tok_a[0]) > 0
-    assert np.array_equal(acc_a, native.pairs_fwd_host(*a))
-    for case, tok in ((a, tok_a), (b, tok_b)):  # stale (recomputed), then current (read)
-        got = native.pairs_bwd(*case, c, token=tok)
+    cases = [_pair_case(s) for s in range(6)]
+    c = np.random.default_rng(9).standard_normal(cases[0][2].shape[0])
+    want = [native.pairs_bwd_host(*x, c)[:3] for x in cases]
+    toks = []
+    for x in cases:
+        acc, tok = native.pairs_fwd(*x, store=True)
+        assert np.array_equal(acc, native.pairs_fwd_host(*x))
+        toks.append(tok)
+    assert len({int(t[0]) for t in toks}) == 6 and min(int(t[0]) for t in toks) > 0
+    held = [native.store_holds(t) for t in toks]
+    assert held == [False, False, True, True, True, True]  # four slots, the oldest two evicted
+    assert native.store_bytes() == 4 * 8 * native.store_len(70, 6)
+    for x, tok, w in zip(cases, toks, want):  # evicted ones recompute, held ones read
+        got = native.pairs_bwd(*x, c, token=tok)
         assert got[3] is None
-        for g, want in zip(got[:3], native.pairs_bwd_host(*case, c)[:3]):
-            assert np.array_equal(g, want)
+        for g, gw in zip(got[:3], w):
+            assert np.array_equal(g, gw)
+    # a cap of one and a half stores: each stored forward pass evicts the previous one
     native.release_store()
-    assert native.store_bytes() == 0
-    got = native.pairs_bwd(*b, c, token=tok_b)  # released: recomputes
-    for g, want in zip(got[:3], native.pairs_bwd_host(*b, c)[:3]):
-        assert np.array_equal(g, want)
+    monkeypatch.setenv(native.ENV_STORE, str(1.5 * 8 * native.store_len(70, 6) / (1 << 20)))
+    t0 = native.pairs_fwd(*cases[0], store=True)[1]
+    t1 = native.pairs_fwd(*cases[1], store=True)[1]
+    assert not native.store_holds(t0) and native.store_holds(t1)
+    assert native.store_bytes() == 8 * native.store_len(70, 6)
+    native.release_store()
+    assert native.store_bytes() == 0 and not native.store_holds(t1)
+    got = native.pairs_bwd(*cases[1], c, token=t1)  # released: recomputes
+    for g, gw in zip(got[:3], want[1]):
+        assert np.array_equal(g, gw)
 
 
 def test_store_only_when_differentiated(monkeypatch):

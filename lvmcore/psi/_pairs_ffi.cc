@@ -19,34 +19,110 @@ long long pairs_store_len(int N, int M);
 namespace {
 // The forward pass's exponentials, kept here between the forward and the backward call rather than
 // returned as an XLA buffer: a fresh output of that size (204 MB at N = 20,000, M = 50) is mapped
-// and page-faulted at every call (about 2.5 us per 4 KiB page on the machines measured), which cost
-// more than recomputing. One store per process, reused across calls (grown, never shrunk, until
-// pairs_store_release). The forward call hands out a generation number; the backward call reads
-// the store only if it still holds that generation, and otherwise recomputes, so a store
-// overwritten in between (another chunk, a vmapped call, another thread) costs time, never
-// correctness. try_lock: a thread never waits on another's store; it recomputes instead.
+// and page-faulted at every call (about 2.4 us per 4 KiB page on the machines measured), which
+// cost more than recomputing. A few slots per process (one per view of an MRD bound), reused
+// across calls, grown as needed within a total cap, freed by pairs_store_release. A forward call
+// takes the idle slot with the oldest contents and hands out a generation number; the backward
+// call reads the slot still holding that generation, or recomputes if none does (overwritten by
+// later calls: other chunks, vmapped calls, other threads), so an eviction costs time, never
+// correctness. The mutex guards the slots' bookkeeping only, never a computation.
+constexpr int kSlots = 4;
+struct Slot {
+  double *buf = nullptr;
+  size_t cap = 0;   // doubles
+  int64_t gen = 0;  // generation of the exponentials held (0: none, or being written)
+  int users = 0;    // calls writing or reading it now
+};
 struct Store {
   std::mutex mu;
-  double *buf = nullptr;
-  size_t cap = 0;    // doubles
-  int64_t gen = 0;   // generation of the exponentials in buf (0: none)
+  Slot slots[kSlots];
   int64_t last = 0;  // last generation handed out
 };
 Store store;
+
+size_t total_doubles() {
+  size_t t = 0;
+  for (const Slot &s : store.slots) t += s.cap;
+  return t;
+}
+
+void free_slot(Slot &s) {
+  std::free(s.buf);
+  s.buf = nullptr;
+  s.cap = 0;
+  s.gen = 0;
+}
+
+// An idle slot of at least len doubles, marked as being written, and its generation; null if
+// every slot is busy or the total would exceed max_total doubles even after freeing idle ones.
+Slot *claim_for_write(size_t len, size_t max_total, int64_t *gen) {
+  std::lock_guard<std::mutex> lk(store.mu);
+  Slot *slot = nullptr;
+  for (Slot &s : store.slots)
+    if (s.users == 0 && (!slot || s.gen < slot->gen)) slot = &s;
+  if (!slot) return nullptr;
+  if (slot->cap < len) {
+    free_slot(*slot);
+    for (;;) {  // make room: free the idle slots with the oldest contents first
+      if (total_doubles() + len <= max_total) break;
+      Slot *old = nullptr;
+      for (Slot &s : store.slots)
+        if (s.users == 0 && s.cap > 0 && (!old || s.gen < old->gen)) old = &s;
+      if (!old) return nullptr;
+      free_slot(*old);
+    }
+    slot->buf = static_cast<double *>(std::aligned_alloc(64, (len * sizeof(double) + 63) / 64 * 64));
+    if (!slot->buf) return nullptr;
+    slot->cap = len;
+  }
+  slot->gen = 0;
+  slot->users = 1;
+  *gen = ++store.last;
+  return slot;
+}
+
+void finish_write(Slot *slot, int64_t gen) {
+  std::lock_guard<std::mutex> lk(store.mu);
+  slot->gen = gen;
+  slot->users = 0;
+}
+
+Slot *claim_for_read(int64_t gen) {
+  std::lock_guard<std::mutex> lk(store.mu);
+  if (gen == 0) return nullptr;
+  for (Slot &s : store.slots)
+    if (s.gen == gen) {
+      s.users++;
+      return &s;
+    }
+  return nullptr;
+}
+
+void finish_read(Slot *slot) {
+  std::lock_guard<std::mutex> lk(store.mu);
+  slot->users--;
+}
 }  // namespace
 
 extern "C" {
+// frees the idle slots (a slot in use by a running call is left to it)
 void pairs_store_release(void) {
   std::lock_guard<std::mutex> lk(store.mu);
-  std::free(store.buf);
-  store.buf = nullptr;
-  store.cap = 0;
-  store.gen = 0;
+  for (Slot &s : store.slots)
+    if (s.users == 0) free_slot(s);
+}
+
+// 1 if a slot holds the exponentials of generation gen (for the tests)
+int pairs_store_holds(long long gen) {
+  std::lock_guard<std::mutex> lk(store.mu);
+  for (const Slot &s : store.slots)
+    if (gen != 0 && s.gen == gen) return 1;
+  return 0;
 }
 
 long long pairs_store_bytes(void) {
   std::lock_guard<std::mutex> lk(store.mu);
-  return static_cast<long long>(store.cap) * 8;
+  return static_cast<long long>(total_doubles()) * 8;
 }
 }
 
@@ -64,28 +140,19 @@ static ffi::Error Fwd(F64 U, F64 A, F64 Zc, F64Out acc, double *Es) {
 
 static ffi::Error PairsFwdImpl(F64 U, F64 A, F64 Zc, F64Out acc) { return Fwd(U, A, Zc, acc, nullptr); }
 
-// acc, and the generation number of the store it wrote (0: none; the backward pass recomputes)
-static ffi::Error PairsFwdStoreImpl(F64 U, F64 A, F64 Zc, F64Out acc, F64Out token) {
+// acc, and the generation number of the stored exponentials (0: none; the backward pass recomputes)
+static ffi::Error PairsFwdStoreImpl(F64 U, F64 A, F64 Zc, F64Out acc, F64Out token, int64_t max_doubles) {
   auto u = U.dimensions();
-  double *es = nullptr;
   int64_t gen = 0;
-  std::unique_lock<std::mutex> lk(store.mu, std::try_to_lock);
-  if (lk.owns_lock() && u.size() == 2) {
+  Slot *slot = nullptr;
+  if (u.size() == 2 && max_doubles > 0) {
     size_t len = static_cast<size_t>(pairs_store_len(static_cast<int>(u[0]), static_cast<int>(u[1])));
-    if (store.cap < len) {
-      std::free(store.buf);
-      store.buf = static_cast<double *>(std::aligned_alloc(64, (len * sizeof(double) + 63) / 64 * 64));
-      store.cap = store.buf ? len : 0;
-    }
-    if (store.buf) {
-      es = store.buf;
-      store.gen = 0;  // being written
-      gen = ++store.last;
-    }
+    slot = claim_for_write(len, static_cast<size_t>(max_doubles), &gen);
   }
-  ffi::Error err = Fwd(U, A, Zc, acc, es);
-  if (es && err.success()) store.gen = gen;
-  token->typed_data()[0] = err.success() ? static_cast<double>(gen) : 0.0;
+  ffi::Error err = Fwd(U, A, Zc, acc, slot ? slot->buf : nullptr);
+  if (!err.success()) gen = 0;
+  if (slot) finish_write(slot, gen);
+  token->typed_data()[0] = static_cast<double>(slot ? gen : 0);
   return err;
 }
 
@@ -110,14 +177,13 @@ static ffi::Error PairsBwdImpl(F64 U, F64 A, F64 Zc, F64 c, F64Out gU, F64Out gA
   return Bwd(U, A, Zc, c, nullptr, gU, gA, gZc, accp);
 }
 
-// from the store if it still holds the forward call's generation (token), else recomputing
+// from the store if a slot still holds the forward call's generation (token), else recomputing
 static ffi::Error PairsBwdStoredImpl(F64 U, F64 A, F64 Zc, F64 c, F64 token, F64Out gU, F64Out gA,
                                      F64Out gZc) {
-  const int64_t gen = static_cast<int64_t>(token.typed_data()[0]);
-  std::unique_lock<std::mutex> lk(store.mu, std::try_to_lock);
-  const double *es = lk.owns_lock() && gen != 0 && store.gen == gen ? store.buf : nullptr;
-  if (!es && lk.owns_lock()) lk.unlock();
-  return Bwd(U, A, Zc, c, es, gU, gA, gZc, nullptr);
+  Slot *slot = claim_for_read(static_cast<int64_t>(token.typed_data()[0]));
+  ffi::Error err = Bwd(U, A, Zc, c, slot ? slot->buf : nullptr, gU, gA, gZc, nullptr);
+  if (slot) finish_read(slot);
+  return err;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsFwd, PairsFwdImpl,
@@ -136,7 +202,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsBwd, PairsBwdImpl,
                                   .Attr<bool>("with_acc"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsFwdStore, PairsFwdStoreImpl,
-                              ffi::Ffi::Bind().Arg<F64>().Arg<F64>().Arg<F64>().Ret<F64>().Ret<F64>());
+                              ffi::Ffi::Bind()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Ret<F64>()
+                                  .Ret<F64>()
+                                  .Attr<int64_t>("max_doubles"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsBwdStored, PairsBwdStoredImpl,
                               ffi::Ffi::Bind()

@@ -163,6 +163,8 @@ def _load(path: Path):
     lib.pairs_store_release.restype = None
     lib.pairs_store_bytes.argtypes = []
     lib.pairs_store_bytes.restype = ctypes.c_longlong
+    lib.pairs_store_holds.argtypes = [ctypes.c_longlong]
+    lib.pairs_store_holds.restype = _I
     # self check: the vectorised exp against numpy over the range the kernel uses
     x = np.ascontiguousarray(np.concatenate([np.linspace(-750.0, 20.0, 4092), [0.0, -1e-300, 1.0, -1.0]]))
     y = np.empty_like(x)
@@ -300,14 +302,15 @@ def _f64(*shape):
 
 def pairs_fwd(U, A, Zc, store: bool = False):
     """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, token): the
-    forward pass's exponentials stay in the library's store (:func:`store_bytes`), and ``token``
-    (shape (1,)) names them for :func:`pairs_bwd`."""
+    forward pass's exponentials stay in the library's store (:func:`store_bytes`; a few slots, at
+    most :func:`store_max_bytes` in all), and ``token`` (shape (1,)) names them for
+    :func:`pairs_bwd`."""
     import jax
 
     P = U.shape[1] * (U.shape[1] + 1) // 2
     if store:
         return jax.ffi.ffi_call(FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(1)), vmap_method="sequential")(
-            U, A, Zc
+            U, A, Zc, max_doubles=np.int64(store_max_bytes() // 8)
         )
     return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P), vmap_method="sequential")(U, A, Zc)
 
@@ -335,6 +338,12 @@ def store_bytes() -> int:
     """Bytes the library's store of pair exponentials holds now (0 if none, or no library)."""
     lib = _state.get("lib")
     return int(lib.pairs_store_bytes()) if lib is not None else 0
+
+
+def store_holds(token) -> bool:
+    """Whether the store still holds the exponentials of the forward call that returned ``token``."""
+    lib = _state.get("lib")
+    return lib is not None and bool(lib.pairs_store_holds(int(np.asarray(token).ravel()[0])))
 
 
 def release_store() -> None:
