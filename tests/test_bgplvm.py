@@ -174,8 +174,14 @@ def test_bgplvm_fit_transform_and_reconstruction():
     assert m.noise_variance_[0] < 0.05
     assert m.ard_weights_.shape == (2,) and np.all(m.ard_weights_ > 0)
     X = m.transform(Y[:10])
-    spread = np.linalg.norm(m.embedding_.std(0))
-    assert np.median(np.linalg.norm(X - m.embedding_[:10], axis=1)) < 0.25 * spread
+    # the data are a 1-D curve: ARD switches one latent dimension off (weight ~1e-3 of the other's),
+    # and a coordinate the likelihood does not depend on is not identified by inference (which
+    # local optimum it ends in moved with round-off between kernel versions: 0.05-0.47 away). The
+    # training rows' inferred coordinates must match their embedding in the dimensions in use.
+    on = m.ard_weights_ > 0.01 * m.ard_weights_.max()
+    assert on.sum() == 1
+    spread = np.linalg.norm(m.embedding_[:, on].std(0))
+    assert np.median(np.linalg.norm((X - m.embedding_[:10])[:, on], axis=1)) < 0.02 * spread
     rec = m.inverse_transform(m.embedding_[:10])
     assert np.sqrt(np.mean((rec - Y[:10]) ** 2)) < 0.3 * Y.std()
 
