@@ -198,8 +198,9 @@ def _pair_case(seed, N=70, M=6, Q=3):
 
 def test_store_slots_generations_and_cap(monkeypatch):
     """The library keeps the exponentials of the last few stored forward passes (one slot each,
-    oldest evicted first, within the byte cap). A backward call whose forward pass was evicted since
-    recomputes; either way the gradients are the recomputing pass's, bit for bit."""
+    oldest evicted first, within the byte cap; a slot read by its backward pass is free again). A
+    backward call whose forward pass was evicted since recomputes; either way the gradients are the
+    recomputing pass's, bit for bit."""
     native.release_store()
     assert native.store_bytes() == 0
     cases = [_pair_case(s) for s in range(6)]
@@ -219,6 +220,15 @@ def test_store_slots_generations_and_cap(monkeypatch):
         assert got[3] is None
         for g, gw in zip(got[:3], w):
             assert np.array_equal(g, gw)
+        assert not native.store_holds(tok)  # read once: consumed
+    # alternating forward and backward passes (one view) reuse one slot: no growth
+    native.release_store()
+    for x, w in zip(cases, want):
+        tok = native.pairs_fwd(*x, store=True)[1]
+        assert native.store_holds(tok)
+        for g, gw in zip(native.pairs_bwd(*x, c, token=tok)[:3], w):
+            assert np.array_equal(g, gw)
+        assert native.store_bytes() == 8 * native.store_len(70, 6)
     # a cap of one and a half stores: each stored forward pass evicts the previous one
     native.release_store()
     monkeypatch.setenv(native.ENV_STORE, str(1.5 * 8 * native.store_len(70, 6) / (1 << 20)))

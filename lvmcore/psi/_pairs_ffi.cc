@@ -22,9 +22,9 @@ namespace {
 // and page-faulted at every call (about 2.4 us per 4 KiB page on the machines measured), which
 // cost more than recomputing. A few slots per process (one per view of an MRD bound), reused
 // across calls, grown as needed within a total cap, freed by pairs_store_release. A forward call
-// takes the idle slot with the oldest contents and hands out a generation number; the backward
-// call reads the slot still holding that generation, or recomputes if none does (overwritten by
-// later calls: other chunks, vmapped calls, other threads), so an eviction costs time, never
+// takes an idle slot (see claim_for_write) and hands out a generation number; the backward call
+// reads the slot still holding that generation, or recomputes if none does (overwritten by later
+// calls: other chunks, vmapped calls, other threads), so an eviction costs time, never
 // correctness. The mutex guards the slots' bookkeeping only, never a computation.
 constexpr int kSlots = 4;
 struct Slot {
@@ -57,9 +57,17 @@ void free_slot(Slot &s) {
 // every slot is busy or the total would exceed max_total doubles even after freeing idle ones.
 Slot *claim_for_write(size_t len, size_t max_total, int64_t *gen) {
   std::lock_guard<std::mutex> lk(store.mu);
+  // among the idle slots: consumed contents before live ones, a buffer large enough before one to
+  // grow, then the oldest contents (a one-view fit thus keeps reusing one slot)
+  auto better = [len](const Slot &a, const Slot *b) {
+    if (!b) return true;
+    if ((a.gen == 0) != (b->gen == 0)) return a.gen == 0;
+    if ((a.cap >= len) != (b->cap >= len)) return a.cap >= len;
+    return a.gen < b->gen;
+  };
   Slot *slot = nullptr;
   for (Slot &s : store.slots)
-    if (s.users == 0 && (!slot || s.gen < slot->gen)) slot = &s;
+    if (s.users == 0 && better(s, slot)) slot = &s;
   if (!slot) return nullptr;
   if (slot->cap < len) {
     free_slot(*slot);
@@ -98,9 +106,11 @@ Slot *claim_for_read(int64_t gen) {
   return nullptr;
 }
 
+// one backward pass per forward pass: once read, the contents are consumed and the slot is free
+// for the next forward pass (a second read of the same generation recomputes)
 void finish_read(Slot *slot) {
   std::lock_guard<std::mutex> lk(store.mu);
-  slot->users--;
+  if (--slot->users == 0) slot->gen = 0;
 }
 }  // namespace
 
