@@ -69,6 +69,9 @@ static inline __attribute__((always_inline)) void vexp_batch(v4d *x) {
     }
 }
 
+/* length of the forward pass's store of the exponentials: whole tiles of NB rows */
+long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
+
 /* rows n0 .. n0 + nb of U (N x M) and A (N x Q) into UT[m][row], AT[q][row] (NB rows, padded) */
 static void load_tile(int n0, int nb, int M, int Q, const double *U, const double *A, double *ut, double *at) {
     for (int m = 0; m < M; m++)
@@ -140,7 +143,7 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
     memset(gZc, 0, sizeof(double) * P * Q);
     if (acc) memset(acc, 0, sizeof(double) * P);
     if (Es) acc = NULL; /* the sums come with the store's forward pass */
-    const size_t nstore = (size_t)((N + NB - 1) / NB) * P * NV; /* vectors in the store */
+    const size_t nstore = (size_t)pairs_store_len(N, M) / 4; /* vectors in the store */
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
         load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
@@ -233,9 +236,6 @@ int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const doubl
 }
 
 int pairs_tile_rows(void) { return NB; }
-
-/* length of the forward pass's store of the exponentials: whole tiles of NB rows */
-long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
 
 /* the vectorised exp alone, for the tests: y[i] = exp(x[i]) */
 void vexp_array(int n, const double *x, double *y) {

@@ -124,9 +124,10 @@ void pairs_store_release(void) {
 
 // 1 if a slot holds the exponentials of generation gen (for the tests)
 int pairs_store_holds(long long gen) {
+  if (gen == 0) return 0;
   std::lock_guard<std::mutex> lk(store.mu);
   for (const Slot &s : store.slots)
-    if (gen != 0 && s.gen == gen) return 1;
+    if (s.gen == gen) return 1;
   return 0;
 }
 

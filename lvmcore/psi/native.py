@@ -205,8 +205,9 @@ def store_max_bytes() -> int:
     """Largest store of the forward pass's pair exponentials (``store_len`` float64, about
     N x M (M + 1) / 2) that a differentiated bound keeps for its backward pass instead of
     recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always recomputes), default 1 GiB or an
-    eighth of the machine's memory, whichever is less. The store lives in the library (one per
-    process, reused across evaluations; ``release_store`` frees it, as the end of a fit does).
+    eighth of the machine's memory, whichever is less, over all the store's slots. The store lives
+    in the library (a few slots per process, reused across evaluations; ``release_store`` frees
+    it, as the end of a fit does).
     Measured on one core (M = 50, whole bound + gradient): N = 1,000 (10 MB) 13-25% faster,
     N = 5,000 (51 MB) 10-15%, N = 20,000 at Q = 10 (204 MB) 23%. Decided when the bound is traced,
     per chunk shape; the Dask-chunked evaluation never stores (its backward task recomputes)."""

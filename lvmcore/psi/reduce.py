@@ -126,6 +126,9 @@ class RowChunks:
             # call can put every chunk on the same worker, and the tasks follow their data there)
             workers = sorted(self.client.scheduler_info()["workers"])
             self.placement = [workers[c % len(workers)] for c in range(len(parts))]
+            self._chunks_of_worker: dict = {}
+            for c, w in enumerate(self.placement):
+                self._chunks_of_worker.setdefault(w, []).append(c)
             self.data = [
                 self.client.scatter(p, hash=False, workers=[w])
                 for p, w in zip(parts, self.placement, strict=True)
@@ -176,11 +179,8 @@ class RowChunks:
             # send each chunk's rows once, straight to the worker holding its data; the forward and
             # the backward task both use them there
             # (one scatter call per worker, with all of its chunks: each call is a round trip)
-            by_worker: dict = {}
-            for i, w in enumerate(self.placement):
-                by_worker.setdefault(w, []).append(i)
             futs = [None] * len(locs)
-            for w, idx in by_worker.items():
+            for w, idx in self._chunks_of_worker.items():
                 sent = self.client.scatter([locs[i] for i in idx], hash=False, workers=[w], direct=True)
                 for i, f in zip(idx, sent, strict=True):
                     futs[i] = f
