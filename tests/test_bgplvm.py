@@ -2,6 +2,7 @@
 finite differences, one chunk = many chunks on a real LocalCluster, the paper's toy segmentation,
 inference and cross-view prediction, bad input."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -29,10 +30,14 @@ def _problem(kind, N=60, D=5, Q=3, M=8, seed=0):
     return Y, mu, Sv, Z, k, kp
 
 
-def _bound(kinds, Ys, local, glob, chunks=None):
+def _runner(kinds, Ys, chunks=None):
     dims = tuple(Y.shape[1] for Y in Ys)
     obj = bound_objective(tuple(kinds), True, Ys[0].shape[0], dims)
-    return RowChunks(ViewStats(tuple(kinds), True), obj, tuple(Ys), chunks).value_and_grad(local, glob, 0.0)
+    return RowChunks(ViewStats(tuple(kinds), True), obj, tuple(Ys), chunks)
+
+
+def _bound(kinds, Ys, local, glob, chunks=None):
+    return _runner(kinds, Ys, chunks).value_and_grad(local, glob, 0.0)
 
 
 @pytest.mark.parametrize("kind", ["rbf", "linear"])
@@ -99,12 +104,21 @@ def test_gradients_equal_finite_differences(kind):
 
 
 def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
+    """7 chunks dealt to both workers of a real 2-process cluster (4 + 3, one actor each); the
+    statistics alone (``stats``) and the bound and gradient equal the one-piece evaluation."""
     Y, mu, Sv, Z, _, kp = _problem("rbf", N=700, D=6, Q=3, M=10)
     Y2 = np.random.default_rng(2).standard_normal((700, 4))
     local = {"mu": mu, "logS": np.log(Sv)}
     glob = {"Z": Z[None], "kern": [kp, {"log_vars": np.zeros(3)}], "log_beta": np.array([0.2, -0.1])}
-    v1, gl1, gg1 = _bound(["rbf", "linear"], [Y, Y2], local, glob)
-    v7, gl7, gg7 = _bound(["rbf", "linear"], [Y, Y2], local, glob, chunks=100)
+    one = _runner(["rbf", "linear"], [Y, Y2])
+    many = _runner(["rbf", "linear"], [Y, Y2], chunks=100)
+    workers = sorted(cluster_client.scheduler_info()["workers"])
+    assert many.placement == [workers[0]] * 4 + [workers[1]] * 3
+    v1, gl1, gg1 = one.value_and_grad(local, glob, 0.0)
+    v7, gl7, gg7 = many.value_and_grad(local, glob, 0.0)
+    s1, s7 = one.stats(local, glob), many.stats(local, glob)
+    for a, b in zip(jax.tree_util.tree_leaves(s7), jax.tree_util.tree_leaves(s1), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11 * np.abs(b).max())
     assert abs(v1 - v7) <= 1e-10 * abs(v1)
     # relative to each gradient block's norm (elementwise, entries that are sums of large
     # cancelling terms, such as d/d log beta, carry absolute round-off of the full terms)
@@ -114,6 +128,41 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
     for key in ("log_var", "log_ls"):
         a, b = np.asarray(gg7["kern"][0][key]), np.asarray(gg1["kern"][0][key])
         assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+
+
+def test_chunked_evaluation_survives_a_lost_worker():
+    """A worker holding row chunks dies between two evaluations (killed; its nanny starts a new
+    one): the next evaluation deals the chunks over the workers there are and gives the same bound
+    and gradient."""
+    import os
+    import signal
+    import time
+
+    from distributed import Client, LocalCluster
+
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=400, D=5, Q=3, M=10)
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.3])}
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as lc,
+        Client(lc) as client,
+    ):
+        r = _runner(["rbf"], [Y], chunks=100)
+        before = r.value_and_grad(local, glob, 0.0)
+        victim = r.placement[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert victim not in client.scheduler_info()["workers"]
+        after = r.value_and_grad(local, glob, 0.0)
+        assert victim not in r.placement
+    assert abs(after[0] - before[0]) <= 1e-12 * abs(before[0])
+    for a, b in zip(jax.tree_util.tree_leaves(after[1:]), jax.tree_util.tree_leaves(before[1:]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.fixture(scope="module")

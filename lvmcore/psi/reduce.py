@@ -11,16 +11,18 @@ The bound depends on the data only through per-row sums (psi0, Psi1^T Y, Psi2, t
    gradient for its rows and its contribution to the globals' gradient.
 
 One chunk and many chunks give the same bound and gradient up to summation order. With a single
-chunk the three steps are fused into one jitted ``value_and_grad``. On a Dask cluster the data
-chunks are scattered once and stay on the workers; each evaluation sends only the chunk's rows of
-the variational parameters and the small globals. Inside a Dask worker under ``worker_client`` it
+chunk the three steps are fused into one jitted ``value_and_grad``. On a Dask cluster each worker
+gets a contiguous run of the chunks, held for the whole fit by one actor there (:class:`ChunkHost`);
+an evaluation sends each actor its rows of the variational parameters and the small globals, it
+returns its summed statistics, then the cotangents go out and its row gradient comes back: two
+direct calls per worker, no scheduler round trips. Inside a Dask worker under ``worker_client`` it
 runs on the sweep's own cluster (``distributed.get_client`` finds that client).
 
 ``stats_fn`` must be picklable and expose ``raw(local, glob, data)`` (a pure jax function), and
 ``forward`` / ``backward`` (its jitted evaluation and vector-Jacobian product, compiled once per
-process), as :class:`JitStats` provides. The backward task differentiates ``build_for_vjp()``, which
+process), as :class:`JitStats` provides. The backward pass differentiates ``build_for_vjp()``, which
 may skip computing outputs nobody reads (the RBF psi statistics skip their forward row pass there:
-the backward task cost a forward plus a backward pass before, 164 ms vs 54 ms forward at 25,000
+the backward pass cost a forward plus a backward pass before, 164 ms vs 54 ms forward at 25,000
 rows, M = 50, Q = 5).
 """
 
@@ -82,14 +84,67 @@ class JitStats:
         return _to_np(self._compiled()[2](local, glob, data, cot))
 
 
-def _forward(stats_fn, local, glob, data):
-    keep_heap()
-    return stats_fn.forward(local, glob, data)
+class ChunkHost:
+    """The row chunks of one Dask worker, as a Dask actor living there.
 
+    It holds its chunks of the data for the whole fit. ``forward`` receives the worker's rows of
+    the variational parameters (one contiguous block), computes each chunk's statistics and
+    returns their sum; it keeps the rows for the ``backward`` call that follows, which returns the
+    block's row gradient and the summed gradient for the globals. So an evaluation is two direct
+    calls per worker, with no scheduler in the path: the task route it replaces (scatter the rows,
+    submit a forward and a backward task per chunk, gather) spent about 0.15 s per evaluation in
+    Dask's own latencies and messages at 200,000 rows in 8 chunks (bench/README.md).
 
-def _backward(stats_fn, local, glob, data, cot):
-    keep_heap()
-    return stats_fn.backward(local, glob, data, cot)
+    Workers with more than one thread run their chunks on that many threads (XLA releases the GIL).
+    """
+
+    def __init__(self, stats_fn, offsets, *parts):
+        self.stats_fn = stats_fn
+        self.offsets = list(offsets)  # chunk c holds block rows offsets[c]:offsets[c + 1]
+        self.parts = parts
+        self.rows = None
+        try:
+            from distributed import get_worker
+
+            threads = get_worker().state.nthreads
+        except (ImportError, ValueError):
+            threads = 1
+        self.threads = max(1, min(int(threads), len(parts)))
+        self._pool = None
+
+    def _map(self, fn, *iterables):
+        if self.threads == 1:
+            return list(map(fn, *iterables))
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="embed-sweep-chunk")
+        return list(self._pool.map(fn, *iterables))  # in chunk order: the sums do not depend on timing
+
+    def _split(self, block):
+        o = self.offsets
+        return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], block) for a, b in zip(o[:-1], o[1:])]
+
+    def forward(self, block, glob, keep=True):
+        keep_heap()
+        rows = self._split(block)
+        self.rows = rows if keep else None
+        outs = self._map(lambda lo, d: self.stats_fn.forward(lo, glob, d), rows, self.parts)
+        total = outs[0]
+        for o in outs[1:]:
+            total = _tree_add(total, o)
+        return total
+
+    def backward(self, glob, cot):
+        if self.rows is None:
+            raise RuntimeError("ChunkHost.backward without a forward(keep=True) call before it")
+        rows, self.rows = self.rows, None
+        backs = self._map(lambda lo, d: self.stats_fn.backward(lo, glob, d, cot), rows, self.parts)
+        g_rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *[b[0] for b in backs])
+        g_glob = backs[0][1]
+        for b in backs[1:]:
+            g_glob = _tree_add(g_glob, b[1])
+        return g_rows, g_glob
 
 
 class RowChunks:
@@ -98,6 +153,13 @@ class RowChunks:
     ``data`` is a tuple of arrays with N rows (the views); ``local`` a pytree of arrays with N rows;
     ``extra`` dynamic scalars of the objective (e.g. extra jitter). ``chunks=None`` (or >= N) means
     one piece in process.
+
+    With several chunks and a Dask client (``distributed.get_client``), the chunks are dealt to the
+    workers in contiguous runs, one :class:`ChunkHost` actor per worker. The driver talks to the
+    actors straight, not through the scheduler, when it runs in a Dask worker (as a sweep's fit
+    does, under ``worker_client``) or its client was made with ``direct_to_workers=True``; otherwise
+    each call is relayed by the scheduler. If a worker is lost, the next evaluation deals the
+    chunks again over the workers that are left and repeats itself once.
     """
 
     #: jitted objective and fused functions per (statistics, objective): the objective must be a
@@ -120,21 +182,11 @@ class RowChunks:
                 self.client = get_client()
             except (ImportError, ValueError):
                 self.client = None
-        parts = [tuple(np.asarray(d[a:b]) for d in data) for a, b in self.bounds]
-        if self.client is not None:
-            # place the chunks round-robin over the workers (a plain scatter of one small tuple per
-            # call can put every chunk on the same worker, and the tasks follow their data there)
-            workers = sorted(self.client.scheduler_info()["workers"])
-            self.placement = [workers[c % len(workers)] for c in range(len(parts))]
-            self._chunks_of_worker: dict = {}
-            for c, w in enumerate(self.placement):
-                self._chunks_of_worker.setdefault(w, []).append(c)
-            self.data = [
-                self.client.scatter(p, hash=False, workers=[w])
-                for p, w in zip(parts, self.placement, strict=True)
-            ]
-        else:
-            self.data = parts
+        self.parts = [tuple(np.asarray(d[a:b]) for d in data) for a, b in self.bounds]
+        self.hosts: list = []  # (first row, end row, host): a ChunkHost, or an Actor to one
+        self._host_futures: list = []
+        if len(self.bounds) > 1:
+            self._place()
         key = (type(stats_fn).__name__, stats_fn.key(), objective)
         if key not in RowChunks._compiled:
             raw = stats_fn.raw
@@ -148,51 +200,105 @@ class RowChunks:
             )
         self._obj_vg, self._fused = RowChunks._compiled[key]
 
-    def _split(self, local):
-        return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], local) for a, b in self.bounds]
+    @property
+    def placement(self) -> list:
+        """The worker address of each chunk (``None`` in process)."""
+        out = []
+        for (_, _, host), idx in zip(self.hosts, self._host_chunks, strict=True):
+            out += [getattr(host, "_address", None)] * len(idx)
+        return out
 
-    def _run(self, fn, per_chunk):
+    def _place(self):
+        """Deal the chunks to the workers (contiguous runs, as even as the counts allow) and start
+        one actor per worker holding its chunks; in process, one host holds them all."""
+        self.hosts, self._host_futures = [], []
         if self.client is None:
-            return [fn(self.stats_fn, *args) for args in per_chunk]
-        futs = [self.client.submit(fn, self.stats_fn, *args, pure=False) for args in per_chunk]
-        return self.client.gather(futs)
+            runs = [list(range(len(self.bounds)))]
+            workers = [None]
+        else:
+            workers = sorted(self.client.scheduler_info()["workers"])
+            if not workers:
+                raise RuntimeError("RowChunks: the Dask cluster has no workers to hold the row chunks")
+            workers = workers[: len(self.bounds)]
+            runs = [list(r) for r in np.array_split(np.arange(len(self.bounds)), len(workers))]
+        self._host_chunks = runs
+        for w, idx in zip(workers, runs, strict=True):
+            first, end = self.bounds[idx[0]][0], self.bounds[idx[-1]][1]
+            offsets = [self.bounds[c][0] - first for c in idx] + [end - first]
+            parts = [self.parts[c] for c in idx]
+            if w is None:
+                host = ChunkHost(self.stats_fn, offsets, *parts)
+            else:
+                sent = self.client.scatter(parts, hash=False, workers=[w], direct=True)
+                fut = self.client.submit(
+                    ChunkHost, self.stats_fn, offsets, *sent,
+                    actor=True, workers=[w], allow_other_workers=False, pure=False,
+                )
+                host = fut.result()
+                self._host_futures.append(fut)
+                del sent  # the actor holds the arrays; the scattered copies can go
+            self.hosts.append((first, end, host))
+
+    def _on_hosts(self, method, args_per_host):
+        # actor calls return futures at once: every worker starts before the first result is awaited
+        calls = [getattr(h, method)(*args) for (_, _, h), args in zip(self.hosts, args_per_host, strict=True)]
+        return calls if self.client is None else [c.result() for c in calls]
+
+    def _hosts_lost(self) -> bool:
+        if self.client is None:
+            return False
+        alive = set(self.client.scheduler_info()["workers"])
+        return any(
+            f.status != "finished" or h._address not in alive
+            for f, (_, _, h) in zip(self._host_futures, self.hosts, strict=True)
+        )
+
+    def _with_hosts(self, evaluate):
+        """Run ``evaluate()``; if it failed because a worker holding chunks was lost, deal the
+        chunks again over the workers left and run it once more."""
+        try:
+            return evaluate()
+        except Exception:
+            if not self._hosts_lost():
+                raise
+        self._place()
+        return evaluate()
+
+    def _blocks(self, local):
+        return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], local) for a, b, _ in self.hosts]
 
     def stats(self, local, glob):
         """Summed statistics over all chunks."""
-        glob = _to_np(glob)
-        outs = self._run(
-            _forward, [(lo, glob, d) for lo, d in zip(self._split(_to_np(local)), self.data, strict=True)]
-        )
-        total = outs[0]
-        for o in outs[1:]:
-            total = _tree_add(total, o)
-        return total
+        glob, local = _to_np(glob), _to_np(local)
+
+        def evaluate():
+            total = None
+            for o in self._on_hosts("forward", [(blk, glob, False) for blk in self._blocks(local)]):
+                total = o if total is None else _tree_add(total, o)
+            return total
+
+        if len(self.bounds) == 1:
+            return _to_np(self.stats_fn.forward(local, glob, self.parts[0]))
+        return self._with_hosts(evaluate)
 
     def value_and_grad(self, local, glob, *extra):
         """Returns (value, grad_local, grad_glob) as numpy."""
-        glob = _to_np(glob)
+        glob, local = _to_np(glob), _to_np(local)
         if len(self.bounds) == 1:
-            v, (gl, gg) = self._fused(_to_np(local), glob, self.data[0], *extra)
+            v, (gl, gg) = self._fused(local, glob, self.parts[0], *extra)
             return float(v), _to_np(gl), _to_np(gg)
-        locs = self._split(_to_np(local))
-        if self.client is not None:
-            # send each chunk's rows once, straight to the worker holding its data; the forward and
-            # the backward task both use them there
-            # (one scatter call per worker, with all of its chunks: each call is a round trip)
-            futs = [None] * len(locs)
-            for w, idx in self._chunks_of_worker.items():
-                sent = self.client.scatter([locs[i] for i in idx], hash=False, workers=[w], direct=True)
-                for i, f in zip(idx, sent, strict=True):
-                    futs[i] = f
-            locs = futs
-        stats = None
-        for o in self._run(_forward, [(lo, glob, d) for lo, d in zip(locs, self.data, strict=True)]):
-            stats = o if stats is None else _tree_add(stats, o)
-        value, (g_stats, g_glob) = self._obj_vg(stats, glob, *extra)
-        g_stats = _to_np(g_stats)
-        backs = self._run(_backward, [(lo, glob, d, g_stats) for lo, d in zip(locs, self.data, strict=True)])
-        g_local = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *[b[0] for b in backs])
-        g_total = _to_np(g_glob)
-        for b in backs:
-            g_total = _tree_add(g_total, b[1])
-        return float(value), g_local, g_total
+
+        def evaluate():
+            stats = None
+            for o in self._on_hosts("forward", [(blk, glob) for blk in self._blocks(local)]):
+                stats = o if stats is None else _tree_add(stats, o)
+            value, (g_stats, g_glob) = self._obj_vg(stats, glob, *extra)
+            g_stats = _to_np(g_stats)
+            backs = self._on_hosts("backward", [(glob, g_stats)] * len(self.hosts))
+            g_local = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *[b[0] for b in backs])
+            g_total = _to_np(g_glob)
+            for b in backs:
+                g_total = _tree_add(g_total, b[1])
+            return float(value), g_local, g_total
+
+        return self._with_hosts(evaluate)
