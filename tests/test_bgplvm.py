@@ -165,6 +165,32 @@ def test_chunked_evaluation_survives_a_lost_worker():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+def test_chunked_evaluation_on_a_two_thread_worker():
+    """One worker with two threads: its actor runs its 4 chunks on both threads, and the bound,
+    gradient and statistics equal the one-piece evaluation."""
+    from distributed import Client, LocalCluster
+
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=400, D=5, Q=3, M=10)
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.3])}
+    one = _runner(["rbf"], [Y])
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as lc,
+        Client(lc),
+    ):
+        r = _runner(["rbf"], [Y], chunks=100)
+        assert len(r.hosts) == 1 and r.hosts[0][2].threads == 2
+        many, stats = r.value_and_grad(local, glob, 0.0), r.stats(local, glob)
+    want, want_stats = one.value_and_grad(local, glob, 0.0), one.stats(local, glob)
+    assert abs(many[0] - want[0]) <= 1e-10 * abs(want[0])
+    for a, b in zip(jax.tree_util.tree_leaves(many[1:]), jax.tree_util.tree_leaves(want[1:]), strict=True):
+        assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+    for a, b in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(want_stats), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11 * np.abs(b).max())
+
+
 @pytest.fixture(scope="module")
 def toy_mrd():
     views, _ = S.mrd_toy(100, seed=0)

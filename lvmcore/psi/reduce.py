@@ -98,6 +98,10 @@ class ChunkHost:
     Workers with more than one thread run their chunks on that many threads (XLA releases the GIL).
     """
 
+    #: threads the chunks run on (the worker's thread count, at most the number of chunks); a class
+    #: attribute too, so that an actor handle can read it
+    threads = 1
+
     def __init__(self, stats_fn, offsets, *parts):
         self.stats_fn = stats_fn
         self.offsets = list(offsets)  # chunk c holds block rows offsets[c]:offsets[c + 1]
