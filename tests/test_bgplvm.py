@@ -130,27 +130,48 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
         assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
 
 
-def test_chunked_evaluation_survives_a_lost_worker():
-    """A worker holding row chunks dies between two evaluations (killed; its nanny starts a new
-    one): the next evaluation deals the chunks over the workers there are and gives the same bound
-    and gradient."""
+def test_chunked_evaluation_on_two_thread_workers_and_a_lost_worker():
+    """2 workers with 2 threads each, 7 chunks:
+    - each actor runs its chunks on both of its threads, and the bound, gradient and statistics
+      equal the one-piece evaluation;
+    - a genuine error in the chunks' work is raised as it is, with the actors kept;
+    - a worker holding chunks dies between two evaluations (killed; its nanny starts a new one):
+      the next evaluation deals the chunks over the running workers and gives the same result."""
     import os
     import signal
     import time
 
     from distributed import Client, LocalCluster
 
-    Y, mu, Sv, Z, _, kp = _problem("rbf", N=400, D=5, Q=3, M=10)
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=700, D=5, Q=3, M=10)
     local = {"mu": mu, "logS": np.log(Sv)}
     glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.3])}
+    one = _runner(["rbf"], [Y])
+    want, want_stats = one.value_and_grad(local, glob, 0.0), one.stats(local, glob)
+
+    def check(got, stats=None):
+        assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0])
+        for a, b in zip(jax.tree_util.tree_leaves(got[1:]), jax.tree_util.tree_leaves(want[1:]), strict=True):
+            assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+        for a, b in zip(jax.tree_util.tree_leaves(stats or {}), jax.tree_util.tree_leaves(want_stats)):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11 * np.abs(b).max())
+
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
         ) as lc,
         Client(lc) as client,
     ):
         r = _runner(["rbf"], [Y], chunks=100)
-        before = r.value_and_grad(local, glob, 0.0)
+        check(r.value_and_grad(local, glob, 0.0), r.stats(local, glob))
+        assert [h.threads for _, _, h in r.hosts] == [2, 2]
+        assert [len(h.last_threads) for _, _, h in r.hosts] == [2, 2]  # the chunks ran on both
+
+        futures = list(r._host_futures)
+        with pytest.raises(Exception, match="shape|Incompatible|broadcast"):
+            r.value_and_grad(local, {**glob, "Z": np.zeros((1, 10, 4))}, 0.0)
+        assert r._host_futures == futures  # not taken for a lost worker
+
         victim = r.placement[0]
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
@@ -158,37 +179,8 @@ def test_chunked_evaluation_survives_a_lost_worker():
         while victim in client.scheduler_info()["workers"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert victim not in client.scheduler_info()["workers"]
-        after = r.value_and_grad(local, glob, 0.0)
-        assert victim not in r.placement
-    assert abs(after[0] - before[0]) <= 1e-12 * abs(before[0])
-    for a, b in zip(jax.tree_util.tree_leaves(after[1:]), jax.tree_util.tree_leaves(before[1:]), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
-
-
-def test_chunked_evaluation_on_a_two_thread_worker():
-    """One worker with two threads: its actor runs its 4 chunks on both threads, and the bound,
-    gradient and statistics equal the one-piece evaluation."""
-    from distributed import Client, LocalCluster
-
-    Y, mu, Sv, Z, _, kp = _problem("rbf", N=400, D=5, Q=3, M=10)
-    local = {"mu": mu, "logS": np.log(Sv)}
-    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.3])}
-    one = _runner(["rbf"], [Y])
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as lc,
-        Client(lc),
-    ):
-        r = _runner(["rbf"], [Y], chunks=100)
-        assert len(r.hosts) == 1 and r.hosts[0][2].threads == 2
-        many, stats = r.value_and_grad(local, glob, 0.0), r.stats(local, glob)
-    want, want_stats = one.value_and_grad(local, glob, 0.0), one.stats(local, glob)
-    assert abs(many[0] - want[0]) <= 1e-10 * abs(want[0])
-    for a, b in zip(jax.tree_util.tree_leaves(many[1:]), jax.tree_util.tree_leaves(want[1:]), strict=True):
-        assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
-    for a, b in zip(jax.tree_util.tree_leaves(stats), jax.tree_util.tree_leaves(want_stats), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11 * np.abs(b).max())
+        check(r.value_and_grad(local, glob, 0.0))
+        assert victim not in r.placement and len(r.placement) == 7
 
 
 @pytest.fixture(scope="module")

@@ -290,9 +290,9 @@ def test_queued_grid_points_do_not_run_side_by_side_on_a_one_thread_worker(tmp_p
 
 
 def test_chunked_fit_in_a_worker_task_uses_the_whole_cluster(tmp_path):
-    """A grid point with ``chunks`` runs in a Dask worker task, as in a sweep: its row chunks are
-    dealt to actors on both workers of the 2-process cluster (talking to them straight from the
-    worker), and the fit equals the one-piece fit in process to round-off."""
+    """A grid point with ``chunks`` runs in a Dask worker task, as in a sweep (seceded under
+    ``worker_client``): its row chunks are dealt to actors on both workers of the 2-process
+    cluster, and the fit equals the one-piece fit in process to round-off."""
     from distributed import Client, LocalCluster
 
     from flows.sweep import input_paths

@@ -210,7 +210,7 @@ def store_max_bytes() -> int:
     it, as the end of a fit does).
     Measured on one core (M = 50, whole bound + gradient): N = 1,000 (10 MB) 13-25% faster,
     N = 5,000 (51 MB) 10-15%, N = 20,000 at Q = 10 (204 MB) 23%. Decided when the bound is traced,
-    per chunk shape; the Dask-chunked evaluation never stores (its backward task recomputes)."""
+    per chunk shape; the Dask-chunked evaluation never stores (its backward call recomputes)."""
     if os.environ.get(ENV_STORE):
         return int(float(os.environ[ENV_STORE]) * (1 << 20))
     return min(1 << 30, _physical_memory_bytes() // 8)

@@ -15,8 +15,10 @@ chunk the three steps are fused into one jitted ``value_and_grad``. On a Dask cl
 gets a contiguous run of the chunks, held for the whole fit by one actor there (:class:`ChunkHost`);
 an evaluation sends each actor its rows of the variational parameters and the small globals, it
 returns its summed statistics, then the cotangents go out and its row gradient comes back: two
-direct calls per worker, no scheduler round trips. Inside a Dask worker under ``worker_client`` it
-runs on the sweep's own cluster (``distributed.get_client`` finds that client).
+calls per worker and no tasks, straight to the workers from inside a Dask worker or from a client
+made with ``direct_to_workers=True`` (otherwise relayed by the scheduler). Inside a Dask worker
+under ``worker_client`` it runs on the sweep's own cluster (``distributed.get_client`` finds that
+client).
 
 ``stats_fn`` must be picklable and expose ``raw(local, glob, data)`` (a pure jax function), and
 ``forward`` / ``backward`` (its jitted evaluation and vector-Jacobian product, compiled once per
@@ -27,6 +29,9 @@ rows, M = 50, Q = 5).
 """
 
 from __future__ import annotations
+
+import itertools
+import threading
 
 import jax
 import numpy as np
@@ -90,17 +95,21 @@ class ChunkHost:
     It holds its chunks of the data for the whole fit. ``forward`` receives the worker's rows of
     the variational parameters (one contiguous block), computes each chunk's statistics and
     returns their sum; it keeps the rows for the ``backward`` call that follows, which returns the
-    block's row gradient and the summed gradient for the globals. So an evaluation is two direct
-    calls per worker, with no scheduler in the path: the task route it replaces (scatter the rows,
-    submit a forward and a backward task per chunk, gather) spent about 0.15 s per evaluation in
-    Dask's own latencies and messages at 200,000 rows in 8 chunks (bench/README.md).
+    block's row gradient and the summed gradient for the globals. So an evaluation is two calls
+    per worker and no tasks: the task route it replaces (scatter the rows, submit a forward and a
+    backward task per chunk, gather) spent about 0.15 s per evaluation in Dask's own latencies and
+    messages at 200,000 rows in 8 chunks (bench/README.md).
 
     Workers with more than one thread run their chunks on that many threads (XLA releases the GIL).
+    The calls run on the worker's actor thread, outside its task slots: the scheduler does not
+    count this work, and a one-thread worker may run one queued task beside it (a sweep's fit
+    secedes from its slot while it waits on the actors).
     """
 
-    #: threads the chunks run on (the worker's thread count, at most the number of chunks); a class
-    #: attribute too, so that an actor handle can read it
+    #: threads the chunks run on (the worker's thread count, at most the number of chunks); class
+    #: attributes too, so that an actor handle can read them
     threads = 1
+    last_threads: tuple = ()
 
     def __init__(self, stats_fn, offsets, *parts):
         self.stats_fn = stats_fn
@@ -115,6 +124,8 @@ class ChunkHost:
             threads = 1
         self.threads = max(1, min(int(threads), len(parts)))
         self._pool = None
+        #: the threads the last forward call's chunks ran on (thread idents)
+        self.last_threads = ()
 
     def _map(self, fn, *iterables):
         if self.threads == 1:
@@ -133,7 +144,12 @@ class ChunkHost:
         keep_heap()
         rows = self._split(block)
         self.rows = rows if keep else None
-        outs = self._map(lambda lo, d: self.stats_fn.forward(lo, glob, d), rows, self.parts)
+        def one(lo, d):
+            return threading.get_ident(), self.stats_fn.forward(lo, glob, d)
+
+        ran = self._map(one, rows, self.parts)
+        self.last_threads = tuple(sorted({t for t, _ in ran}))
+        outs = [o for _, o in ran]
         total = outs[0]
         for o in outs[1:]:
             total = _tree_add(total, o)
@@ -151,6 +167,10 @@ class ChunkHost:
         return g_rows, g_glob
 
 
+class _HostLost(RuntimeError):
+    pass
+
+
 class RowChunks:
     """Row-chunked evaluation of ``objective(sum_c stats_fn(local_c, glob, data_c), glob, *extra)``.
 
@@ -162,8 +182,8 @@ class RowChunks:
     workers in contiguous runs, one :class:`ChunkHost` actor per worker. The driver talks to the
     actors straight, not through the scheduler, when it runs in a Dask worker (as a sweep's fit
     does, under ``worker_client``) or its client was made with ``direct_to_workers=True``; otherwise
-    each call is relayed by the scheduler. If a worker is lost, the next evaluation deals the
-    chunks again over the workers that are left and repeats itself once.
+    each call is relayed by the scheduler. If a worker holding chunks is lost, the evaluation deals
+    all the chunks again over the running workers (new actors) and repeats itself once.
     """
 
     #: jitted objective and fused functions per (statistics, objective): the objective must be a
@@ -212,41 +232,81 @@ class RowChunks:
             out += [getattr(host, "_address", None)] * len(idx)
         return out
 
+    #: how long placing the actors may take before it counts as a failure (s)
+    PLACE_TIMEOUT = 300.0
+    #: while waiting on the actors, how often to check that their workers are still there (s)
+    POLL = 5.0
+    _rotation = itertools.count()
+
+    def _running_workers(self) -> list:
+        info = self.client.scheduler_info()["workers"]
+        return sorted(a for a, w in info.items() if w.get("status", "running") == "running")
+
     def _place(self):
         """Deal the chunks to the workers (contiguous runs, as even as the counts allow) and start
-        one actor per worker holding its chunks; in process, one host holds them all."""
-        self.hosts, self._host_futures = [], []
+        one actor per worker holding its chunks; in process, one host holds them all. The hosts
+        are replaced only once every actor is up, so a failure here leaves no partial placement.
+        With fewer chunks than workers, successive runners start at different workers."""
         if self.client is None:
             runs = [list(range(len(self.bounds)))]
             workers = [None]
         else:
-            workers = sorted(self.client.scheduler_info()["workers"])
+            workers = self._running_workers()
             if not workers:
-                raise RuntimeError("RowChunks: the Dask cluster has no workers to hold the row chunks")
-            workers = workers[: len(self.bounds)]
-            runs = [list(r) for r in np.array_split(np.arange(len(self.bounds)), len(workers))]
-        self._host_chunks = runs
-        for w, idx in zip(workers, runs, strict=True):
-            first, end = self.bounds[idx[0]][0], self.bounds[idx[-1]][1]
-            offsets = [self.bounds[c][0] - first for c in idx] + [end - first]
-            parts = [self.parts[c] for c in idx]
-            if w is None:
-                host = ChunkHost(self.stats_fn, offsets, *parts)
-            else:
-                sent = self.client.scatter(parts, hash=False, workers=[w], direct=True)
-                fut = self.client.submit(
-                    ChunkHost, self.stats_fn, offsets, *sent,
-                    actor=True, workers=[w], allow_other_workers=False, pure=False,
+                raise RuntimeError(
+                    "RowChunks: the Dask cluster has no running worker to hold the row chunks; "
+                    "start workers (or leave chunks=None to evaluate in process)"
                 )
-                host = fut.result()
-                self._host_futures.append(fut)
-                del sent  # the actor holds the arrays; the scattered copies can go
-            self.hosts.append((first, end, host))
+            if len(workers) > len(self.bounds):
+                start = next(RowChunks._rotation) % len(workers)
+                workers = (workers[start:] + workers[:start])[: len(self.bounds)]
+            runs = [list(r) for r in np.array_split(np.arange(len(self.bounds)), len(workers))]
+        hosts, futures = [], []
+        try:
+            for w, idx in zip(workers, runs, strict=True):
+                first, end = self.bounds[idx[0]][0], self.bounds[idx[-1]][1]
+                offsets = [self.bounds[c][0] - first for c in idx] + [end - first]
+                parts = [self.parts[c] for c in idx]
+                if w is None:
+                    host = ChunkHost(self.stats_fn, offsets, *parts)
+                else:
+                    sent = self.client.scatter(parts, hash=False, workers=[w], direct=True)
+                    fut = self.client.submit(
+                        ChunkHost, self.stats_fn, offsets, *sent,
+                        actor=True, workers=[w], allow_other_workers=False, pure=False,
+                    )
+                    futures.append(fut)
+                    host = fut.result(timeout=self.PLACE_TIMEOUT)
+                    del sent  # the actor holds the arrays; the scattered copies can go
+                hosts.append((first, end, host))
+        except BaseException:
+            for f in futures:
+                f.release()
+            raise
+        assert hosts[0][0] == 0 and hosts[-1][1] == self.n
+        assert all(h[1] == g[0] for h, g in zip(hosts, hosts[1:]))
+        old = self._host_futures
+        self.hosts, self._host_futures, self._host_chunks = hosts, futures, runs
+        for f in old:
+            f.release()
 
     def _on_hosts(self, method, args_per_host):
         # actor calls return futures at once: every worker starts before the first result is awaited
         calls = [getattr(h, method)(*args) for (_, _, h), args in zip(self.hosts, args_per_host, strict=True)]
-        return calls if self.client is None else [c.result() for c in calls]
+        if self.client is None:
+            return calls
+        out = []
+        for c in calls:
+            while True:
+                try:
+                    out.append(c.result(timeout=self.POLL))
+                    break
+                except TimeoutError:
+                    # a worker that stopped answering (frozen, swapping) keeps its connection
+                    # open; the scheduler drops it after its time-to-live: stop waiting then
+                    if self._hosts_lost():
+                        raise _HostLost("a worker holding row chunks was lost mid-call") from None
+        return out
 
     def _hosts_lost(self) -> bool:
         if self.client is None:
@@ -258,8 +318,8 @@ class RowChunks:
         )
 
     def _with_hosts(self, evaluate):
-        """Run ``evaluate()``; if it failed because a worker holding chunks was lost, deal the
-        chunks again over the workers left and run it once more."""
+        """Run ``evaluate()``; if it failed because a worker holding chunks was lost, deal all the
+        chunks again over the running workers (new actors) and run it once more."""
         try:
             return evaluate()
         except Exception:
