@@ -8,7 +8,14 @@ core each.
 Prints ratios (GPy time / our time; 1-worker time / 2-worker time). Ours and GPy: the timed calls
 of the two sides alternate, ``--repeats`` each, and the best of each side is reported. The
 clusters: one at a time, ``--cluster-rounds`` lifetimes each, alternating, best of ``--repeats``
-evaluations per lifetime."""
+evaluations per lifetime.
+
+The chunked ratio's anchor, measured in the same run: the same chunks' forward and backward passes
+in plain processes, no Dask: one process pinned to one core doing all 8 chunks, against two pinned
+to two cores doing 4 each, started together each round (a round of the pair lasts as long as
+its slower process), once in each of the clusters' rounds. That is what the machine's two cores
+give for this work at the time: on the shared VMs here, anything from 1.58x to 1.88x within one
+hour (eighth session, bench/README.md)."""
 
 import os
 
@@ -68,6 +75,77 @@ def gpy_runner(Y, mu, S, Z):
     return lambda: m._objective_grads(x)
 
 
+def _plain_chunks(core, which, big, repeats, barrier, out):
+    """A spawned process pinned to ``core`` (before jax starts): times the forward + backward
+    passes of chunks ``which`` of the chunked problem, ``repeats`` rounds, each started at
+    ``barrier``."""
+    os.sched_setaffinity(0, {core})
+    import jax
+
+    from lvmcore.heap import keep_heap
+    from lvmcore.models.bgplvm import ViewStats
+
+    keep_heap()  # the heap settings of a Dask worker (see plain_ceiling)
+    Y, mu, S, Z = problem(big, 50, 5, 20)
+    size = big // 8
+    rows = [slice(c * size, (c + 1) * size) for c in which]
+    chunks = [({"mu": mu[r], "logS": np.log(S[r])}, (Y[r],)) for r in rows]
+    glob = {"Z": Z[None], "kern": [{"log_var": 0.0, "log_ls": np.zeros(5)}], "log_beta": np.array([0.5])}
+    st = ViewStats(("rbf",), True)
+    lo0, d0 = chunks[0]
+    cot = jax.tree_util.tree_map(np.ones_like, st.forward(lo0, glob, d0))
+    for lo, d in chunks:
+        st.backward(lo, glob, d, cot)
+    times = []
+    for _ in range(repeats):
+        barrier.wait()
+        t0 = time.perf_counter()
+        for lo, d in chunks:
+            st.forward(lo, glob, d)
+        for lo, d in chunks:
+            st.backward(lo, glob, d, cot)
+        times.append(time.perf_counter() - t0)
+    out.put((core, times))
+
+
+def plain_ceiling(big, repeats):
+    """(1 process, 8 chunks), (2 processes, 4 chunks each): best of ``repeats`` rounds each; see
+    the module doc. None on fewer than 2 cores."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        return None
+
+    def run(groups):
+        barrier, out = ctx.Barrier(len(groups)), ctx.Queue()
+        procs = [
+            ctx.Process(target=_plain_chunks, args=(core, which, big, repeats, barrier, out))
+            for core, which in zip(cores, groups, strict=False)
+        ]
+        # started as a Dask nanny starts its worker (MALLOC_TRIM_THRESHOLD_, then keep_heap in the
+        # process): the same heap behaviour as the workers being compared with
+        saved = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+        os.environ["MALLOC_TRIM_THRESHOLD_"] = "65536"
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            if saved is None:
+                del os.environ["MALLOC_TRIM_THRESHOLD_"]
+            else:
+                os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
+        res = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+        return min(max(r) for r in zip(*(t for _, t in res), strict=True))
+
+    alone = run([list(range(8))])
+    pair = run([list(range(4)), list(range(4, 8))])
+    return alone, pair
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", type=int, default=200_000, help="0: skip the chunked run")
@@ -93,6 +171,7 @@ def main():
     # worker shares the cores with the busy one (with both clusters up at once, as before the
     # seventh session, that cost the 2-worker side more: it has no core to spare)
     times = {1: [], 2: []}
+    plain = {1: [], 2: []}
     cores = {}
     for _ in range(a.cluster_rounds):
         for n in (1, 2):
@@ -100,11 +179,23 @@ def main():
                 run = ours_runner(Y, mu, S, Z, chunks=a.big // 8)
                 times[n].append(best_of_interleaved([run], a.repeats)[0])
                 cores[n] = sorted(c.run(lambda: sorted(os.sched_getaffinity(0))).values())
+        if (ceiling := plain_ceiling(a.big, a.repeats)) is not None:  # in the same rounds
+            plain[1].append(ceiling[0])
+            plain[2].append(ceiling[1])
     t1, t2 = min(times[1]), min(times[2])
     print(f"chunked N={a.big}: 1 worker {t1:.3f} s, 2 workers {t2:.3f} s, speed-up {t1 / t2:.2f}x")
     each = {n: [round(t, 3) for t in ts] for n, ts in times.items()}
     print(f"  per cluster lifetime: 1 worker {each[1]} s, 2 workers {each[2]} s")
     print(f"cores of the workers: 1-worker cluster {cores[1]}, 2-worker cluster {cores[2]}")
+    if plain[1]:
+        p1, p2 = min(plain[1]), min(plain[2])
+        print(
+            f"anchor, plain pinned processes (no Dask), same chunks: 1 process {p1:.3f} s, "
+            f"2 processes {p2:.3f} s, speed-up {p1 / p2:.2f}x; "
+            f"Dask's / the anchor's {(t1 / t2) / (p1 / p2):.2f}"
+        )
+        each = {n: [round(t, 3) for t in ts] for n, ts in plain.items()}
+        print(f"  per round: 1 process {each[1]} s, 2 processes {each[2]} s")
 
 
 if __name__ == "__main__":
