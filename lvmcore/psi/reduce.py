@@ -45,6 +45,19 @@ def _tree_add(a, b):
     return jax.tree_util.tree_map(lambda x, y: x + y, a, b)
 
 
+def _tree_concat(trees):
+    """Like pytrees of row blocks, concatenated along the rows."""
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *trees)
+
+
+def _tree_sum(trees):
+    """Sum of a non-empty sequence of like pytrees, in sequence order."""
+    total = trees[0]
+    for t in trees[1:]:
+        total = _tree_add(total, t)
+    return total
+
+
 def _to_np(tree):
     return jax.tree_util.tree_map(np.asarray, tree)
 
@@ -144,31 +157,24 @@ class ChunkHost:
         keep_heap()
         rows = self._split(block)
         self.rows = rows if keep else None
+
         def one(lo, d):
             return threading.get_ident(), self.stats_fn.forward(lo, glob, d)
 
         ran = self._map(one, rows, self.parts)
         self.last_threads = tuple(sorted({t for t, _ in ran}))
-        outs = [o for _, o in ran]
-        total = outs[0]
-        for o in outs[1:]:
-            total = _tree_add(total, o)
-        return total
+        return _tree_sum([o for _, o in ran])
 
     def backward(self, glob, cot):
         if self.rows is None:
             raise RuntimeError("ChunkHost.backward without a forward(keep=True) call before it")
         rows, self.rows = self.rows, None
         backs = self._map(lambda lo, d: self.stats_fn.backward(lo, glob, d, cot), rows, self.parts)
-        g_rows = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *[b[0] for b in backs])
-        g_glob = backs[0][1]
-        for b in backs[1:]:
-            g_glob = _tree_add(g_glob, b[1])
-        return g_rows, g_glob
+        return _tree_concat([b[0] for b in backs]), _tree_sum([b[1] for b in backs])
 
 
 class _HostLost(RuntimeError):
-    pass
+    """A worker holding row chunks left the cluster while an evaluation waited on it."""
 
 
 class RowChunks:
@@ -336,10 +342,7 @@ class RowChunks:
         glob, local = _to_np(glob), _to_np(local)
 
         def evaluate():
-            total = None
-            for o in self._on_hosts("forward", [(blk, glob, False) for blk in self._blocks(local)]):
-                total = o if total is None else _tree_add(total, o)
-            return total
+            return _tree_sum(self._on_hosts("forward", [(blk, glob, False) for blk in self._blocks(local)]))
 
         if len(self.bounds) == 1:
             return _to_np(self.stats_fn.forward(local, glob, self.parts[0]))
@@ -353,16 +356,10 @@ class RowChunks:
             return float(v), _to_np(gl), _to_np(gg)
 
         def evaluate():
-            stats = None
-            for o in self._on_hosts("forward", [(blk, glob) for blk in self._blocks(local)]):
-                stats = o if stats is None else _tree_add(stats, o)
+            stats = _tree_sum(self._on_hosts("forward", [(blk, glob) for blk in self._blocks(local)]))
             value, (g_stats, g_glob) = self._obj_vg(stats, glob, *extra)
-            g_stats = _to_np(g_stats)
-            backs = self._on_hosts("backward", [(glob, g_stats)] * len(self.hosts))
-            g_local = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *[b[0] for b in backs])
-            g_total = _to_np(g_glob)
-            for b in backs:
-                g_total = _tree_add(g_total, b[1])
-            return float(value), g_local, g_total
+            backs = self._on_hosts("backward", [(glob, _to_np(g_stats))] * len(self.hosts))
+            g_local = _tree_concat([b[0] for b in backs])
+            return float(value), g_local, _tree_sum([_to_np(g_glob)] + [b[1] for b in backs])
 
         return self._with_hosts(evaluate)
