@@ -136,18 +136,36 @@ class ChunkHost:
         except (ImportError, ValueError):
             threads = 1
         self.threads = max(1, min(int(threads), len(parts)))
-        self._pool = None
-        #: the threads the last forward call's chunks ran on (thread idents)
+        #: the names of the threads the last forward call's chunks ran on
         self.last_threads = ()
 
     def _map(self, fn, *iterables):
+        """``fn`` over the chunks, results in chunk order (so the sums do not depend on timing).
+        With ``threads`` > 1, thread k runs chunks k, k + threads, ...: one named thread each,
+        started per call (a pool may hand every chunk to whichever thread wakes first)."""
+        items = list(zip(*iterables, strict=True))
         if self.threads == 1:
-            return list(map(fn, *iterables))
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
+            return [fn(*it) for it in items]
+        out, errors = [None] * len(items), []
 
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="embed-sweep-chunk")
-        return list(self._pool.map(fn, *iterables))  # in chunk order: the sums do not depend on timing
+        def work(k):
+            try:
+                for i in range(k, len(items), self.threads):
+                    out[i] = fn(*items[i])
+            except BaseException as e:  # re-raised in the calling thread
+                errors.append(e)
+
+        threads = [
+            threading.Thread(target=work, args=(k,), name=f"embed-sweep-chunks-{k}")
+            for k in range(self.threads)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return out
 
     def _split(self, block):
         o = self.offsets
@@ -159,7 +177,7 @@ class ChunkHost:
         self.rows = rows if keep else None
 
         def one(lo, d):
-            return threading.get_ident(), self.stats_fn.forward(lo, glob, d)
+            return threading.current_thread().name, self.stats_fn.forward(lo, glob, d)
 
         ran = self._map(one, rows, self.parts)
         self.last_threads = tuple(sorted({t for t, _ in ran}))
