@@ -50,6 +50,11 @@ def _tree_concat(trees):
     return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs, axis=0), *trees)
 
 
+def _tree_rows(tree, spans):
+    """Row slices ``[a:b]`` of every leaf of ``tree``, one pytree per (a, b) in ``spans`` (views)."""
+    return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], tree) for a, b in spans]
+
+
 def _tree_sum(trees):
     """Sum of a non-empty sequence of like pytrees, in sequence order."""
     total = trees[0]
@@ -167,13 +172,9 @@ class ChunkHost:
             raise errors[0]
         return out
 
-    def _split(self, block):
-        o = self.offsets
-        return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], block) for a, b in zip(o[:-1], o[1:])]
-
     def forward(self, block, glob, keep=True):
         keep_heap()
-        rows = self._split(block)
+        rows = _tree_rows(block, zip(self.offsets[:-1], self.offsets[1:]))
         self.rows = rows if keep else None
 
         def one(lo, d):
@@ -251,10 +252,12 @@ class RowChunks:
     @property
     def placement(self) -> list:
         """The worker address of each chunk (``None`` in process)."""
-        out = []
-        for (_, _, host), idx in zip(self.hosts, self._host_chunks, strict=True):
-            out += [getattr(host, "_address", None)] * len(idx)
-        return out
+        return [
+            getattr(host, "_address", None)
+            for a, _ in self.bounds
+            for first, end, host in self.hosts
+            if first <= a < end
+        ]
 
     #: how long placing the actors may take before it counts as a failure (s)
     PLACE_TIMEOUT = 300.0
@@ -310,7 +313,7 @@ class RowChunks:
         assert hosts[0][0] == 0 and hosts[-1][1] == self.n
         assert all(h[1] == g[0] for h, g in zip(hosts, hosts[1:]))
         old = self._host_futures
-        self.hosts, self._host_futures, self._host_chunks = hosts, futures, runs
+        self.hosts, self._host_futures = hosts, futures
         for f in old:
             f.release()
 
@@ -353,7 +356,7 @@ class RowChunks:
         return evaluate()
 
     def _blocks(self, local):
-        return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], local) for a, b, _ in self.hosts]
+        return _tree_rows(local, [(a, b) for a, b, _ in self.hosts])
 
     def stats(self, local, glob):
         """Summed statistics over all chunks."""
@@ -363,7 +366,7 @@ class RowChunks:
             return _tree_sum(self._on_hosts("forward", [(blk, glob, False) for blk in self._blocks(local)]))
 
         if len(self.bounds) == 1:
-            return _to_np(self.stats_fn.forward(local, glob, self.parts[0]))
+            return self.stats_fn.forward(local, glob, self.parts[0])
         return self._with_hosts(evaluate)
 
     def value_and_grad(self, local, glob, *extra):
