@@ -16,7 +16,7 @@ def local_client(n_workers: int):
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
-            preload=["flows.pin_cores"],
+            preload=["flows.pin_cores", "flows.worker_heap"],
         ) as lc,
         Client(lc, direct_to_workers=True) as client,
     ):

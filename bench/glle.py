@@ -38,6 +38,7 @@ def main():
 
     knn(swiss_roll(500, seed=1)[0], a.k)  # load the kNN kernel's compiled code before timing
     print(f"{'n':>7s} {'method':28s} {'seconds':>8s} {'ratio':>6s} {'unfold':>6s}")
+    kq = {"n_components": 2, "n_neighbors": a.k}
     for n in a.sizes:
         Y, lat = swiss_roll(n, seed=0)
         t = lat[:, 0]
@@ -46,14 +47,14 @@ def main():
         rows = [("scikit-learn LLE", t_sk, unfold(E, t))]
         t_our, (E, _) = timed(lambda: lle(Y, 2, knn(Y, a.k)[0], random_state=0))  # noqa: B023
         rows.append(("our LLE", t_our, unfold(E, t)))
-        t_em, m = timed(lambda: GLLE(2, a.k, method="em", max_iter=10, tol=0, random_state=0).fit(Y))  # noqa: B023
+        t_em, m = timed(lambda: GLLE(**kq, method="em", max_iter=10, tol=0, random_state=0).fit(Y))  # noqa: B023
         rows.append(("GLLE-EM (10 iterations)", t_em, unfold(m.embedding_, t)))
-        t_d, m = timed(lambda: GLLE(2, a.k, method="direct", random_state=0).fit(Y))  # noqa: B023
+        t_d, m = timed(lambda: GLLE(**kq, method="direct", random_state=0).fit(Y))  # noqa: B023
         rows.append(("GLLE direct sampling", t_d, unfold(m.embedding_, t)))
         with local_client(2):
-            GLLE(2, a.k, chunks=n // 4, max_iter=2, random_state=0).fit(Y[:2000])  # warm the workers
+            GLLE(**kq, chunks=n // 4, max_iter=2, random_state=0).fit(Y[:2000])  # warm the workers
             t_c, m = timed(
-                lambda: GLLE(2, a.k, method="em", max_iter=10, tol=0, chunks=n // 4, random_state=0).fit(Y)  # noqa: B023
+                lambda: GLLE(**kq, method="em", max_iter=10, tol=0, chunks=n // 4, random_state=0).fit(Y)  # noqa: B023
             )
         rows.append(("GLLE-EM chunked, 2 processes", t_c, unfold(m.embedding_, t)))
         for name, sec, u in rows:

@@ -22,7 +22,7 @@ def main():
     for name in ("s_curve", "swiss_roll", "swiss_hole", "severed_bowl"):
         Y, lat = getattr(S, name)(5000, seed=0)
         for method in ("em", "direct"):
-            m = GLLE(2, 10, method=method, random_state=0).fit(Y)
+            m = GLLE(n_components=2, n_neighbors=10, method=method, random_state=0).fit(Y)
             cells = []
             for a in SCALES:
                 G = m.sample(5, random_state=1, cov_scale=a)

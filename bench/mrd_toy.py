@@ -45,7 +45,7 @@ def main():
     np.set_printoptions(precision=4, suppress=True)
 
     t0 = time.perf_counter()
-    ours = MRD(8, 30, "linear", random_state=a.seed, max_iter=1000).fit(views)
+    ours = MRD(n_components=8, n_inducing=30, kernel="linear", random_state=a.seed, max_iter=1000).fit(views)
     t_ours = time.perf_counter() - t0
 
     # GPy initialises from numpy's global random state; seed it so its run is repeatable

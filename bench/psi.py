@@ -5,6 +5,7 @@ is pinned to it: XLA's thread pool follows the affinity, not the thread variable
 core each.
 
     python bench/psi.py [--big 200000] [--repeats 5]
+    python bench/psi.py --native [--repeats 7]      # native pair kernel vs XLA path, sweep sizes
 Prints ratios (GPy time / our time; 1-worker time / 2-worker time). Ours and GPy: the timed calls
 of the two sides alternate, ``--repeats`` each, and the best of each side is reported. The
 clusters: one at a time, ``--cluster-rounds`` lifetimes each, alternating, best of ``--repeats``
@@ -51,17 +52,48 @@ def best_of_interleaved(fs, repeats):
     return [min(t) for t in ts]
 
 
-def ours_runner(Y, mu, S, Z, chunks=None):
+def ours_runner(Y, mu, S, Z, chunks=None, impl=None):
+    from lvmcore.chunks import RowChunks
     from lvmcore.models.bgplvm import ViewStats, bound_objective
-    from lvmcore.psi.reduce import RowChunks
 
     Q = mu.shape[1]
     local = {"mu": mu, "logS": np.log(S)}
     glob = {"Z": Z[None], "kern": [{"log_var": 0.0, "log_ls": np.zeros(Q)}], "log_beta": np.array([0.5])}
     r = RowChunks(
-        ViewStats(("rbf",), True), bound_objective(("rbf",), True, len(Y), (Y.shape[1],)), (Y,), chunks
+        ViewStats(("rbf",), True, impl=impl),
+        bound_objective(("rbf",), True, len(Y), (Y.shape[1],)),
+        (Y,),
+        chunks,
     )
     return lambda: r.value_and_grad(local, glob, 0.0)
+
+
+#: (N, M, Q, D) of the sweep's Bayesian GP-LVM fits (n_inducing 20-30, latent_dim 2-5, the bundled
+#: data sets' D) and of the earlier tables (M = 50)
+SWEEP_SIZES = (
+    (1000, 20, 2, 3),
+    (1000, 30, 5, 3),
+    (5000, 30, 2, 3),
+    (5000, 30, 5, 20),
+    (1000, 50, 5, 20),
+    (5000, 50, 5, 20),
+    (20000, 50, 10, 50),
+)
+
+
+def native_vs_xla(repeats):
+    """Whole bound + gradient, one piece, the native pair kernel against the XLA path, interleaved."""
+    from lvmcore.psi import native
+
+    if not native.available():
+        print(f"native kernel unavailable: {native.unavailable_reason()}")
+        return
+    print("size (N, M, Q, D)        xla_ms native_ms  xla/native")
+    for N, M, Q, D in SWEEP_SIZES:
+        Y, mu, S, Z = problem(N, M, Q, D)
+        runs = [ours_runner(Y, mu, S, Z, impl=i) for i in ("xla", "native")]
+        t_x, t_n = best_of_interleaved(runs, repeats)
+        print(f"{(N, M, Q, D)!s:24s} {1e3 * t_x:8.1f} {1e3 * t_n:9.1f} {t_x / t_n:11.2f}")
 
 
 def gpy_runner(Y, mu, S, Z):
@@ -82,7 +114,7 @@ def _plain_chunks(core, which, big, repeats, barrier, out):
     os.sched_setaffinity(0, {core})
     import jax
 
-    from lvmcore.heap import keep_heap
+    from flows.worker_heap import keep_heap
     from lvmcore.models.bgplvm import ViewStats
 
     keep_heap()  # the heap settings of a Dask worker (see plain_ceiling)
@@ -151,9 +183,13 @@ def main():
     ap.add_argument("--big", type=int, default=200_000, help="0: skip the chunked run")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cluster-rounds", type=int, default=3, help="lifetimes of each cluster, alternating")
+    ap.add_argument("--native", action="store_true", help="only: the native kernel against the XLA path")
     a = ap.parse_args()
     # before jax starts its CPU backend; not at import, which the spawned Dask workers repeat
     print(f"in process on core {pin_one_core()}")
+    if a.native:
+        native_vs_xla(a.repeats)
+        return
     print("size (N, M, Q, D)        ours_ms   gpy_ms   gpy/ours")
     for N, M, Q, D in ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50)):
         Y, mu, S, Z = problem(N, M, Q, D)

@@ -110,7 +110,7 @@ def start_cluster(spec: dict):
             "memory_limit": "auto",
             # pin each worker to a core (bounds XLA's threads), then import the task code while
             # the workers start, not at their first task
-            "preload": ["flows.pin_cores", "tasks.point"],
+            "preload": ["flows.pin_cores", "flows.worker_heap", "tasks.point"],
         }
         kw.update(spec)
         cluster = LocalCluster(**kw)
@@ -121,6 +121,7 @@ def start_cluster(spec: dict):
         jobs = spec.pop("jobs", 2)
         prologue = list(spec.pop("job_script_prologue", []))
         prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
+        spec["worker_extra_args"] = [*spec.get("worker_extra_args", []), "--preload", "flows.worker_heap"]
         cluster = SLURMCluster(job_script_prologue=prologue, **spec)
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes

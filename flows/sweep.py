@@ -52,13 +52,18 @@ def input_paths(store: str) -> tuple[str, str]:
 
 
 def _default_max_iter(spec: ModelSpec, options: dict) -> int:
-    if "max_iter" in options:
-        return int(options["max_iter"])
+    """The most iterations (``elbo_trace_`` entries) a fit can record: max_iter, plus the GP-LVMs'
+    init_iters (their first phase)."""
     try:
-        p = inspect.signature(spec.estimator_class()).parameters.get("max_iter")
-        return int(p.default) if p is not None and isinstance(p.default, int) else 1
+        params = inspect.signature(spec.estimator_class()).parameters
     except ImportError:
         return 1
+    total = 0
+    for name in ("max_iter", "init_iters"):
+        p = params.get(name)
+        value = options.get(name, p.default if p is not None else None)
+        total += int(value) if isinstance(value, int) else 0
+    return max(total, 1)
 
 
 def _options_for(spec: ModelSpec, model_options: dict) -> dict:

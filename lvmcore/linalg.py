@@ -1,9 +1,13 @@
-"""One home for dense linear algebra: Cholesky with jitter, solves, log-determinants.
+"""One home for dense linear algebra: Cholesky with jitter, solves, log-determinants, in numpy and
+in JAX.
 
-Every model factorises through :func:`jitter_cholesky`; no explicit inverse is formed on a hot
-path. The jitter schedule is set here once (``DEFAULT_JITTER``, ``JITTER_GROWTH``,
-``MAX_JITTER_TRIES``): the first attempt adds nothing, each retry adds
-``DEFAULT_JITTER * JITTER_GROWTH**i`` times the mean diagonal.
+The jitter policy is set here once. A factorisation is first tried as it is; each retry adds
+``DEFAULT_JITTER * JITTER_GROWTH**i`` times the mean diagonal (:func:`jitter_schedule`), in numpy
+(:func:`jitter_cholesky`, :mod:`lvmcore.sparse_chol`) and in JAX, where a traced function cannot
+retry and the caller re-evaluates with the next relative jitter (:func:`cholesky_jax`; the Bayesian
+GP-LVM's fit). Fixed jitters that are part of a model's definition are named here too:
+``KMM_JITTER`` (inducing covariances) and ``TIME_PRIOR_JITTER`` (the temporal prior's covariance).
+No explicit inverse is formed on a hot path.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ __all__ = [
     "NumericalError",
     "jitter_cholesky",
     "chol_solve",
-    "tri_solve",
     "logdet_from_chol",
-    "sym",
+    "jitter_schedule",
+    "cholesky_jax",
+    "KMM_JITTER",
+    "TIME_PRIOR_JITTER",
 ]
 
 #: relative jitter (times the mean diagonal) of the first retry
@@ -29,6 +35,26 @@ DEFAULT_JITTER = 1e-10
 JITTER_GROWTH = 100.0
 #: retries after the plain attempt before giving up (1e-10 ... 1e-2 relative)
 MAX_JITTER_TRIES = 5
+#: absolute jitter on K_mm's diagonal in the collapsed GP-LVM bound (GPy 1.15 VarDTC's const_jitter,
+#: so that the bounds compare with GPy's exactly)
+KMM_JITTER = 1e-8
+#: absolute jitter on the temporal prior's covariance over time stamps (unit variance)
+TIME_PRIOR_JITTER = 1e-6
+
+
+def jitter_schedule(jitter: float = DEFAULT_JITTER, max_tries: int = MAX_JITTER_TRIES, scale: float = 1.0):
+    """Jitters to try in turn: 0, then ``jitter * scale * JITTER_GROWTH**i`` for i = 0 .. max_tries - 1
+    (``scale``: the matrix's mean diagonal; 1 gives the relative values)."""
+    return [0.0] + [jitter * scale * JITTER_GROWTH**i for i in range(max_tries)]
+
+
+def cholesky_jax(A, rel_jitter=0.0):
+    """JAX: lower Cholesky factor of A + rel_jitter * mean(diag A) * I (NaN where A is not positive
+    definite: the caller retries with the next value of :func:`jitter_schedule`)."""
+    import jax.numpy as jnp
+
+    n = A.shape[-1]
+    return jnp.linalg.cholesky(A + rel_jitter * jnp.mean(jnp.abs(jnp.diagonal(A))) * jnp.eye(n))
 
 
 class NumericalError(FloatingPointError):
@@ -43,11 +69,6 @@ class NumericalError(FloatingPointError):
         self.name = name
         self.context = context
         self.matrix = matrix
-
-
-def sym(A: np.ndarray) -> np.ndarray:
-    """Symmetric part of A (new array)."""
-    return 0.5 * (A + np.swapaxes(A, -1, -2))
 
 
 def jitter_cholesky(
@@ -76,19 +97,17 @@ def jitter_cholesky(
             context=context,
             matrix=A,
         )
-    base = DEFAULT_JITTER if jitter is None else jitter
     scale = np.mean(np.abs(np.diagonal(A, axis1=-2, axis2=-1)))
     scale = scale if scale > 0 else 1.0
     eye = np.eye(A.shape[-1])
-    added = 0.0
-    for attempt in range(max_tries + 1):
+    for added in jitter_schedule(DEFAULT_JITTER if jitter is None else jitter, max_tries, scale):
         try:
             L = np.linalg.cholesky(A + added * eye if added else A)
             if return_jitter:
                 return L, added
             return L
         except np.linalg.LinAlgError:
-            added = base * scale * JITTER_GROWTH**attempt
+            pass
     raise NumericalError(
         f"{name} is not positive definite{' at ' + context if context else ''} even with jitter "
         f"{added:.3g} added to the diagonal; the problem is ill-conditioned (try more data, a "
@@ -97,11 +116,6 @@ def jitter_cholesky(
         context=context,
         matrix=A,
     )
-
-
-def tri_solve(L: np.ndarray, B: np.ndarray, *, lower: bool = True, trans: bool = False) -> np.ndarray:
-    """Solve L X = B (or L^T X = B with trans=True) for triangular L."""
-    return sla.solve_triangular(L, B, lower=lower, trans=1 if trans else 0, check_finite=False)
 
 
 def chol_solve(L: np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -2,9 +2,8 @@
 embedding eigenproblem, and the per-point map over chunks of points used by GLLE (paper 001).
 
 Everything per point is batched over points (stacked k x k solves), never a Python loop over
-points. ``map_points`` runs such a batched function over row chunks of a Dask array of neighbour
-indices (each task gathers its own neighbour blocks) and concatenates the results; run inside a
-Dask worker under ``worker_client`` it uses the sweep's cluster.
+points. ``map_points`` runs such a batched function over chunks of points through the row-chunk
+engine (``lvmcore.chunks``) and concatenates the results.
 """
 
 from __future__ import annotations
@@ -128,55 +127,21 @@ def match_axes(target: np.ndarray, X: np.ndarray) -> np.ndarray:
     return out
 
 
-def _apply(func, Y, idx, rows, arrays, kwargs):
-    return func(Y, idx, rows, *arrays, **kwargs)
+def _point_call(func, Y, idx, *blocks_and_span, **kwargs):
+    *blocks, span = blocks_and_span
+    return func(Y, idx, np.arange(span.start, span.stop), *blocks, **kwargs)
 
 
 def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None = None, **kwargs):
     """Apply ``func(Y, idx_block, rows, *array_blocks, **kwargs)`` -> tuple of per-point arrays over
-    blocks of points and concatenate each output along axis 0.
+    chunks of ``chunks`` points (``lvmcore.chunks.map_chunks``: in process for None, else one task
+    per chunk on the caller's Dask cluster, Y sent to each worker once) and concatenate each
+    output along axis 0. The per-point computations are independent, so the chunked and
+    unchunked results are identical."""
+    from functools import partial
 
-    ``chunks=None`` runs it once on all points in process. Otherwise the neighbour indices become a
-    Dask array chunked by ``chunks`` points; one task per chunk gathers that chunk's neighbour
-    blocks from Y and computes; the results come back in order. On a distributed cluster Y and
-    array keyword arguments are scattered to every worker once and each chunk's pieces to one
-    worker; without one (the local scheduler) Y is held once in the graph. The per-point
-    computations are independent, so the chunked and unchunked results are identical."""
-    n = idx.shape[0]
-    if chunks is None or chunks >= n:
-        return func(Y, idx, np.arange(n), *arrays, **kwargs)
-    import dask
-    import dask.array as da
+    from lvmcore.chunks import map_chunks, row_spans
 
-    starts = np.append(np.arange(0, n, int(chunks)), n)
-    try:
-        from distributed import get_client
-
-        client = get_client()
-    except (ImportError, ValueError):
-        client = None
-    if client is not None:
-        # on a distributed cluster nothing large travels inside the graph: Y and array keyword
-        # arguments go to every worker once, each chunk's neighbour block and per-point arrays
-        # to one worker (embedding them made Dask warn of a 40 MB graph at n = 50,000)
-        Yd = client.scatter(Y, broadcast=True, hash=False)
-        kw = {
-            key: client.scatter(v, broadcast=True, hash=False) if isinstance(v, np.ndarray) else v
-            for key, v in kwargs.items()
-        }
-        futs = []
-        for b in range(len(starts) - 1):
-            a, e = starts[b], starts[b + 1]
-            piece = client.scatter([idx[a:e]] + [x[a:e] for x in arrays], hash=False)
-            futs.append(client.submit(_apply, func, Yd, piece[0], np.arange(a, e), piece[1:], kw, pure=False))
-        results = client.gather(futs)
-    else:
-        idx_d = da.from_array(idx, chunks=(int(chunks), -1))
-        Yd = dask.delayed(Y, pure=True)
-        parts = []
-        for b, blk in enumerate(idx_d.to_delayed().ravel()):
-            rows = np.arange(starts[b], starts[b + 1])
-            extra = [a[rows] for a in arrays]
-            parts.append(dask.delayed(func, pure=True)(Yd, blk, rows, *extra, **kwargs))
-        results = dask.compute(*parts)
+    spans = row_spans(idx.shape[0], chunks)
+    results = map_chunks(partial(_point_call, func), spans, shared=(Y,), sliced=(idx, *arrays), **kwargs)
     return tuple(np.concatenate([r[j] for r in results], axis=0) for j in range(len(results[0])))

@@ -10,7 +10,6 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from lvmcore.heap import keep_heap
 from tasks.inputs import load_data, load_graph
 from tasks.registry import COV_SCALES, MODELS
 from tasks.store import PointResult
@@ -45,7 +44,6 @@ def fit_point(
     """Fit model ``key`` at grid ``point``; exceptions become a failed result with the error."""
     spec = MODELS[key]
     res = PointResult(key=key, index=tuple(index), point=dict(point), status="failed")
-    keep_heap()  # a Dask nanny's MALLOC_TRIM_THRESHOLD_ makes XLA buffers page-fault every call
     try:
         data = load_data(data_path)
         est = spec.estimator_class()(**spec.constructor_args(point, options))

@@ -64,7 +64,7 @@ MODELS: dict[str, ModelSpec] = {
         _spec(
             "ppca",
             "ppca",
-            "tasks.baselines:PPCA",
+            "lvmcore.models.ppca:PPCA",
             ("latent_dim", "seed"),
             has_variance=False,
             description="probabilistic PCA baseline (closed form)",

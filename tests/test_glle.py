@@ -76,7 +76,7 @@ def test_estep_moments_equal_direct_gaussian_conditioning():
 
 def test_em_sigma_positive_and_trace_converges():
     Y, _ = S.s_curve(1000, seed=0)
-    m = GLLE(2, 10, method="em", random_state=0, max_iter=200).fit(Y)
+    m = GLLE(n_components=2, n_neighbors=10, method="em", random_state=0, max_iter=200).fit(Y)
     assert np.all(m.sigma_ > 0)
     tr = m.elbo_trace_
     assert np.all(np.isfinite(tr)) and m.n_iter_ < 200
@@ -90,20 +90,28 @@ def test_em_handles_k_below_dimension_and_degenerate_neighbourhoods():
     from sklearn.datasets import load_digits
 
     X = load_digits().data[:300]  # D = 64 > k = 5, many repeated pixel columns
-    m = GLLE(2, 5, random_state=0).fit(X)
+    m = GLLE(n_components=2, n_neighbors=5, random_state=0).fit(X)
     assert np.all(m.sigma_ > 0) and np.all(np.isfinite(m.embedding_))
     Y, _ = S.s_curve(400, seed=1)
     Y = np.vstack([Y, Y[:50]])  # 50 exact duplicates: zero distances
     Y[:, 2] = np.round(Y[:, 2], 1)  # many coplanar neighbourhoods
-    m = GLLE(2, 8, random_state=0).fit(Y)
+    m = GLLE(n_components=2, n_neighbors=8, random_state=0).fit(Y)
     assert np.all(m.sigma_ > 0) and np.all(np.isfinite(m.embedding_))
 
 
-def test_em_iterations_never_give_nonpositive_sigma():
+def test_em_iterations_converge_to_the_fixed_point_and_the_floor_binds_only_at_b_zero():
+    """The sigma update is the affine map sigma <- (b + c sigma) / (D + k'), slope c / (D + k') < 1:
+    without a floor it converges to b / (D + k' - c) > 0 for every b > 0 (even 1e-30, and at slope
+    0.99); the floor is reached only where b = 0 (a point its neighbours reconstruct exactly)."""
     b = np.array([0.0, 1e-30, 1.0, 5.0])
     c = np.array([0.5, 1.0, 3.0, 11.9])
-    sigma, _, _ = em_iterations(b, c, np.zeros(4), 3, 9, max_iter=500, tol=0.0, floor=np.full(4, 1e-20))
-    assert np.all(sigma > 0)
+    dk = 3 + 9
+    sigma, _, _ = em_iterations(b[1:], c[1:], np.zeros(3), 3, 9, max_iter=6000, tol=0.0, floor=0.0)
+    np.testing.assert_allclose(sigma, b[1:] / (dk - c[1:]), rtol=1e-9)
+    keep = [0, 2, 3]  # b = 0, 1, 5: with a floor of 1e-20, only b = 0 ends on it
+    sigma, _, _ = em_iterations(b[keep], c[keep], np.zeros(3), 3, 9, max_iter=6000, tol=0.0, floor=1e-20)
+    assert sigma[0] == 1e-20
+    np.testing.assert_allclose(sigma[1:], b[keep][1:] / (dk - c[keep][1:]), rtol=1e-9)
 
 
 def test_direct_covariance_is_the_evidence_maximising_posterior():
@@ -141,8 +149,8 @@ def test_direct_covariance_is_the_evidence_maximising_posterior():
 @pytest.mark.parametrize("method", ["em", "direct"])
 def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
     Y, _ = S.swiss_roll(3000, seed=2)
-    plain = GLLE(2, 10, method=method, random_state=5).fit(Y)
-    chunked = GLLE(2, 10, method=method, random_state=5, chunks=700).fit(Y)
+    plain = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5).fit(Y)
+    chunked = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5, chunks=700).fit(Y)
     assert chunked.n_iter_ == plain.n_iter_
     np.testing.assert_array_equal(chunked.weights_, plain.weights_)
     np.testing.assert_array_equal(chunked.elbo_trace_, plain.elbo_trace_)
@@ -152,15 +160,15 @@ def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
 def test_chunked_equals_unchunked_without_a_cluster():
     """chunks without a distributed client: Dask's local scheduler, Y held once in the graph."""
     Y, _ = S.swiss_roll(1500, seed=2)
-    plain = GLLE(2, 10, method="direct", random_state=5).fit(Y)
-    chunked = GLLE(2, 10, method="direct", random_state=5, chunks=400).fit(Y)
+    plain = GLLE(n_components=2, n_neighbors=10, method="direct", random_state=5).fit(Y)
+    chunked = GLLE(n_components=2, n_neighbors=10, method="direct", random_state=5, chunks=400).fit(Y)
     np.testing.assert_array_equal(chunked.weights_, plain.weights_)
     np.testing.assert_array_equal(chunked.sample(2, random_state=9), plain.sample(2, random_state=9))
 
 
 def test_generations_repeat_for_a_seed_and_differ_between_seeds():
     Y, _ = S.s_curve(1200, seed=4)
-    m = GLLE(2, 10, random_state=0).fit(Y)
+    m = GLLE(n_components=2, n_neighbors=10, random_state=0).fit(Y)
     a = m.sample(3, random_state=11)
     assert a.shape == (3, 1200, 2)
     np.testing.assert_array_equal(a, m.sample(3, random_state=11))
@@ -172,7 +180,7 @@ def test_generations_repeat_for_a_seed_and_differ_between_seeds():
 def test_covariance_scale_controls_the_spread(method):
     """Section VI-C: generations move further from LLE as a grows."""
     Y, _ = S.s_curve(1500, seed=0)
-    m = GLLE(2, 10, method=method, random_state=0).fit(Y)
+    m = GLLE(n_components=2, n_neighbors=10, method=method, random_state=0).fit(Y)
     spread = []
     for a in (0.01, 1.0, 10.0):
         gens = m.sample(4, random_state=3, cov_scale=a)
@@ -189,6 +197,7 @@ MANIFOLDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MANIFOLDS))
 def test_paper_unfolding_protocol(name):
     """Paper 001 section VI: 5,000 points, k = 10, a = 1, 10 generations per variant. The unfolding
@@ -206,7 +215,7 @@ def test_paper_unfolding_protocol(name):
     Y, lat = MANIFOLDS[name](5000, seed=0)
     t = lat[:, 0]
     for method in ("em", "direct"):
-        m = GLLE(2, 10, method=method, random_state=0).fit(Y)
+        m = GLLE(n_components=2, n_neighbors=10, method=method, random_state=0).fit(Y)
         assert unfolding(m.lle_embedding_, t, rotate=False) >= 0.99
         if method == "em":
             assert np.all(m.sigma_ > 0)
@@ -220,19 +229,19 @@ def test_paper_unfolding_protocol(name):
 
 def test_bad_input():
     Y, _ = S.s_curve(50, seed=0)
-    with pytest.raises(ValueError, match="n_neighbors must be < the number of points"):
-        GLLE(2, 50).fit(Y)
-    with pytest.raises(ValueError, match="n_components must be < the data dimension"):
-        GLLE(3, 10).fit(Y)
-    with pytest.raises(ValueError, match="method must be one of"):
-        GLLE(2, 10, method="gibbs").fit(Y)
+    with pytest.raises(ValueError, match="n_samples = 50, n_neighbors = 50"):
+        GLLE(n_components=2, n_neighbors=50).fit(Y)
+    with pytest.raises(ValueError, match="n_features = 3, n_components = 3"):
+        GLLE(n_components=3, n_neighbors=10).fit(Y)
+    with pytest.raises(ValueError, match="'method' parameter of GLLE"):
+        GLLE(n_components=2, n_neighbors=10, method="gibbs").fit(Y)
     with pytest.raises(ValueError, match="cov_scale"):
-        GLLE(2, 10, cov_scale=-1.0).fit(Y)
+        GLLE(n_components=2, n_neighbors=10, cov_scale=-1.0).fit(Y)
     bad = Y.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="row 7, column 1"):
-        GLLE(2, 10).fit(bad)
+        GLLE(n_components=2, n_neighbors=10).fit(bad)
     with pytest.raises(ValueError, match="not fitted"):
         GLLE().sample(2)
     with pytest.raises(ValueError, match=r"graph must be kNN indices of shape \(50, k\)"):
-        GLLE(2, 5).fit(Y, graph=np.zeros((49, 5), dtype=int))
+        GLLE(n_components=2, n_neighbors=5).fit(Y, graph=np.zeros((49, 5), dtype=int))

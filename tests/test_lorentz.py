@@ -14,6 +14,13 @@ N = 64
 Q = 5
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _float64():
+    """This module's own jax arithmetic in float64 (lvmcore scopes its own; the process flag stays off)."""
+    with jax.enable_x64(True):
+        yield
+
+
 def _tangent0(rng, n, q, max_norm=5.0):
     """n random spatial tangent vectors at the origin with norms uniform in (0, max_norm)."""
     v = rng.standard_normal((n, q))
@@ -142,6 +149,7 @@ def test_project_to_manifold():
     np.testing.assert_array_equal(fixed[:, 1:], noisy[:, 1:])
 
 
+@pytest.mark.slow
 def test_dist_gradients():
     rng = np.random.default_rng(7)
     q = Q

@@ -11,9 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lvmcore.kernels import euclidean as E
 from lvmcore.psi import closed_form as cf
 
 N, M, Q, D = 7, 4, 3, 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64():
+    """This module's own jax arithmetic in float64 (lvmcore scopes its own; the process flag stays off)."""
+    with jax.enable_x64(True):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +203,8 @@ def test_rbf_matches_gpy(case):
     _rel_close(cf.rbf_psi1(c["mu"], c["S"], c["Z"], c["variance"], c["lengthscale"]), g1, 1e-10)
     _rel_close(f1Y, g1.T @ c["Y"], 1e-10)
     _rel_close(f2, g2n.sum(0), 1e-10)
-    _rel_close(cf.rbf_K(c["Z"], c["Z"], c["variance"], c["lengthscale"]), kern.K(c["Z"]), 1e-10)
-    _rel_close(cf.rbf_K(c["mu"], c["Z"], c["variance"], c["lengthscale"]), kern.K(c["mu"], c["Z"]), 1e-10)
+    _rel_close(E.rbf_K(c["Z"], c["Z"], c["variance"], c["lengthscale"]), kern.K(c["Z"]), 1e-10)
+    _rel_close(E.rbf_K(c["mu"], c["Z"], c["variance"], c["lengthscale"]), kern.K(c["mu"], c["Z"]), 1e-10)
 
 
 def test_linear_matches_gpy(case):
@@ -209,7 +217,7 @@ def test_linear_matches_gpy(case):
     _rel_close(cf.linear_psi1(c["mu"], c["S"], c["Z"], c["variances"]), g1, 1e-10)
     _rel_close(f1Y, g1.T @ c["Y"], 1e-10)
     _rel_close(f2, g2n.sum(0), 1e-10)
-    _rel_close(cf.linear_K(c["mu"], c["Z"], c["variances"]), kern.K(c["mu"], c["Z"]), 1e-10)
+    _rel_close(E.linear_K(c["mu"], c["Z"], c["variances"]), kern.K(c["mu"], c["Z"]), 1e-10)
 
 
 # ------------------------------------------------------------------------------------------
@@ -234,6 +242,7 @@ def _fd_check(f, args, grads, h=1e-6, rtol=1e-5):
         np.testing.assert_allclose(np.ravel(g), fd, rtol=rtol, atol=1e-8, err_msg=f"argument {i}")
 
 
+@pytest.mark.slow
 def test_rbf_gradients_finite_differences(case):
     """jax.grad of sum(psi2_sum * W) + sum(psi1TY * V) on the blocked path (the hand-written
     custom_vjp backward; block_size=3 over N=7 rows: a lax.scan over two blocks plus a one-row
@@ -245,7 +254,7 @@ def test_rbf_gradients_finite_differences(case):
     V = rng.normal(size=(M, D))
 
     def f(mu, S, Z, ls, var, Y):
-        _, p1Y, p2 = cf.rbf_psi(mu, S, Z, var, ls, Y, block_size=3)
+        _, p1Y, p2 = cf.rbf_psi(mu, S, Z, var, ls, Y, block_size=3, impl="xla")
         return jnp.sum(p2 * W) + jnp.sum(p1Y * V)
 
     args = (c["mu"], c["S"], c["Z"], c["lengthscale"], np.array(c["variance"]), c["Y"])
@@ -255,7 +264,7 @@ def test_rbf_gradients_finite_differences(case):
     _fd_check(lambda *a: float(f(*a)), args, grads)
 
     vargs = (c["mu"], c["S"], c["Z"], c["variance"], c["lengthscale"], c["Y"])
-    _, vjp = jax.vjp(lambda *a: cf.rbf_psi(*a), *vargs)
+    _, vjp = jax.vjp(lambda *a: cf.rbf_psi(*a, impl="xla"), *vargs)
     g_vjp = vjp((jnp.asarray(0.7), jnp.asarray(V), jnp.asarray(W)))
     # d/dvariance also picks up psi0_sum = N * variance (cotangent 0.7)
     _rel_close(g_vjp[3], grads[4] + 0.7 * N, 1e-12)
@@ -281,6 +290,7 @@ def _rbf_direct(mu, S, Z, variance, lengthscale, Y):
     return mu.shape[0] * variance, psi1.T @ Y, psi2n.sum(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [256, 7, 3, 1])
 def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
     """jax.vjp of rbf_psi (custom rule) = jax.vjp of the direct formulas (plain autodiff) for all
@@ -292,7 +302,7 @@ def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
     args = tuple(
         jnp.asarray(c[k], dtype=jnp.float64) for k in ("mu", "S", "Z", "variance", "lengthscale", "Y")
     )
-    out, vjp = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size), *args)
+    out, vjp = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, impl="xla"), *args)
     ref_out, ref_vjp = jax.vjp(_rbf_direct, *args)
     for a, b in zip(out, ref_out):
         _rel_close(a, b, 1e-12)
@@ -301,7 +311,7 @@ def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
         _rel_close(g, r, 1e-10)
     # primal=False (the chunked backward task): zero sums, no forward row pass, the same VJP; its
     # backward pass accumulates the row sums that the variance and pair gradients need itself
-    out0, vjp0 = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, primal=False), *args)
+    out0, vjp0 = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, primal=False, impl="xla"), *args)
     assert not np.any(np.asarray(out0[1])) and not np.any(np.asarray(out0[2]))
     for k, (g, r) in enumerate(zip(vjp0(cot), ref_vjp(cot))):
         assert np.shape(g) == np.shape(r), k

@@ -21,6 +21,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _float64():
+    """This module's own jax arithmetic in float64 (lvmcore scopes its own; the process flag stays off)."""
+    with jax.enable_x64(True):
+        yield
+
+
 def _loop_reference(U, A, Zc, c):
     """acc and the gradients of sum_p c_p acc_p, one pair and one row at a time."""
     N, M = U.shape
@@ -94,6 +101,7 @@ def _case(N=150, M=12, Q=4, D=3, seed=0):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_mb", ["0", "64"])
 def test_rbf_psi_native_equals_xla(monkeypatch, store_mb):
     """Values and the vector-Jacobian product for all six inputs, native (recomputing or storing)
@@ -118,13 +126,15 @@ def test_rbf_psi_native_equals_xla(monkeypatch, store_mb):
 
 
 def test_rbf_psi_implementation_names(monkeypatch):
+    """The XLA path by default; the native kernel when EMBED_SWEEP_NATIVE=1 opts in, or by name."""
     with pytest.raises(ValueError, match="unknown psi implementation 'gpu'"):
         cf.rbf_psi(*_case(), impl="gpu")
+    monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+    assert cf.resolve_impl(None) == "xla" and cf.resolve_impl("native") == "native"
+    monkeypatch.setenv(native.ENV_SWITCH, "1")
+    assert cf.resolve_impl(None) == "native"
     monkeypatch.setenv(native.ENV_SWITCH, "0")
-    assert not native.available()
-    with pytest.raises(RuntimeError, match="EMBED_SWEEP_NATIVE=0"):
-        cf.rbf_psi(*_case(), impl="native")
-    assert cf._resolve_impl(None) == "xla"
+    assert cf.resolve_impl(None) == "xla"
 
 
 def _run_python(code, env_extra, timeout=240):
@@ -151,7 +161,7 @@ def test_one_core_process_runs_the_custom_call():
     """
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
-    proc = _run_python(code, {})
+    proc = _run_python(code, {native.ENV_SWITCH: "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok ")
 
@@ -171,7 +181,7 @@ def test_without_a_compiler_falls_back_to_xla(tmp_path):
         out = cf.rbf_psi(mu, S, Z, 1.0, 1.0, np.ones((20, 1)))
         print("ok", float(out[2].sum()))
     """
-    env = {"CC": "/nonexistent/cc", "CXX": "/nonexistent/c++", "PATH": str(tmp_path)}
+    env = {"CC": "/nonexistent/cc", "CXX": "/nonexistent/c++", "PATH": str(tmp_path), native.ENV_SWITCH: "1"}
     env[native.ENV_DIR] = str(tmp_path / "native")
     proc = _run_python(code, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -243,6 +253,7 @@ def test_store_slots_generations_and_cap(monkeypatch):
         assert np.array_equal(g, gw)
 
 
+@pytest.mark.slow
 def test_store_only_when_differentiated(monkeypatch):
     """An undifferentiated bound has no backward pass and stores nothing; a differentiated one
     does, and its gradient under vmap (every call but the last finds its store overwritten)

@@ -8,7 +8,7 @@ parallel transport eq. (14).
 
 Conventions
 -----------
-* All functions are written with ``jax.numpy`` (float64 is switched on at import), accept numpy or
+* All functions are written with ``jax.numpy`` and run in float64 (``lvmcore.precision``), accept numpy or
   jax arrays and are differentiable; only :func:`check_point` is plain numpy.
 * Points and ambient tangent vectors carry the ambient coordinate on the LAST axis (length Q+1);
   all leading axes are batch axes and broadcast.  Scalar-valued results (``inner``, ``dist``,
@@ -25,11 +25,10 @@ Conventions
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)
+from lvmcore.precision import jit64, x64
 
 __all__ = [
     "EPS_NORM",
@@ -76,12 +75,13 @@ def _space(x):
     return x[..., 1:]
 
 
+@x64
 def origin(q: int):
     """The origin mu0 = (1, 0, ..., 0) of H^q, shape (q + 1,)."""
     return jnp.zeros(q + 1, dtype=jnp.float64).at[0].set(1.0)
 
 
-@jax.jit
+@jit64
 def inner(x, y):
     """Lorentzian inner product <x, y>_L = -x0 y0 + sum_i xi yi over the last axis (batched)."""
     x = jnp.asarray(x, dtype=jnp.float64)
@@ -95,13 +95,13 @@ def _safe_sqrt(sq):
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
 
 
-@jax.jit
+@jit64
 def norm(v):
     """Lorentz norm sqrt(<v, v>_L) of (space-like) tangent vectors; negative squares clip to 0."""
     return _safe_sqrt(inner(v, v))
 
 
-@jax.jit
+@jit64
 def dist(x, y):
     """Geodesic distance d(x, y) = arccosh(-<x, y>_L) (eq. 8), evaluated stably.
 
@@ -120,7 +120,7 @@ def dist(x, y):
     return jnp.where(far, d_far, d_near)
 
 
-@jax.jit
+@jit64
 def pairwise_dist(X, Y):
     """Matrix of geodesic distances: X (..., N, Q+1), Y (..., M, Q+1) -> (..., N, M)."""
     X = jnp.asarray(X, dtype=jnp.float64)
@@ -128,7 +128,7 @@ def pairwise_dist(X, Y):
     return dist(X[..., :, None, :], Y[..., None, :, :])
 
 
-@jax.jit
+@jit64
 def proj(x, v):
     """Project an ambient vector v onto the tangent space at x: v + <x, v>_L x (eq. 12).
 
@@ -152,7 +152,7 @@ def _cosh_sinhc(sq):
     return jnp.where(small, cosh_small, cosh_big), jnp.where(small, sinhc_small, sinhc_big)
 
 
-@jax.jit
+@jit64
 def expmap(x, v):
     """Exponential map at x (eq. 7): cosh(||v||_L) x + sinh(||v||_L) v / ||v||_L.
 
@@ -166,7 +166,7 @@ def expmap(x, v):
     return c[..., None] * x + s[..., None] * v
 
 
-@jax.jit
+@jit64
 def expmap0(v):
     """Exponential map at the origin mu0 = (1, 0, ..., 0).
 
@@ -179,7 +179,7 @@ def expmap0(v):
     return jnp.concatenate([c[..., None], s[..., None] * v], axis=-1)
 
 
-@jax.jit
+@jit64
 def logmap(x, y):
     """Logarithmic map at x: the tangent vector u at x with expmap(x, u) = y, ||u||_L = d(x, y).
 
@@ -203,7 +203,7 @@ def logmap(x, y):
     return coef[..., None] * u
 
 
-@jax.jit
+@jit64
 def logmap0(y):
     """Logarithmic map at the origin mu0; returns the SPATIAL part (..., Q) of the tangent vector.
 
@@ -219,7 +219,7 @@ def logmap0(y):
     return coef[..., None] * ys
 
 
-@jax.jit
+@jit64
 def transp(x, y, v):
     """Parallel transport of v in T_x H^Q to T_y H^Q along the geodesic (eq. 14).
 
@@ -237,14 +237,14 @@ def transp(x, y, v):
     return v + coef[..., None] * (x + y)
 
 
-@jax.jit
+@jit64
 def to_poincare(x):
     """Map hyperboloid points (..., Q+1) to the Poincare ball (..., Q): x~ / (1 + x0) (eq. 9)."""
     x = jnp.asarray(x, dtype=jnp.float64)
     return _space(x) / (1.0 + _time(x))[..., None]
 
 
-@jax.jit
+@jit64
 def from_poincare(p):
     """Inverse of :func:`to_poincare`: p (..., Q) with |p| < 1 -> ((1+|p|^2), 2p) / (1 - |p|^2)."""
     p = jnp.asarray(p, dtype=jnp.float64)
@@ -253,7 +253,7 @@ def from_poincare(p):
     return jnp.concatenate([((1.0 + sq) / den)[..., None], 2.0 * p / den[..., None]], axis=-1)
 
 
-@jax.jit
+@jit64
 def project_to_manifold(x):
     """Snap ambient points onto H^Q by recomputing x0 = sqrt(1 + |x~|^2) (keeps the spatial part)."""
     x = jnp.asarray(x, dtype=jnp.float64)

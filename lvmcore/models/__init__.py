@@ -8,6 +8,7 @@ _MODELS = {
     "BayesianGPLVM": "lvmcore.models.bgplvm",
     "MRD": "lvmcore.models.mrd",
     "HyperboloidGPLVM": "lvmcore.models.hgplvm",
+    "PPCA": "lvmcore.models.ppca",
 }
 
 __all__ = list(_MODELS)

@@ -1,16 +1,12 @@
-"""Bayesian GP-LVM with the collapsed variational bound (paper 004, section 4.2 and appendix A),
+"""Bayesian GP-LVM with the collapsed variational bound (paper 004, section 3 and appendix A),
 written for any number of views sharing one q(X) so that MRD (``lvmcore.models.mrd``) is the same
 code with V > 1.
 
-For view v with N x D_v data Y_v (centred), noise precision beta_v, kernel k_v (RBF-ARD or
-linear-ARD) and inducing inputs Z_v (M x Q; shared by all views by default), the bound is
-
-    F_v = -N D/2 log 2 pi + N D/2 log beta - beta/2 tr(Y^T Y) - D/2 log|A|
-          + beta^2/2 ||L_A^-1 L_m^-1 Psi1^T Y||^2 - beta D/2 psi0 + beta D/2 tr(L_m^-1 Psi2 L_m^-T)
-
-with L_m = chol(K_mm + JITTER I), A = I + beta L_m^-1 Psi2 L_m^-T, and the total bound is
-sum_v F_v - KL(q(X) || N(0, I)). The psi statistics and KL are sums over rows; they are computed per
-row chunk and map-reduced (``lvmcore.psi.reduce.RowChunks``), with gradients by ``jax.vjp`` per chunk.
+Each view v has centred data Y_v (N x D_v), noise precision beta_v, a kernel
+(``lvmcore.kernels.euclidean``: RBF-ARD or linear-ARD) and inducing inputs Z_v (M x Q; shared by
+all views by default). The bound is sum_v F_v - KL(q(X) || N(0, I)), F_v the collapsed bound of
+``lvmcore.collapsed`` from the view's psi statistics. The statistics and the KL are sums over rows,
+computed per row chunk and map-reduced (``lvmcore.chunks.RowChunks``).
 
 Optimisation: L-BFGS over mu, log S, Z, log kernel parameters and log beta. The first
 ``init_iters`` iterations hold every beta_v at ``snr`` / var(Y_v) (the vargplvm toolbox's fixed
@@ -20,112 +16,77 @@ signal-to-noise start), so the fit cannot begin by explaining all variance as no
 from __future__ import annotations
 
 import functools
+from numbers import Integral, Real
 
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
-from lvmcore.checks import check_data, check_positive, check_positive_int
-from lvmcore.psi.reduce import JitStats
+from lvmcore import collapsed
+from lvmcore.checks import check_data
+from lvmcore.chunks import JitStats
+from lvmcore.kernels.euclidean import KERNELS, get_kernel
+from lvmcore.linalg import KMM_JITTER, TIME_PRIOR_JITTER, jitter_schedule
+from lvmcore.models._base import LatentModel
+from lvmcore.precision import x64
 
-JITTER = 1e-8  # added to K_mm's diagonal (GPy 1.15 VarDTC const_jitter, so bounds compare exactly)
-MAX_JITTER = 1e-1  # escalation (relative to K_mm's mean diagonal) stops here with a NumericalError
-_KERNELS = ("rbf", "linear")
-
-
-def _jax():
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    return jax
+_KERNELS = tuple(KERNELS)
+#: relative jitters on K_mm tried in turn when the bound is not finite (lvmcore.linalg's policy)
+JITTERS = jitter_schedule()
 
 
 # --------------------------------------------------------------------------- plain functions
-def kernel_params(kind, kp):
-    import jax.numpy as jnp
-
-    if kind == "rbf":
-        return jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"])
-    return (jnp.exp(kp["log_vars"]),)
-
-
+@x64
 def kmm(kind, Z, kp):
+    """K_mm of view kernel ``kind`` at the inducing inputs, with the constant ``KMM_JITTER``."""
     import jax.numpy as jnp
 
-    from lvmcore.psi.closed_form import linear_K, rbf_K
-
-    K = rbf_K(Z, Z, *kernel_params(kind, kp)) if kind == "rbf" else linear_K(Z, Z, *kernel_params(kind, kp))
-    return K + JITTER * jnp.eye(Z.shape[0])
+    return get_kernel(kind).K(Z, Z, kp) + KMM_JITTER * jnp.eye(Z.shape[0])
 
 
-#: entries of the largest (rows, M (M + 1) / 2) intermediate of the RBF psi2 per row block: small
-#: blocks keep each block's exponentials in cache (they are recomputed, not stored, for the gradient)
-PSI_BLOCK_ENTRIES = 327_680
-
-
-def psi_block(M: int) -> int:
-    """Rows per block of the RBF psi statistics (256 at M = 50): a multiple of 16 in [16, 1024]."""
-    rows = PSI_BLOCK_ENTRIES // (M * (M + 1) // 2)
-    return int(np.clip(rows // 16 * 16, 16, 1024))
-
-
-def view_psi(kind, mu, S, Z, kp, Y, primal=True):
-    from lvmcore.psi.closed_form import linear_psi, rbf_psi
-
-    if kind == "rbf":
-        return rbf_psi(mu, S, Z, *kernel_params(kind, kp), Y, block_size=psi_block(Z.shape[0]), primal=primal)
-    return linear_psi(mu, S, Z, *kernel_params(kind, kp), Y)
-
-
-def view_bound(stats, Kmm, log_beta, N, D, extra_jitter=0.0):
-    """F_v from the summed statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y))."""
+@x64
+def view_bound(stats, Kmm, log_beta, N, D, rel_jitter=0.0):
+    """F_v from the summed statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) (``lvmcore.collapsed``)."""
     import jax.numpy as jnp
-    from jax.scipy.linalg import solve_triangular
 
     psi0, psi1TY, psi2, trYY = stats
-    beta = jnp.exp(log_beta)
-    M = Kmm.shape[0]
-    # escalated jitter is relative to K_mm's mean diagonal (a linear kernel's K_mm has rank Q < M)
-    Lm = jnp.linalg.cholesky(Kmm + extra_jitter * jnp.mean(jnp.diag(Kmm)) * jnp.eye(M))
-    tmp = solve_triangular(Lm, psi2, lower=True)
-    C = solve_triangular(Lm, tmp.T, lower=True)
-    A = jnp.eye(M) + beta * C
-    LA = jnp.linalg.cholesky(A)
-    c = solve_triangular(LA, solve_triangular(Lm, psi1TY, lower=True), lower=True)
-    return (
-        -0.5 * N * D * jnp.log(2 * jnp.pi)
-        + 0.5 * N * D * log_beta
-        - 0.5 * beta * trYY
-        - D * jnp.sum(jnp.log(jnp.diag(LA)))
-        + 0.5 * beta**2 * jnp.sum(c * c)
-        - 0.5 * beta * D * psi0
-        + 0.5 * beta * D * jnp.trace(C)
-    )
+    t = collapsed.terms(Kmm, psi1TY, psi2, jnp.exp(log_beta), rel_jitter)
+    return collapsed.bound(t, psi0, trYY, log_beta, N, D)
 
 
 class ViewStats(JitStats):
     """Picklable per-chunk statistics of all views: (local rows, globals, data views) -> partial
-    sums ``{"views": [(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) per view], "kl": KL}``."""
+    sums ``{"views": [(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) per view], "kl": KL}``. ``impl`` picks the
+    RBF psi statistics' implementation (``closed_form.rbf_psi``; None: the default)."""
 
-    def __init__(self, kinds: tuple, shared_inducing: bool, with_kl: bool = True):
+    def __init__(self, kinds: tuple, shared_inducing: bool, with_kl: bool = True, impl: str | None = None):
         self.kinds = tuple(kinds)
         self.shared = bool(shared_inducing)
         self.with_kl = bool(with_kl)  # False under the temporal prior: its KL is not a row sum
+        self.impl = impl
 
     def key(self):
-        return (self.kinds, self.shared, self.with_kl)
+        from lvmcore.psi.closed_form import resolve_impl
+
+        return (self.kinds, self.shared, self.with_kl, resolve_impl(self.impl))
 
     def build(self, primal=True):
         import jax.numpy as jnp
 
         from lvmcore.psi.closed_form import kl_diag_gaussian
 
-        kinds, shared, with_kl = self.kinds, self.shared, self.with_kl
+        kernels, shared, with_kl, impl = (
+            [get_kernel(k) for k in self.kinds],
+            self.shared,
+            self.with_kl,
+            self.impl,
+        )
 
         def f(local, glob, data):
             mu, S = local["mu"], jnp.exp(local["logS"])
             out = []
-            for v, kind in enumerate(kinds):
+            for v, kern in enumerate(kernels):
                 Z = glob["Z"][0 if shared else v]
-                p0, p1, p2 = view_psi(kind, mu, S, Z, glob["kern"][v], data[v], primal=primal)
+                p0, p1, p2 = kern.psi(mu, S, Z, glob["kern"][v], data[v], primal=primal, impl=impl)
                 out.append((p0, p1, p2, jnp.sum(data[v] ** 2)))
             return {"views": out, "kl": kl_diag_gaussian(mu, S) if with_kl else jnp.zeros(())}
 
@@ -137,25 +98,26 @@ class ViewStats(JitStats):
 
 @functools.lru_cache(maxsize=64)
 def bound_objective(kinds: tuple, shared: bool, N: int, dims: tuple):
-    """objective(stats, glob, extra_jitter) -> the total bound, for ``RowChunks``."""
+    """objective(stats, glob, rel_jitter) -> the total bound, for ``RowChunks``."""
 
-    def obj(stats, glob, extra_jitter=0.0):
-        return total_bound(kinds, shared, N, dims, stats, glob, extra_jitter)
+    def obj(stats, glob, rel_jitter=0.0):
+        return total_bound(kinds, shared, N, dims, stats, glob, rel_jitter)
 
     return obj
 
 
-def total_bound(kinds, shared, N, dims, stats, glob, extra_jitter=0.0):
+@x64
+def total_bound(kinds, shared, N, dims, stats, glob, rel_jitter=0.0):
+    """sum_v F_v - KL from the summed statistics of all views."""
     F = -stats["kl"]
     for v, kind in enumerate(kinds):
         Z = glob["Z"][0 if shared else v]
-        F = F + view_bound(
-            stats["views"][v], kmm(kind, Z, glob["kern"][v]), glob["log_beta"][v], N, dims[v], extra_jitter
-        )
+        Kmm = kmm(kind, Z, glob["kern"][v])
+        F = F + view_bound(stats["views"][v], Kmm, glob["log_beta"][v], N, dims[v], rel_jitter)
     return F
 
 
-def temporal_prior(times, sequences, jitter=1e-6):
+def temporal_prior(times, sequences, jitter=TIME_PRIOR_JITTER):
     """Returns k(log_lengthscale) -> K_t (N, N): an RBF covariance over time stamps, block-diagonal
     over independent sequences (paper 004 section 4.3), with unit variance plus jitter."""
     import jax.numpy as jnp
@@ -164,15 +126,19 @@ def temporal_prior(times, sequences, jitter=1e-6):
     same = np.equal.outer(sequences, sequences).astype(np.float64)
     d2 = np.subtract.outer(t, t) ** 2
 
+    @x64
     def K(log_ls):
         return same * jnp.exp(-0.5 * d2 / jnp.exp(2.0 * log_ls)) + jitter * jnp.eye(len(t))
 
     return K
 
 
+@x64
 def temporal_posterior(mubar, loglam, Kt):
     """q(x_q) = N(K mubar_q, (K^-1 + diag(lam_q))^-1) per latent dimension q (the reparameterisation
-    of Damianou et al.). Returns (mu (N, Q), log diag S (N, Q), KL(q || prod_q N(0, K)))."""
+    of Damianou et al., paper 004 section 4.3). Returns (mu (N, Q), log diag S (N, Q),
+    KL(q || prod_q N(0, K))); with B = I + Lam^1/2 K Lam^1/2 = L_B L_B^T, S = K - K Lam^1/2 B^-1
+    Lam^1/2 K and KL = (tr(B^-1) + mubar^T K mubar - N + log|B|) / 2."""
     import jax
     import jax.numpy as jnp
     from jax.scipy.linalg import solve_triangular
@@ -181,11 +147,10 @@ def temporal_posterior(mubar, loglam, Kt):
 
     def one(mb, ll):
         r = jnp.exp(0.5 * ll)
-        B = jnp.eye(N) + r[:, None] * Kt * r[None, :]
-        LB = jnp.linalg.cholesky(B)
+        LB = jnp.linalg.cholesky(jnp.eye(N) + r[:, None] * Kt * r[None, :])
         V = solve_triangular(LB, r[:, None] * Kt, lower=True)  # LB^-1 Lam^1/2 K
         diagS = jnp.diag(Kt) - jnp.sum(V * V, axis=0)
-        LBinv = solve_triangular(LB, jnp.eye(N), lower=True)
+        LBinv = solve_triangular(LB, jnp.eye(N), lower=True)  # tr(B^-1) = ||LB^-1||_F^2
         kl = 0.5 * (-N + jnp.sum(LBinv * LBinv) + mb @ Kt @ mb + 2.0 * jnp.sum(jnp.log(jnp.diag(LB))))
         return Kt @ mb, jnp.log(diagS), kl
 
@@ -194,33 +159,22 @@ def temporal_posterior(mubar, loglam, Kt):
 
 
 # --------------------------------------------------------------------------- estimator core
-class _CollapsedGPLVM:
+class _CollapsedGPLVM(LatentModel):
     """Shared implementation of BayesianGPLVM (one view) and MRD (several)."""
 
-    def __init__(
-        self,
-        n_components: int = 5,
-        n_inducing: int = 30,
-        kernel: str = "rbf",
-        *,
-        shared_inducing: bool = True,
-        max_iter: int = 500,
-        init_iters: int = 100,
-        snr: float = 100.0,
-        tol: float = 1e-9,
-        chunks: int | None = None,
-        random_state=None,
-    ):
-        self.n_components = n_components
-        self.n_inducing = n_inducing
-        self.kernel = kernel
-        self.shared_inducing = shared_inducing
-        self.max_iter = max_iter
-        self.init_iters = init_iters
-        self.snr = snr
-        self.tol = tol
-        self.chunks = chunks
-        self.random_state = random_state
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "n_inducing": [Interval(Integral, 1, None, closed="left")],
+        "kernel": [StrOptions(set(_KERNELS))],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "init_iters": [Interval(Integral, 0, None, closed="left")],
+        "snr": [Interval(Real, 0, None, closed="neither")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "chunks": [Interval(Integral, 1, None, closed="left"), None],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+    }
+    #: one set of inducing inputs for all views (MRD's parameter; a single view has one set anyway)
+    shared_inducing = True
 
     # ------------------------------------------------------------------ setup
     def _check_views(self, views):
@@ -232,19 +186,17 @@ class _CollapsedGPLVM:
             raise ValueError(
                 f"all views must have the same number of rows (points), got {ns}; align the views"
             )
-        q = check_positive_int(self.n_components, "n_components")
-        m = check_positive_int(self.n_inducing, "n_inducing")
-        check_positive_int(self.max_iter, "max_iter")
-        check_positive(self.snr, "snr")
+        q, m = int(self.n_components), int(self.n_inducing)
         kinds = [self.kernel] * len(views) if isinstance(self.kernel, str) else list(self.kernel)
         for k in kinds:
             if k not in _KERNELS:
-                raise ValueError(f"kernel must be one of {_KERNELS}, got {k!r}")
+                raise ValueError(f"kernel must be one of {_KERNELS} (or one per view), got {k!r}")
         if len(kinds) != len(views):
             raise ValueError(f"{len(kinds)} kernels given for {len(views)} views; give one per view")
         if m > ns[0]:
             raise ValueError(
-                f"n_inducing={m} exceeds the number of points ({ns[0]}); use n_inducing <= {ns[0]}"
+                f"Expected n_inducing <= n_samples, but n_samples = {ns[0]}, n_inducing = {m}; "
+                f"use n_inducing <= {ns[0]}"
             )
         return views, tuple(kinds), q, m
 
@@ -262,17 +214,12 @@ class _CollapsedGPLVM:
         logS = np.log(rng.uniform(0.05, 0.15, size=(N, q)))
         nz = 1 if self.shared_inducing else len(views)
         Z = np.stack([mu[rng.permutation(N)[:m]] + 1e-3 * rng.standard_normal((m, q)) for _ in range(nz)])
-        kern = []
-        for Y, kind in zip(views, kinds, strict=True):
-            var = float(np.var(Y))
-            if kind == "rbf":
-                kern.append({"log_var": np.log(var), "log_ls": np.zeros(q)})
-            else:
-                kern.append({"log_vars": np.full(q, np.log(var / q))})
+        kern = [get_kernel(kind).init(float(np.var(Y)), q) for Y, kind in zip(views, kinds, strict=True)]
         log_beta = np.array([np.log(self.snr / max(float(np.var(Y)), 1e-300)) for Y in views])
         return {"mu": mu, "logS": logS}, {"Z": Z, "kern": kern, "log_beta": log_beta}
 
     # ------------------------------------------------------------------ fit
+    @x64
     def _fit_views(self, views, times=None, sequences=None):
         try:
             self._optimise_views(views, times, sequences)
@@ -285,8 +232,8 @@ class _CollapsedGPLVM:
         from jax.flatten_util import ravel_pytree
         from scipy.optimize import minimize
 
+        from lvmcore.chunks import RowChunks
         from lvmcore.linalg import NumericalError
-        from lvmcore.psi.reduce import RowChunks
 
         views, kinds, q, m = self._check_views(views)
         self.kinds_ = kinds
@@ -345,20 +292,19 @@ class _CollapsedGPLVM:
             lo, gl = unravel(x)
             val, g_lo, g_gl = evaluate(lo, gl, state["jitter"])
             if not np.isfinite(val):
-                # escalate the jitter (relative to K_mm's mean diagonal) while that helps
-                j = state["jitter"]
-                while not np.isfinite(val) and j < MAX_JITTER:
-                    j = max(10 * j, 1e-8)
+                # escalate the jitter on K_mm (lvmcore.linalg's schedule, above the one in use)
+                for j in [j for j in JITTERS if j > state["jitter"]]:
                     val, g_lo, g_gl = evaluate(lo, gl, j)
-                if np.isfinite(val):
-                    state["jitter"] = j
-                elif state["last"] is None:
+                    if np.isfinite(val):
+                        state["jitter"] = j
+                        break
+                if not np.isfinite(val) and state["last"] is None:
                     raise NumericalError(
                         "the bound is not finite at the initial parameters even with jitter "
-                        f"{MAX_JITTER:g} x mean diag(K_mm) (K_mm or A not positive definite)",
+                        f"{JITTERS[-1]:g} x mean diag(K_mm) (K_mm or A not positive definite)",
                         name="K_mm",
                     )
-                else:
+                if not np.isfinite(val):
                     # a trial point of the line search left the valid region (overflow): reject it
                     state["rejected"] += 1
                     return np.inf, np.zeros_like(x)
@@ -406,9 +352,10 @@ class _CollapsedGPLVM:
             jax.tree_util.tree_map(np.asarray, gl),
         )
         self.elbo_ = float(-fg(r.x)[0])
-        self.elbo_trace_ = np.asarray(state["trace"] + [self.elbo_])
-        self.n_iter_ = len(state["trace"])
-        self.extra_jitter_ = state["jitter"]  # relative to K_mm's mean diagonal, on top of JITTER
+        # one entry per L-BFGS iteration (both phases); the bound at the returned point is elbo_
+        self.elbo_trace_ = np.asarray(state["trace"], dtype=np.float64)
+        self.n_iter_ = len(self.elbo_trace_)
+        self.extra_jitter_ = state["jitter"]  # relative to K_mm's mean diagonal, on top of KMM_JITTER
         self.Y_train_ = Yc
         self.embedding_ = self.local_["mu"]
         self.embedding_var_ = np.exp(self.local_["logS"])
@@ -417,33 +364,26 @@ class _CollapsedGPLVM:
 
     # ------------------------------------------------------------------ learned quantities
     def _view_ard(self):
-        out = []
-        for kind, kp in zip(self.kinds_, self.glob_["kern"], strict=True):
-            if kind == "rbf":
-                out.append(np.exp(kp["log_var"]) / np.exp(2 * np.asarray(kp["log_ls"])))
-            else:
-                out.append(np.exp(np.asarray(kp["log_vars"])))
-        return np.stack(out)
+        return np.stack(
+            [get_kernel(k).ard(kp) for k, kp in zip(self.kinds_, self.glob_["kern"], strict=True)]
+        )
 
     @property
     def noise_variance_(self):
         return np.exp(-np.asarray(self.glob_["log_beta"]))
 
-    def _check_fitted(self):
-        if not hasattr(self, "glob_"):
-            raise ValueError(f"this {type(self).__name__} instance is not fitted yet; call fit first")
-
     # ------------------------------------------------------------------ inference and prediction
     def _Z(self, v):
         return np.asarray(self.glob_["Z"][0 if self.shared_inducing else v])
 
+    @x64
     def infer(self, observed: dict, max_iter: int = 300):
         """q(x*) for new rows observed in a subset of views (paper 004 appendix B): maximise the
         bound of training plus new rows over the new rows' mu*, S* with everything else fixed (all
         new rows in one vectorised optimisation). ``observed`` maps view index -> (N*, D_v) array
         (raw units). Returns (mu*, S*)."""
         self._check_fitted()
-        jax = _jax()
+        import jax
         import jax.numpy as jnp
         from scipy.optimize import minimize
 
@@ -481,12 +421,12 @@ class _CollapsedGPLVM:
             S = jnp.exp(x[n_new * mu0.shape[1] :].reshape(mu0.shape))
             F = -kl_diag_gaussian(mu, S)
             for v, Y in obs.items():
-                kp = glob["kern"][v]
-                p0, p1, p2 = view_psi(kinds[v], mu, S, self._Z(v), kp, Y)
+                kp, Z = glob["kern"][v], self._Z(v)
+                p0, p1, p2 = get_kernel(kinds[v]).psi(mu, S, Z, kp, Y)
                 t = train["views"][v]
                 stats = (t[0] + p0, t[1] + p1, t[2] + p2, t[3] + jnp.sum(Y**2))
                 F = F + view_bound(
-                    stats, kmm(kinds[v], self._Z(v), kp), glob["log_beta"][v], N + n_new, Y.shape[1], extra
+                    stats, kmm(kinds[v], Z, kp), glob["log_beta"][v], N + n_new, Y.shape[1], extra
                 )
             return -F
 
@@ -502,46 +442,67 @@ class _CollapsedGPLVM:
         mu = r.x[: mu0.size].reshape(mu0.shape)
         return mu, np.exp(r.x[mu0.size :].reshape(mu0.shape))
 
+    @x64
     def predict_view(self, mu, S, view: int = 0):
         """Predictive mean (N*, D_v) and variance (N*, D_v) of view ``view`` at q(x*) = N(mu, diag S)
         (paper 004 appendix C, uncertain inputs), in the data's original units."""
         self._check_fitted()
-        jax = _jax()
+        import jax
         import jax.numpy as jnp
 
-        mu, S = np.atleast_2d(np.asarray(mu, float)), np.atleast_2d(np.asarray(S, float))
-        kind, kp = self.kinds_[view], self.glob_["kern"][view]
-        Z = self._Z(view)
-        beta = float(np.exp(self.glob_["log_beta"][view]))
-        t = self._train_stats["views"][view]
-        Kmm = np.asarray(kmm(kind, Z, kp))
-        Kmm = Kmm + self.extra_jitter_ * np.mean(np.diag(Kmm)) * np.eye(Z.shape[0])
-        B = Kmm + beta * np.asarray(t[2])
-        W = beta * np.linalg.solve(B, np.asarray(t[1]))  # (M, D)
+        mu, S = jnp.atleast_2d(jnp.asarray(mu, float)), jnp.atleast_2d(jnp.asarray(S, float))
+        kind, kp, Z = self.kinds_[view], self.glob_["kern"][view], self._Z(view)
+        kern = get_kernel(kind)
+        beta = jnp.exp(self.glob_["log_beta"][view])
+        _, psi1TY, psi2, _ = self._train_stats["views"][view]
+        t = collapsed.terms(kmm(kind, Z, kp), psi1TY, psi2, beta, self.extra_jitter_)
 
-        def one(m, s):
-            p0, p1, p2 = view_psi(kind, m[None], s[None], Z, kp, jnp.ones((1, 1)))
-            return p0, p1[:, 0], p2  # with Y = 1, Psi1^T Y is Psi1 of the row
+        def one(m, s):  # a single row's psi0 and Psi2_n
+            p0, _, p2 = kern.psi(m[None], s[None], Z, kp, jnp.zeros((1, 1)))
+            return p0, p2
 
-        p0, p1, p2 = jax.vmap(one)(jnp.asarray(mu), jnp.asarray(S))
-        p0, p1, p2 = np.asarray(p0), np.asarray(p1), np.asarray(p2)
-        mean = p1 @ W
-        KinvmBinv = np.linalg.solve(Kmm, np.eye(len(Kmm))) - np.linalg.solve(B, np.eye(len(B)))
-        var = (
-            (p0 - np.einsum("ij,nji->n", KinvmBinv, p2) + 1.0 / beta)[:, None]
-            + np.einsum("md,nmk,kd->nd", W, p2, W)
-            - mean**2
-        )
+        p0, p2 = jax.vmap(one)(mu, S)
+        mean, var = collapsed.predict(t, beta, p0, kern.psi1(mu, S, Z, kp), p2)
+        mean, var = np.asarray(mean), np.asarray(var)
         return mean + self.view_means_[view], var
 
 
 class BayesianGPLVM(_CollapsedGPLVM):
     """Bayesian GP-LVM (one view). ``fit(Y)``; ``ard_weights_`` (Q,) are the kernel's input
-    sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances)."""
+    sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances).
 
-    def fit(self, Y, graph=None, times=None, sequences=None):
+    Parameters: ``n_components`` Q, ``n_inducing`` M, ``kernel`` ("rbf" or "linear"), ``max_iter``
+    L-BFGS iterations after the ``init_iters`` with the noise held at ``snr``, ``tol`` (L-BFGS-B's
+    ftol), ``chunks`` (rows per chunk of the psi statistics; None: in process), ``random_state``."""
+
+    def __init__(
+        self,
+        *,
+        n_components: int = 5,
+        n_inducing: int = 30,
+        kernel: str = "rbf",
+        max_iter: int = 500,
+        init_iters: int = 100,
+        snr: float = 100.0,
+        tol: float = 1e-9,
+        chunks: int | None = None,
+        random_state: int | None = None,
+    ):
+        self.n_components = n_components
+        self.n_inducing = n_inducing
+        self.kernel = kernel
+        self.max_iter = max_iter
+        self.init_iters = init_iters
+        self.snr = snr
+        self.tol = tol
+        self.chunks = chunks
+        self.random_state = random_state
+
+    def fit(self, Y, graph=None, *, times=None, sequences=None):
         """``times`` (N,) switches on the temporal prior (paper 004 section 4.3): X's columns are GP
         functions of time (RBF, learned time scale), independent between ``sequences`` labels."""
+        self._validate_params()
+        self._refuse_graph(graph)
         self._fit_views([Y], times, sequences)
         self.ard_weights_ = self._view_ard()[0]
         return self
@@ -552,5 +513,6 @@ class BayesianGPLVM(_CollapsedGPLVM):
 
     def inverse_transform(self, X):
         """Predictive mean in data space at latent points X."""
+        self._check_fitted()
         X = np.atleast_2d(np.asarray(X, float))
         return self.predict_view(X, np.zeros_like(X), 0)[0]

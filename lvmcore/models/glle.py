@@ -31,43 +31,32 @@ The expected complete-data log-likelihood (eq. 23 with the relaxation) is record
 iteration in ``elbo_trace_``; iteration stops when its relative change falls below ``tol``.
 
 Direct sampling (Algorithm 2): LLE first; then w ~ N(w_LLE, a Gamma_i) on the plane sum(w) = 1
-with Gamma_i = (B^T (G_i G_i^T + H_i H_i^T) B + eps_i' I)^-1, H_i the neighbour differences in the
-LLE embedding (scaled to unit variance, eq. 37) and eps_i' = reg * trace(G G^T + H H^T): eq. 35's
-precision is singular when k > D + Q, and the ridge makes it defined for every k. Eq. (33) is a
-Gaussian with unit noise variance, which ties the spread of the weights to the data's units (at
-a = 1 on the S-curve the weights' standard deviation exceeds the weights by 10x and generations stop
-unfolding: Spearman 0.4-0.9 measured). Here the exponent is divided by a per-point noise variance
-tau_i^2, so Gamma_i = tau_i^2 (B^T (G G^T + H H^T) B + eps' I)^-1 is scale-free and a = 1 means
-"as uncertain as the reconstruction residuals say". The ridge is read as a prior: with noise
-N(0, tau^2 I) on the (D + Q)-dimensional target and v ~ N(0, (tau^2 / eps') I) on the plane, the
-posterior of v is N(v_ridge, Gamma_i), v_ridge the ridge solution, and tau_i^2 is the value that
-maximises the evidence (the marginal likelihood of the target with v integrated out), which is
-exactly (push-through identity)
+with Gamma_i = tau_i^2 (B^T (G_i G_i^T + H_i H_i^T) B + eps_i' I)^-1, H_i the neighbour differences
+in the LLE embedding (scaled to unit variance, eq. 37) and eps_i' = reg * trace(G G^T + H H^T).
+The ridge makes eq. 35's precision defined when k > D + Q. Eq. 33 has unit noise variance, which
+ties the weights' spread to the data's units; here its exponent is divided by a per-point noise
+variance tau_i^2, so a = 1 means "as uncertain as the reconstruction residuals say". Reading the
+ridge as a prior v ~ N(0, (tau^2 / eps') I), tau_i^2 is the evidence-maximising value
 
-    tau_i^2 = (|r_i|^2 + eps' |v_ridge|^2) / (D + Q),   r_i the residual at the ridge weights.
+    tau_i^2 = (|r_i|^2 + eps' |v_ridge|^2) / (D + Q),   r_i the residual at the ridge weights,
 
-The prior variance tau^2 / eps' is the sampling variance in the k' - (D + Q) directions the
-neighbours leave free (k = 10 > D + Q = 5 in the paper's setting), so this estimate matters. An
-earlier version used the residual of the ridge objective at w, |r|^2 + eps' |w|^2 = |r|^2 +
-eps' (1/k + |v|^2): its constant eps' / k is a property of the parametrisation, not of the data,
-and made those directions 2-3x wider than EM's sigma_i (median over points, Swiss roll and bowl).
-Measured over 120 generations per manifold (5,000 points, k = 10, a = 1, ``sample`` seeds 1, 7
-and 11, the paper's four manifolds): generations that fold (unfolding < 0.9) fell from 10 of 480
-to 4 of 480, as rare as EM's (4 of 480). A rare fold is a property of both samplers, not of this
-estimate: the worst draws (0.43 direct, 0.38 EM) are both on the roll with a hole.
+which sets the spread in the k' - (D + Q) directions the neighbours leave free (bench/README.md,
+"GLLE direct sampling", has the measurements behind this choice).
 
 Generations (section VI): each draw of all weights gives W, and the embedding of section V (the
 bottom eigenvectors of (I - W)^T (I - W) without the constant one). ``cov_scale`` is the paper's
 a: the sampling covariance is a Cov[v] (EM) or a Gamma_i (direct). Each generation's coordinates
-are permuted and sign-flipped to match the LLE embedding's, never rotated: they are the eigensolver's
-columns. The sampled weights do rotate the bottom eigenvectors against LLE's (the Swiss roll's
-first two t-harmonics and its height mode lie close), so unfolding is measured over all directions
-of an embedding (``lvmcore.metrics.unfolding``), as LLE's cost is rotation-invariant.
+are permuted and sign-flipped to match the LLE embedding's (``lvmcore.lle.match_axes``), never
+rotated; unfolding is measured over all directions of an embedding (``lvmcore.metrics.unfolding``),
+as LLE's cost is rotation-invariant.
 """
 
 from __future__ import annotations
 
+from numbers import Integral, Real
+
 import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data, check_graph, check_positive, check_positive_int
 from lvmcore.lle import (
@@ -79,6 +68,7 @@ from lvmcore.lle import (
     trace_regulariser,
     weight_matrix,
 )
+from lvmcore.models._base import LatentModel
 
 #: sigma_i never falls below this times the neighbourhood's mean squared distance
 SIGMA_FLOOR = 1e-12
@@ -172,7 +162,7 @@ def em_iterations(b, c, logdet_A, D, kp, *, max_iter, tol, floor):
 
 
 # --------------------------------------------------------------------------- estimator
-class GLLE:
+class GLLE(LatentModel):
     """Generative LLE (paper 001).
 
     Parameters
@@ -190,6 +180,7 @@ class GLLE:
     Attributes
     ----------
     embedding_ : (N, Q) the generation drawn with ``random_state`` (axes matched to the LLE one)
+    embedding_var_ : None (the model has weight variances, not per-point latent variances)
     lle_embedding_ : (N, Q) LLE's embedding (unit variance per coordinate)
     weights_ : (N, k) mean reconstruction weights (the LLE weights for both methods)
     sigma_ : (N,) EM's relaxed weight variances (method "em")
@@ -198,11 +189,24 @@ class GLLE:
     n_iter_ : EM iterations (1 for direct)
     """
 
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "n_neighbors": [Interval(Integral, 2, None, closed="left")],
+        "method": [StrOptions(set(_METHODS))],
+        "cov_scale": [Interval(Real, 0, None, closed="neither")],
+        "reg": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "chunks": [Interval(Integral, 1, None, closed="left"), None],
+        "eigen_solver": [StrOptions({"auto", "dense", "arpack"})],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+    }
+
     def __init__(
         self,
+        *,
         n_components: int = 2,
         n_neighbors: int = 10,
-        *,
         method: str = "em",
         cov_scale: float = 1.0,
         reg: float = 1e-3,
@@ -223,28 +227,31 @@ class GLLE:
         self.eigen_solver = eigen_solver
         self.random_state = random_state
 
-    def _check_params(self, n, D):
-        q = check_positive_int(self.n_components, "n_components")
-        k = check_positive_int(self.n_neighbors, "n_neighbors")
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
-        check_positive(self.cov_scale, "cov_scale")
-        check_positive(self.reg, "reg")
-        check_positive_int(self.max_iter, "max_iter")
-        if self.chunks is not None:
-            check_positive_int(self.chunks, "chunks")
+    def _check_shapes(self, n, D):
+        """The data-dependent rules (the others are ``_parameter_constraints``)."""
+        q, k = int(self.n_components), int(self.n_neighbors)
         if q >= D:
-            raise ValueError(f"n_components must be < the data dimension D={D}, got {q}; lower n_components")
+            raise ValueError(
+                f"Expected n_components < n_features, but n_features = {D}, n_components = {q}; "
+                "lower n_components"
+            )
         if k >= n:
-            raise ValueError(f"n_neighbors must be < the number of points ({n}), got {k}; lower n_neighbors")
-        if k < 2 or k <= q:
-            raise ValueError(f"n_neighbors must be >= 2 and > n_components ({q}), got {k}; raise n_neighbors")
+            raise ValueError(
+                f"Expected n_neighbors < n_samples, but n_samples = {n}, n_neighbors = {k}; lower n_neighbors"
+            )
+        if k <= q:
+            raise ValueError(
+                f"Expected n_neighbors > n_components, but n_neighbors = {k}, n_components = {q}; "
+                "raise n_neighbors"
+            )
         return q, k
 
     def fit(self, Y, graph=None):
+        """Fit on Y (N, D); ``graph`` (N, >= k) neighbour indices without self, else exact kNN."""
+        self._validate_params()
         Y = check_data(Y)
         n, D = Y.shape
-        q, k = self._check_params(n, D)
+        q, k = self._check_shapes(n, D)
         if graph is None:
             from lvmcore.graph import knn
 
@@ -276,16 +283,16 @@ class GLLE:
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
         self.elbo_trace_, self.n_iter_ = trace, it
         self.elbo_ = float(trace[-1])
-        self.embedding_ = self.sample(1, random_state=self.random_state)[0]
+        self.embedding_var_ = None
+        self.embedding_ = self._generations(1, self.random_state, None)[0]
         return self
-
-    def _check_fitted(self):
-        if not hasattr(self, "weights_"):
-            raise ValueError("this GLLE instance is not fitted yet; call fit(Y) first")
 
     def sample_weights(self, random_state=None, cov_scale=None) -> np.ndarray:
         """One draw of all reconstruction weights (N, k)."""
         self._check_fitted()
+        return self._draw_weights(random_state, cov_scale)
+
+    def _draw_weights(self, random_state, cov_scale):
         a = self.cov_scale if cov_scale is None else check_positive(cov_scale, "cov_scale")
         n, k = self.graph_.shape
         z = np.random.default_rng(random_state).standard_normal((n, k - 1))
@@ -306,13 +313,15 @@ class GLLE:
         embedding eigenproblem; each has its axes matched to ``lle_embedding_``. The same ``random_state``
         gives the same generations; ``cov_scale`` overrides the constructor's a."""
         self._check_fitted()
-        n_generations = check_positive_int(n_generations, "n_generations")
+        return self._generations(check_positive_int(n_generations, "n_generations"), random_state, cov_scale)
+
+    def _generations(self, n_generations, random_state, cov_scale):
         rng = np.random.default_rng(random_state)
         seeds = rng.integers(2**63 - 1, size=n_generations)
         q = self.lle_embedding_.shape[1]
         out = np.empty((n_generations, *self.lle_embedding_.shape))
         for g, s in enumerate(seeds):
-            W = weight_matrix(self.sample_weights(random_state=s, cov_scale=cov_scale), self.graph_)
+            W = weight_matrix(self._draw_weights(s, cov_scale), self.graph_)
             emb, _ = embed(W, q, solver=self.eigen_solver, random_state=s)
             out[g] = match_axes(self.lle_embedding_, emb)
         return out

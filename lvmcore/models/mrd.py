@@ -6,21 +6,55 @@ and cross-view prediction (the paper's Algorithm 1)."""
 from __future__ import annotations
 
 import numpy as np
+from sklearn.utils._param_validation import StrOptions
 
-from lvmcore.models.bgplvm import _CollapsedGPLVM
+from lvmcore.models.bgplvm import _KERNELS, _CollapsedGPLVM
 
 
 class MRD(_CollapsedGPLVM):
     """MRD(n_components=8, n_inducing=30, kernel="rbf" | "linear" | one per view).fit([Y1, Y2, ...])
 
-    Attributes: ``embedding_`` (N, Q) shared posterior means, ``embedding_var_``, ``ard_weights_``
-    (V, Q), ``elbo_``, ``elbo_trace_``, ``n_iter_``."""
+    Parameters as :class:`~lvmcore.models.bgplvm.BayesianGPLVM`, plus ``shared_inducing`` (one set
+    of inducing inputs for all views, else one per view). Attributes: ``embedding_`` (N, Q) shared
+    posterior means, ``embedding_var_`` (N, Q), ``ard_weights_`` (V, Q), ``elbo_``,
+    ``elbo_trace_``, ``n_iter_``."""
 
-    def __init__(self, n_components: int = 8, n_inducing: int = 30, kernel="rbf", **kw):
-        super().__init__(n_components, n_inducing, kernel, **kw)
+    _parameter_constraints: dict = {
+        **_CollapsedGPLVM._parameter_constraints,
+        "kernel": [StrOptions(set(_KERNELS)), list, tuple],
+        "shared_inducing": ["boolean"],
+    }
 
-    def fit(self, views, graph=None, times=None, sequences=None):
-        """``times`` / ``sequences``: optional temporal prior on X, as ``BayesianGPLVM.fit``."""
+    def __init__(
+        self,
+        *,
+        n_components: int = 8,
+        n_inducing: int = 30,
+        kernel="rbf",
+        shared_inducing: bool = True,
+        max_iter: int = 500,
+        init_iters: int = 100,
+        snr: float = 100.0,
+        tol: float = 1e-9,
+        chunks: int | None = None,
+        random_state: int | None = None,
+    ):
+        self.n_components = n_components
+        self.n_inducing = n_inducing
+        self.kernel = kernel
+        self.shared_inducing = shared_inducing
+        self.max_iter = max_iter
+        self.init_iters = init_iters
+        self.snr = snr
+        self.tol = tol
+        self.chunks = chunks
+        self.random_state = random_state
+
+    def fit(self, views, graph=None, *, times=None, sequences=None):
+        """``views``: a list of (N, D_v) arrays. ``times`` / ``sequences``: optional temporal prior
+        on X, as ``BayesianGPLVM.fit``."""
+        self._validate_params()
+        self._refuse_graph(graph)
         self._fit_views(views, times, sequences)
         self.ard_weights_ = self._view_ard()
         return self

@@ -1,3 +1,4 @@
-"""Psi statistics: ``closed_form`` (RBF-ARD, linear-ARD under diagonal Gaussian q(X)),
-``monte_carlo`` (hyperboloid exponential kernel under wrapped Gaussians) and ``reduce``
-(the chunked Dask map-reduce of per-chunk partial sums and their vector-Jacobian products)."""
+"""Psi statistics: ``closed_form`` (RBF-ARD, linear-ARD under diagonal Gaussian q(X); the kernels
+in ``lvmcore.kernels.euclidean`` dispatch to it), ``native`` (an opt-in C kernel for the RBF Psi2's
+pair sums) and ``monte_carlo`` (hyperboloid exponential kernel under wrapped Gaussians). The chunked
+map-reduce over rows is ``lvmcore.chunks``."""

@@ -235,8 +235,6 @@ int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const doubl
 #undef BWD
 }
 
-int pairs_tile_rows(void) { return NB; }
-
 /* the vectorised exp alone, for the tests: y[i] = exp(x[i]) */
 void vexp_array(int n, const double *x, double *y) {
     for (int i = 0; i < n; i += 4 * XB) {

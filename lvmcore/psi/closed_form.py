@@ -9,7 +9,7 @@ The variational posterior is q(X) = prod_n N(x_n | mu_n, diag(S_n)) with ``mu`` 
 
 All of them are sums over data points, so a chunk of rows of (mu, S, Y) contributes the partial sums
 ``(psi0_sum, Psi1^T Y, Psi2_sum)`` returned by :func:`rbf_psi` / :func:`linear_psi`; the chunk results
-add up to the full-data statistics (the map-reduce in ``lvmcore.psi.reduce``).
+add up to the full-data statistics (the map-reduce in ``lvmcore.chunks``).
 
 Kernels (ARD):
 
@@ -57,7 +57,7 @@ dependence of that factor and of zbar on Z and l2 stays with autodiff. For a bac
 (``rbf_psi(primal=False)``) the row sums are accumulated in the backward pass instead of a
 forward one.
 
-Everything is float64 (``jax_enable_x64`` is switched on at import), pure and differentiable in
+Everything is float64 (scoped, ``lvmcore.precision``), pure and differentiable in
 reverse mode (``jax.vjp`` / ``jax.grad``; :func:`rbf_psi` has no forward-mode rule, so no
 ``jax.jvp`` / ``jax.jacfwd`` / Hessians through it); the public functions are wrapped in
 ``jax.jit`` (``block_size`` of :func:`rbf_psi` is a static argument).
@@ -71,11 +71,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)
+from lvmcore.kernels.euclidean import linear_K
+from lvmcore.precision import jit64
 
 __all__ = [
-    "rbf_K",
-    "linear_K",
     "rbf_psi",
     "rbf_psi1",
     "linear_psi",
@@ -84,9 +83,18 @@ __all__ = [
 ]
 
 DEFAULT_BLOCK = 256
+#: entries of the largest (rows, M (M + 1) / 2) intermediate of the RBF psi2 per row block: small
+#: blocks keep each block's exponentials in cache (they are recomputed, not stored, for the gradient)
+PSI_BLOCK_ENTRIES = 327_680
+
+
+def psi_block(M: int) -> int:
+    """Rows per block of the RBF psi statistics (256 at M = 50): a multiple of 16 in [16, 1024]."""
+    rows = PSI_BLOCK_ENTRIES // (M * (M + 1) // 2)
+    return int(np.clip(rows // 16 * 16, 16, 1024))
+
+#: (rows, M) entries per row block of Psi1 on the native path (1,310 rows at M = 50; bench/README.md)
 PSI1_BLOCK_ENTRIES = 1 << 16
-"""(rows, M) entries per row block of Psi1 on the native path (1,310 rows at M = 50; measured at
-N = 1,000 and 20,000: 256 rows or all rows at once were 3-10% slower)."""
 
 
 def _lengthscale_sq(lengthscale, Q: int):
@@ -97,29 +105,6 @@ def _lengthscale_sq(lengthscale, Q: int):
 
 def _as64(*arrays):
     return tuple(jnp.asarray(a, dtype=jnp.float64) for a in arrays)
-
-
-# ---------------------------------------------------------------------------------------------
-# kernel matrices
-# ---------------------------------------------------------------------------------------------
-
-
-@jax.jit
-def rbf_K(X, Z, variance, lengthscale):
-    """RBF-ARD kernel matrix k(X, Z), shape (N, M)."""
-    X, Z = _as64(X, Z)
-    ls = jnp.sqrt(_lengthscale_sq(lengthscale, X.shape[1]))
-    Xs, Zs = X / ls, Z / ls
-    d2 = (Xs * Xs).sum(1)[:, None] + (Zs * Zs).sum(1)[None, :] - 2.0 * (Xs @ Zs.T)
-    return variance * jnp.exp(-0.5 * jnp.maximum(d2, 0.0))
-
-
-@jax.jit
-def linear_K(X, Z, variances):
-    """Linear-ARD kernel matrix k(X, Z) = X diag(variances) Z^T, shape (N, M)."""
-    X, Z = _as64(X, Z)
-    v = jnp.broadcast_to(jnp.asarray(variances, dtype=jnp.float64), (X.shape[1],))
-    return (X * v) @ Z.T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,9 +284,9 @@ def _rbf_sums_bwd(block, res, cot, with_sums=False):
 _rbf_stats.defvjp(_rbf_stats_fwd, _rbf_stats_bwd)
 
 
-@jax.jit
+@jit64
 def rbf_psi1(mu, S, Z, variance, lengthscale):
-    """Psi1[n, m] = E_q[k_rbf(x_n, z_m)], shape (N, M) (used for prediction)."""
+    """Psi1[n, m] = E_q[k_rbf(x_n, z_m)], shape (N, M), row by row (prediction at uncertain inputs)."""
     mu, S, Z = _as64(mu, S, Z)
     l2 = _lengthscale_sq(lengthscale, mu.shape[1])
     return _rbf_psi1_block(mu, S, Z, jnp.asarray(variance, dtype=jnp.float64), l2)
@@ -355,12 +340,13 @@ _native_pairs.defvjp(_native_pairs_fwd, _native_pairs_bwd)
 IMPLS = ("native", "xla")
 
 
-def _resolve_impl(impl):
-    """'native' (the C pair kernel), 'xla' (pure jax) or None: native where it is available."""
+def resolve_impl(impl):
+    """'native' (the C pair kernel), 'xla' (pure jax) or None: the XLA path, or the native kernel
+    where ``EMBED_SWEEP_NATIVE=1`` opts in and it builds (``lvmcore.psi.native``)."""
     from lvmcore.psi import native
 
     if impl is None:
-        return "native" if native.available() else "xla"
+        return "native" if native.enabled() and native.available() else "xla"
     if impl not in IMPLS:
         raise ValueError(f"unknown psi implementation {impl!r}; use one of {IMPLS} or None (automatic)")
     if impl == "native" and not native.available():
@@ -380,7 +366,7 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     C kernel of ``lvmcore.psi.native``, Psi1 by jax), ``"xla"`` (all jax, the row blocks above) or
     None, native where it is available (decided when the caller is traced).
     """
-    impl = _resolve_impl(impl)
+    impl = resolve_impl(impl)
     store = False
     if impl == "native" and primal:
         from lvmcore.psi import native
@@ -392,7 +378,7 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     )  # fmt: skip
 
 
-@partial(jax.jit, static_argnames=("block_size", "primal", "impl", "store"))
+@jit64(static_argnames=("block_size", "primal", "impl", "store"))
 def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, store):
     mu, S, Z, Y = _as64(mu, S, Z, Y)
     variance = jnp.asarray(variance, dtype=jnp.float64)
@@ -424,14 +410,14 @@ def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, st
 # ---------------------------------------------------------------------------------------------
 
 
-@jax.jit
+@jit64
 def linear_psi1(mu, S, Z, variances):
-    """Psi1 = mu diag(variances) Z^T, shape (N, M) (S does not enter)."""
+    """Psi1 = mu diag(variances) Z^T, shape (N, M), row by row (S does not enter)."""
     del S
     return linear_K(mu, Z, variances)
 
 
-@jax.jit
+@jit64
 def linear_psi(mu, S, Z, variances, Y):
     """Per-chunk partial sums for the linear-ARD kernel, ``(psi0_sum, psi1TY, psi2_sum)``.
 
@@ -453,7 +439,7 @@ def linear_psi(mu, S, Z, variances, Y):
 # ---------------------------------------------------------------------------------------------
 
 
-@jax.jit
+@jit64
 def kl_diag_gaussian(mu, S):
     """KL(q(X) || N(0, I)) summed over the rows of the chunk (and over q)."""
     mu, S = _as64(mu, S)

@@ -1,4 +1,7 @@
-"""Native (C) kernel for the pair sums of the RBF psi2 statistic, built on first use.
+"""Native (C) kernel for the pair sums of the RBF psi2 statistic: opt-in (``EMBED_SWEEP_NATIVE=1``
+or ``rbf_psi(impl="native")``), built on first use. The default is the XLA path: at the sizes the
+sweep fits, the kernel was no faster, and at some several times slower (bench/README.md, "native
+kernel vs XLA"); it stays for the sizes where it gains, tested against the XLA path.
 
 Why: the bound of the Bayesian GP-LVM spends most of its time on the N x P pair exponentials of
 Psi2 (P = M (M + 1) / 2): one exp per (row, pair) in the forward pass, and in the backward pass
@@ -31,7 +34,7 @@ keyed by a hash of the sources, the compilers' versions, the flags (AVX2 + FMA w
 them) and jax's version; the library is built in a temporary folder and renamed into place, so
 concurrent workers never load a half-written file. Without compilers, or if the build or the self
 check fails, :func:`available` is False, one warning says why, and ``closed_form.rbf_psi`` takes
-its pure-XLA path (same values to ~1e-14). ``EMBED_SWEEP_NATIVE=0`` switches the kernel off.
+its pure-XLA path (same values to ~1e-14).
 """
 
 from __future__ import annotations
@@ -207,10 +210,8 @@ def store_max_bytes() -> int:
     recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always recomputes), default 1 GiB or an
     eighth of the machine's memory, whichever is less, over all the store's slots. The store lives
     in the library (a few slots per process, reused across evaluations; ``release_store`` frees
-    it, as the end of a fit does).
-    Measured on one core (M = 50, whole bound + gradient): N = 1,000 (10 MB) 13-25% faster,
-    N = 5,000 (51 MB) 10-15%, N = 20,000 at Q = 10 (204 MB) 23%. Decided when the bound is traced,
-    per chunk shape; the Dask-chunked evaluation never stores (its backward call recomputes)."""
+    it, as the end of a fit does). Decided when the bound is traced, per chunk shape; the
+    Dask-chunked evaluation never stores (its backward call recomputes). Gains: bench/README.md."""
     if os.environ.get(ENV_STORE):
         return int(float(os.environ[ENV_STORE]) * (1 << 20))
     return min(1 << 30, _physical_memory_bytes() // 8)
@@ -225,17 +226,18 @@ def _physical_memory_bytes(default: int = 8 << 30) -> int:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the default path (``rbf_psi(impl=None)``) uses the kernel: opt-in,
+    ``EMBED_SWEEP_NATIVE=1`` (measured slower than the XLA path at most of the sweep's sizes,
+    bench/README.md)."""
+    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def available() -> bool:
-    """True if the kernel is switched on (``EMBED_SWEEP_NATIVE``) and built."""
-    return enabled() and library() is not None
+    """True if the kernel is built (or can be built now) and passed its self check."""
+    return library() is not None
 
 
 def unavailable_reason() -> str | None:
-    if not enabled():
-        return f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)}"
     library()
     return _state.get("reason")
 
