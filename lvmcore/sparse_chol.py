@@ -24,7 +24,7 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, shortest_path
 
-from lvmcore.linalg import DEFAULT_JITTER, JITTER_GROWTH, MAX_JITTER_TRIES, NumericalError
+from lvmcore.linalg import NumericalError, jitter_schedule
 
 _potrf = sla.get_lapack_funcs("potrf", dtype=np.float64)
 _potri = sla.get_lapack_funcs("potri", dtype=np.float64)
@@ -207,7 +207,7 @@ class BlockTridiagonal:
                     matrix=self.to_sparse(),
                 )
         scale = np.mean([np.mean(np.abs(np.diag(D))) for D in self.diag])
-        shifts = [0.0] + [DEFAULT_JITTER * JITTER_GROWTH**i * scale for i in range(MAX_JITTER_TRIES)]
+        shifts = jitter_schedule(scale=scale)
         for shift in shifts:
             try:
                 Ld, Ls = self._try_factor(shift)
