@@ -5,7 +5,9 @@ Every public jax entry point of lvmcore runs under JAX's scoped ``jax.enable_x64
 thread-local setting), through :func:`x64` or :func:`jit64`. Tracing happens inside that scope, so
 the compiled functions are float64 throughout; jax keys its compilation cache on the setting, so a
 caller's float32 work is unaffected. Code running on other threads (the chunk threads of
-``lvmcore.chunks``) enters the scope itself.
+``lvmcore.chunks``) enters the scope itself. A caller who traces lvmcore functions inside its own
+``jax.jit`` / ``jax.grad`` does that under ``jax.enable_x64(True)`` too, so that the outer
+transformation's values are float64 as well.
 """
 
 from __future__ import annotations

@@ -155,8 +155,9 @@ def test_one_core_process_runs_the_custom_call():
         rng = np.random.default_rng(0)
         mu, S = rng.normal(size=(300, 3)), rng.uniform(0.1, 0.5, (300, 3))
         Z, Y = rng.normal(size=(8, 3)), rng.normal(size=(300, 2))
-        f = jax.jit(jax.value_and_grad(lambda mu: cf.rbf_psi(mu, S, Z, 1.0, 1.0, Y)[2].sum()))
-        v, g = f(mu)
+        with jax.enable_x64(True):  # lvmcore traced inside the caller's own transformation
+            f = jax.jit(jax.value_and_grad(lambda mu: cf.rbf_psi(mu, S, Z, 1.0, 1.0, Y)[2].sum()))
+            v, g = f(mu)
         print("ok", float(v), float(np.abs(np.asarray(g)).sum()))
     """
     if not hasattr(os, "sched_setaffinity"):
