@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from lvmcore.linalg import cholesky_jax
+from lvmcore.precision import x64
 
 __all__ = ["Terms", "terms", "bound", "predict"]
 
@@ -37,6 +38,7 @@ class Terms(NamedTuple):
     c: jax.Array  # [M, D] L_A^-1 L_m^-1 Psi1^T Y
 
 
+@x64
 def terms(Kmm, psi1TY, psi2, beta, rel_jitter=0.0) -> Terms:
     """The factorisations of the bound. ``rel_jitter`` is added to K_mm's diagonal relative to its
     mean (``lvmcore.linalg``'s escalation, for a K_mm that is not numerically positive definite)."""
@@ -48,6 +50,7 @@ def terms(Kmm, psi1TY, psi2, beta, rel_jitter=0.0) -> Terms:
     return Terms(Lm, LA, C, c)
 
 
+@x64
 def bound(t: Terms, psi0, trYY, log_beta, N, D):
     """F of the module docstring (scalar) from :func:`terms` and the scalar statistics."""
     beta = jnp.exp(log_beta)
@@ -62,6 +65,7 @@ def bound(t: Terms, psi0, trYY, log_beta, N, D):
     )
 
 
+@x64
 def predict(t: Terms, beta, psi0, psi1, psi2):
     """Predictive mean [n, D] and variance [n, D] of f + noise at n uncertain inputs, from the
     test points' own statistics psi0 [n], Psi1 [n, M], Psi2 [n, M, M] (paper 004 appendix C):

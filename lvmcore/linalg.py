@@ -49,12 +49,14 @@ def jitter_schedule(jitter: float = DEFAULT_JITTER, max_tries: int = MAX_JITTER_
 
 
 def cholesky_jax(A, rel_jitter=0.0):
-    """JAX: lower Cholesky factor of A + rel_jitter * mean(diag A) * I (NaN where A is not positive
-    definite: the caller retries with the next value of :func:`jitter_schedule`)."""
+    """JAX, float64: lower Cholesky factor of A + rel_jitter * mean(diag A) * I (NaN where A is not
+    positive definite: the caller retries with the next value of :func:`jitter_schedule`)."""
+    import jax
     import jax.numpy as jnp
 
-    n = A.shape[-1]
-    return jnp.linalg.cholesky(A + rel_jitter * jnp.mean(jnp.abs(jnp.diagonal(A))) * jnp.eye(n))
+    with jax.enable_x64(True):
+        n = A.shape[-1]
+        return jnp.linalg.cholesky(A + rel_jitter * jnp.mean(jnp.abs(jnp.diagonal(A))) * jnp.eye(n))
 
 
 class NumericalError(FloatingPointError):
