@@ -103,6 +103,7 @@ def test_gradients_equal_finite_differences(kind):
     assert abs(fd - g_gl["kern"][0][key][0]) <= 1e-5 * max(1.0, abs(fd))
 
 
+@pytest.mark.slow
 def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
     """7 chunks dealt to both workers of a real 2-process cluster (4 + 3, one actor each); the
     statistics alone (``stats``) and the bound and gradient equal the one-piece evaluation."""
@@ -235,6 +236,7 @@ def test_mrd_cross_view_prediction(toy_mrd):
     print("shared-signal RMSE", rmse_shared, "spread", truth[:, shared].std())
 
 
+@pytest.mark.slow
 def test_bgplvm_fit_transform_and_reconstruction():
     t = np.linspace(0, 2 * np.pi, 120)
     Y = np.column_stack([np.cos(t), np.sin(t), np.cos(2 * t), np.sin(2 * t), t / np.pi])
@@ -300,6 +302,7 @@ def test_temporal_posterior_equals_dense_gaussian_algebra():
     np.testing.assert_allclose(float(kl), kl_ref, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_temporal_prior_fit():
     t = np.linspace(0, 4 * np.pi, 80)
     Y = np.column_stack([np.sin(t), np.cos(t), np.sin(t) * np.cos(t)]) @ np.random.default_rng(

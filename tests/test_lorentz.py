@@ -149,7 +149,6 @@ def test_project_to_manifold():
     np.testing.assert_array_equal(fixed[:, 1:], noisy[:, 1:])
 
 
-@pytest.mark.slow
 def test_dist_gradients():
     rng = np.random.default_rng(7)
     q = Q
