@@ -283,3 +283,21 @@ def _short_circuit(n_iter):
 def test_short_circuit_lowers_the_bound():
     good, bad = _short_circuit(50)
     assert good > bad + 5.0, (good, bad)
+
+
+@pytest.mark.slow
+def test_default_unrolls_a_roll_whose_graph_has_no_short_circuit():
+    """The main job's roll (scikit-learn, n = 400, seed 0) at k = 5, where no kNN edge jumps a turn:
+    some 1-D projection of the default embedding orders the roll parameter (|Spearman| >= 0.95)."""
+    from scipy.stats import spearmanr
+
+    from lvmcore.data.synthetic import swiss_roll
+
+    Y, lat = swiss_roll(400, 0)
+    idx, _ = knn(Y, 5)
+    t = lat[:, 0]
+    assert np.abs(t[:, None] - t[idx]).max() < 2.0  # the graph has no short circuit
+    Z = LLLVM(n_neighbors=5, max_iter=30, tol=0, random_state=0).fit(Y, idx).embedding_
+    th = np.arange(720) * np.pi / 720
+    best = max(abs(spearmanr(Z @ np.array([np.cos(a), np.sin(a)]), t)[0]) for a in th)
+    assert best >= 0.95, best

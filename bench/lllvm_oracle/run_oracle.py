@@ -112,7 +112,9 @@ def main(argv=None):
         **{"in_" + key: np.asarray(v, dtype=np.float64) for key, v in inputs.items()},
         **{"out_" + key: v for key, v in res.items()},
     )
-    print(f"saved {args.out}: bounds {np.ravel(res['lwbs'])[[0, -1]]}, gamma {np.ravel(res['gammas'])[-1]:.6g}")
+    print(
+        f"saved {args.out}: bounds {np.ravel(res['lwbs'])[[0, -1]]}, gamma {np.ravel(res['gammas'])[-1]:.6g}"
+    )
 
 
 if __name__ == "__main__":
