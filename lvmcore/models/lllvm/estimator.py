@@ -26,7 +26,7 @@ from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
 AUTO_DENSE_MAX_N = 200
 #: largest N the dense solver of the gaussian likelihood takes under solver="auto": it holds
 #: several dense (N Q)^2 matrices and factors them in O((N Q)^3) per iteration (bench/README.md)
-GAUSSIAN_DENSE_MAX_N = 4000
+GAUSSIAN_DENSE_MAX_N = 2000
 _SOLVERS = ("auto", "dense", "sparse")
 _INITS = ("random_c", "random_x", "spectral")
 
