@@ -216,7 +216,11 @@ def inverse_from_chol(Lc: np.ndarray, name: str, context: str) -> np.ndarray:
     Z, info = _potri(Lc, lower=1)
     if info != 0:
         raise NumericalError(f"inverting {name} failed (potri info {info})", name=name, context=context)
-    return np.tril(Z) + np.tril(Z, -1).T
+    Z = np.tril(Z)  # potri fills the lower triangle only
+    d = Z.diagonal().copy()
+    Z += Z.T
+    Z[np.diag_indices_from(Z)] = d
+    return Z
 
 
 def block_gaussian(g: LLGraph, point_blocks, edge_blocks, rhs, name: str, context: str):
@@ -356,13 +360,13 @@ def e_moment(g: LLGraph, K: np.ndarray, S: np.ndarray) -> np.ndarray:
     U = sp.diags(g.deg) + W
     R = np.zeros((n, n))
     for r in range(Q):
-        for s in range(Q):
+        for s in range(r, Q):  # the (s, r) term is the transpose of the (r, s) term
             Kr, Sr = _split(K, Q, r, s), _split(S, Q, r, s)
             UK = np.asarray(U @ Kr)
             KU = _rmul(Kr, U)
             SW = _rmul(Sr, W)
             WS = np.asarray(W @ Sr)
-            R += (
+            T = (
                 _rmul(UK, U) * Sr
                 - UK * SW
                 - _rmul(UK * Sr, W)
@@ -373,6 +377,7 @@ def e_moment(g: LLGraph, K: np.ndarray, S: np.ndarray) -> np.ndarray:
                 + np.asarray(W @ (Kr * SW))
                 + _rmul(np.asarray(W @ (Kr * Sr)), W)
             )
+            R += T if s == r else T + T.T
     return R
 
 
