@@ -147,6 +147,22 @@ def test_out_of_sample_matches_brute_force(tiny_gauss):
     np.testing.assert_allclose(mx[0], np.linalg.solve(P, h), rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(Sx[0], np.linalg.inv(P), rtol=1e-7, atol=1e-10)
 
+    # and q(C*) is the optimum given the returned q(x*): the sweeps reached the joint fixed point
+    xa = np.vstack([qx.mean, mx])
+    Sxa = np.zeros((n1 * Q2, n1 * Q2))
+    Sxa[:nQ, :nQ], Sxa[nQ:, nQ:] = qx.full, Sx[0]
+    SCt = np.zeros((n1 * Q2, n1 * Q2))
+    SCt[:nQ, :nQ] = qc.full
+
+    def fc(v):  # v = C* row-major (D, Q)
+        return gauss_expected_log_joint(
+            Ya, Wa, th, xa, Sxa, np.concatenate([qc.mean, v.reshape(1, D3, Q2)]), SCt, form
+        )
+
+    Pc, hc = identify_quadratic(fc, D3 * Q2)
+    np.testing.assert_allclose(Cs[0], np.linalg.solve(Pc, hc).reshape(D3, Q2), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(SC[0], np.linalg.inv(Pc[:Q2, :Q2]), rtol=1e-6, atol=1e-10)
+
 
 def test_score_and_bad_input():
     Y, _, _ = lllvm_swiss_roll(120, 2)
