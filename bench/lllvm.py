@@ -115,21 +115,21 @@ def study_roll(seeds=3, ks=range(5, 13), iters=30, **kw):
     return out
 
 
-def study_short(seeds=3, iters=50, **kw):
-    """Short-circuit protocol: roll n = 400, k = 9, one wrong edge (positions 24, -26 of argsort t)."""
+def study_short(seeds=3, iters=50, k=9, **kw):
+    """Short-circuit protocol: roll n = 400, our k (default 9), one wrong edge (24, -26 of argsort t)."""
     Y, lat, _ = lllvm_swiss_roll(400, 0)
     order = np.argsort(lat[:, 0])
     a, b = order[24], order[-26]
-    idx, _ = knn(Y, 9)
+    idx, _ = knn(Y, k)
     W = adjacency(idx)
     Ws = W.tolil()
     Ws[a, b] = Ws[b, a] = 1.0
     for s in range(seeds):
-        g = _fit(Y, W, 9, s, iters, **kw)
-        w = _fit(Y, Ws.tocsr(), 9, s, iters, **kw)
+        g = _fit(Y, W, k, s, iters, **kw)
+        w = _fit(Y, Ws.tocsr(), k, s, iters, **kw)
         sp_g = best_direction_spearman(g.embedding_, lat[:, 0])
         print(
-            f"seed {s}, {kw}: bound {g.elbo_:.2f} without, {w.elbo_:.2f} with the wrong edge "
+            f"k = {k}, seed {s}, {kw}: bound {g.elbo_:.2f} without, {w.elbo_:.2f} with the wrong edge "
             f"(difference {w.elbo_ - g.elbo_:+.2f}); unrolling |Spearman| {sp_g:.3f}",
             flush=True,
         )
@@ -185,7 +185,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000, 16000])
     ap.add_argument("--iters", type=int, default=None)
-    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument(
+        "--k", type=int, default=None, help="timing: k (default 10); --study short: our k (default 9)"
+    )
     ap.add_argument("--study", choices=["roll", "short", "digits", "unroll"], default=None)
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--likelihood", default="gaussian")
@@ -193,7 +195,7 @@ def main(argv=None):
     ap.add_argument("--beta", default=None, help="fixed beta, or 'learned' (default: the estimator's)")
     args = ap.parse_args(argv)
     if args.study is None:
-        return timing(args.sizes, args.k, args.iters or 3)
+        return timing(args.sizes, args.k or 10, args.iters or 3)
     kw = {"likelihood": args.likelihood}
     for name in ("alpha", "beta"):
         v = getattr(args, name)
@@ -206,6 +208,8 @@ def main(argv=None):
         extra["seeds"] = args.seeds
     if args.iters:
         extra["iters"] = args.iters
+    if args.k and args.study == "short":
+        extra["k"] = args.k
     fn = {"roll": study_roll, "short": study_short, "digits": study_digits, "unroll": study_unroll}[
         args.study
     ]
