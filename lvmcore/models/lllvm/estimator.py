@@ -1,0 +1,386 @@
+"""The LL-LVM estimator and its variational EM driver (paper 000 appendix C; paper 003).
+
+Each EM iteration: q(x) (``estep_x``), q(C) (``estep_c``), then gamma, beta, alpha (``mstep``), then
+the bound (``bound``); every step maximises the bound exactly in its argument, so it never decreases.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from lvmcore.checks import check_data as _check_Y
+
+from .._base import LatentModel
+from .bound import elbo, lik_stats
+from .estep_c import update_qc
+from .estep_x import update_qx
+from .mstep import update_alpha, update_beta, update_gamma
+from .oos import reconstruct, transform_points, transform_points_gaussian
+from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
+
+#: quadratic variant: problems with N <= this many points use the dense solver under solver="auto"
+AUTO_DENSE_MAX_N = 200
+#: largest N the dense solver of the gaussian likelihood takes under solver="auto": it holds
+#: several dense (N Q)^2 matrices and factors them in O((N Q)^3) per iteration (bench/README.md)
+GAUSSIAN_DENSE_MAX_N = 2000
+_SOLVERS = ("auto", "dense", "sparse")
+_INITS = ("random_c", "random_x", "spectral")
+
+
+def spectral_init(W, Q: int, rng) -> np.ndarray:
+    """Laplacian eigenmaps start: the Q eigenvectors of L after the constant one, each scaled to unit
+    variance, plus 1e-3 N(0, 1) noise from ``rng`` (so seeds give different starts)."""
+    from scipy.sparse.linalg import eigsh
+
+    W = sp.csr_matrix(W)
+    n = W.shape[0]
+    L = sp.diags(np.asarray(W.sum(1)).ravel()) - W
+    if n <= 2000:
+        _, V = np.linalg.eigh(L.toarray())
+    else:
+        v0 = np.random.default_rng(0).standard_normal(n)
+        _, V = eigsh(sp.csc_matrix(L), k=Q + 1, sigma=-1e-6, which="LM", v0=v0)
+    V = V[:, 1 : Q + 1]
+    V = V / V.std(axis=0)
+    return V + 1e-3 * rng.standard_normal(V.shape)
+
+
+def lllvm_fit(
+    Y,
+    W,
+    *,
+    n_components: int = 2,
+    solver: str = "dense",
+    max_iter: int = 50,
+    tol: float = 0.0,
+    eps_c: float = 1e-3,
+    eps_y: float = 1e-3,
+    alpha0: float = 1e-3,
+    beta0: float = 1.0,
+    gamma0: float = 1.0,
+    init: str = "random_c",
+    learn_alpha: bool = True,
+    learn_beta: bool = True,
+    chunks: int | None = None,
+    random_state=None,
+    callback=None,
+    likelihood: str = "gaussian",
+    epsilon_form: str = "identity",
+    qc0: tuple[np.ndarray, np.ndarray] | None = None,
+):
+    """Variational EM on (already preprocessed) Y (N, D) with the symmetric 0/1 adjacency W.
+
+    ``init="random_c"`` starts from q(C) with N(0, 1) means and identity covariance (the authors'
+    start); ``"random_x"`` from N(0, 1) latent means; ``"spectral"`` from Laplacian eigenmaps.
+    ``qc0 = (mean (N, D, Q), row covariance (N Q, N Q))`` gives the starting q(C) explicitly (dense
+    solver; used by the oracle comparison with the authors' code). Returns (qx, qc, theta, graph,
+    trace), ``trace`` the bound after every iteration; stops when the relative change of the bound
+    falls below ``tol``.
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    n, D = Y.shape
+    Q = int(n_components)
+    g = prepare_graph(W, solver, chunks, likelihood, epsilon_form)
+    th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
+    rng = np.random.default_rng(random_state)
+    E = len(g.ei)
+    dense = solver == "dense"
+    idx = np.arange(n)
+    if qc0 is not None:
+        mean0, full0 = (np.asarray(a, dtype=np.float64) for a in qc0)
+        if mean0.shape != (n, D, Q) or full0.shape != (n * Q, n * Q) or not dense:
+            raise ValueError(
+                f"qc0 must be (mean ({n}, {D}, {Q}), covariance ({n * Q}, {n * Q})) with solver='dense'"
+            )
+        F4 = full0.reshape(n, Q, n, Q)
+        qc = QC(
+            mean=mean0, cov=F4[idx, :, idx, :], cov_edge=F4[g.ei, :, g.ej, :], logdet_prec=0.0, full=full0
+        )
+    elif init == "random_c":
+        qc = QC(
+            mean=rng.standard_normal((n, D, Q)),
+            cov=np.broadcast_to(np.eye(Q), (n, Q, Q)).copy(),
+            cov_edge=np.zeros((E, Q, Q)),
+            logdet_prec=0.0,
+            full=np.eye(n * Q) if dense else None,
+        )
+    elif init in ("random_x", "spectral"):
+        mean0 = rng.standard_normal((n, Q)) if init == "random_x" else spectral_init(W, Q, rng)
+        qx = QX(
+            mean=mean0,
+            cov=np.zeros((n, Q, Q)),
+            cov_edge=np.zeros((E, Q, Q)),
+            logdet_prec=0.0,
+            full=np.zeros((n * Q, n * Q)) if dense else None,
+        )
+        qc = update_qc(Y, g, qx, th, "initialisation")
+    else:
+        raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+    trace = []
+    for it in range(int(max_iter)):
+        ctx = f"EM iteration {it}"
+        qx = update_qx(Y, g, qc, th, ctx)
+        qc = update_qc(Y, g, qx, th, ctx)
+        st = lik_stats(Y, g, qx, qc) if likelihood == "gaussian" else None
+        th.gamma = update_gamma(Y, g, qx, qc, th, stats=st)
+        if learn_beta:
+            th.beta = update_beta(g, qc, th)
+        if learn_alpha:
+            th.alpha = update_alpha(g, qx, th.alpha)
+        F = elbo(Y, g, qx, qc, th, stats=st)
+        trace.append(F)
+        if callback is not None:
+            callback(it, qx, qc, th, F)
+        if it > 0 and tol > 0 and abs(F - trace[-2]) <= tol * abs(F):
+            break
+    return qx, qc, th, g, np.asarray(trace)
+
+
+class LLLVM(LatentModel):
+    """Locally linear latent variable model: variational EM over q(x), q(C) with gamma learned
+    (paper 000 appendix C; paper 003).
+
+    Parameters (keyword-only)
+    ----------
+    n_components : latent dimension Q (< D)
+    n_neighbors : k of the kNN graph (union-symmetrised; the point itself is not counted: the
+        authors' k is ours + 1)
+    likelihood : "gaussian" (default, the paper's model: the normalised N(y | Sigma_y e, Sigma_y) of
+        paper 000 eqs. 29-31 / paper 003 eq. 5, which the authors' code optimises; dense precisions)
+        or "quadratic" (NOT the paper's model: the f-term form of eq. 28, a density that integrates to
+        exp(-(f - e' Sigma_y e) / 2) < 1, a graph-dependent deficit, so its bound must not be used to
+        compare graphs; kept because its precisions are graph-sparse and scale with solver="sparse")
+    solver : "dense" (exact reference), "sparse" (quadratic variant only: level-block Cholesky with
+        selected inversion) or "auto" (gaussian: dense up to GAUSSIAN_DENSE_MAX_N points, refused above;
+        quadratic: dense up to AUTO_DENSE_MAX_N points, else sparse)
+    max_iter, tol : EM iterations and relative bound change to stop at (0: run max_iter)
+    epsilon_c, epsilon_y : the small fixed precisions of the C prior and of the y likelihood
+    epsilon_form : "identity" (eps I, the paper) or "ones" (eps 1 1^T, the authors' code: it only
+        penalises the mean; dense solver)
+    standardize : centre Y and divide it by its largest absolute entry (the authors' preprocessing;
+        the priors' unit graph weights make the fit scale-dependent); ``elbo_`` is then the bound of
+        the scaled data, ``Y_train_`` the scaled data
+    chunks : points per chunk of the quadratic variant's edge sums, run as Dask tasks; None in process
+    init : "random_c" (q(C) means N(0, 1), covariance I: the authors' start), "random_x" or "spectral"
+    random_state : seed of the random start
+    alpha : None (learned by the M-step) or a fixed precision of the x prior (the authors fix 1e-3)
+    beta : None (learned) or a fixed scale of the C prior (the authors' code has none: beta = 1)
+    """
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "n_neighbors": [Interval(Integral, 1, None, closed="left")],
+        "solver": [StrOptions(set(_SOLVERS))],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "epsilon_c": [Interval(Real, 0, None, closed="neither")],
+        "epsilon_y": [Interval(Real, 0, None, closed="neither")],
+        "epsilon_form": [StrOptions(set(EPSILON_FORMS))],
+        "standardize": ["boolean"],
+        "chunks": [None, Interval(Integral, 1, None, closed="left")],
+        "init": [StrOptions(set(_INITS))],
+        "random_state": [None, Interval(Integral, 0, None, closed="left"), np.random.Generator],
+        "likelihood": [StrOptions(set(LIKELIHOODS))],
+        "alpha": [None, Interval(Real, 0, None, closed="neither")],
+        "beta": [None, Interval(Real, 0, None, closed="neither")],
+    }
+
+    def __init__(
+        self,
+        *,
+        n_components: int = 2,
+        n_neighbors: int = 10,
+        likelihood: str = "gaussian",
+        solver: str = "auto",
+        max_iter: int = 50,
+        tol: float = 1e-6,
+        epsilon_c: float = 1e-3,
+        epsilon_y: float = 1e-3,
+        epsilon_form: str = "identity",
+        standardize: bool = True,
+        chunks: int | None = None,
+        init: str = "random_c",
+        random_state=None,
+        alpha: float | None = 1e-3,
+        beta: float | None = 1.0,
+    ):
+        self.n_components = n_components
+        self.n_neighbors = n_neighbors
+        self.likelihood = likelihood
+        self.solver = solver
+        self.max_iter = max_iter
+        self.tol = tol
+        self.epsilon_c = epsilon_c
+        self.epsilon_y = epsilon_y
+        self.epsilon_form = epsilon_form
+        self.standardize = standardize
+        self.chunks = chunks
+        self.init = init
+        self.random_state = random_state
+        self.alpha = alpha
+        self.beta = beta
+
+    # ------------------------------------------------------------------ checks
+    def _resolve_solver(self, n: int) -> str:
+        """The solver a fit on n points uses; refuses combinations that are not the model asked for."""
+        paper = self.likelihood == "gaussian" or self.epsilon_form == "ones"
+        if paper and self.solver == "sparse":
+            raise ValueError(
+                f"solver='sparse' solves the graph-sparse precisions of likelihood='quadratic' only; "
+                f"likelihood={self.likelihood!r}, epsilon_form={self.epsilon_form!r} has dense precisions: "
+                "use solver='dense' or 'auto'"
+            )
+        if self.solver != "auto":
+            return self.solver
+        if not paper:
+            return "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
+        if n > GAUSSIAN_DENSE_MAX_N:
+            raise ValueError(
+                f"LL-LVM with likelihood='gaussian' (the paper's model) is fitted by the exact dense solver, "
+                f"O((N Q)^3) time and O((N Q)^2) memory per iteration; solver='auto' takes it up to N = "
+                f"{GAUSSIAN_DENSE_MAX_N}, got N = {n}. Fit a subsample of at most {GAUSSIAN_DENSE_MAX_N} "
+                "points, pass solver='dense' to run it anyway, or pass likelihood='quadratic' for the "
+                "graph-sparse f-term variant (not the paper's model; its bound does not compare graphs)"
+            )
+        return "dense"
+
+    def _check_shapes(self, n, D):
+        if self.n_components >= D:
+            raise ValueError(
+                f"Expected n_components < n_features, but n_components = {self.n_components}, "
+                f"n_features = {D}; choose a smaller n_components"
+            )
+        if self.n_neighbors >= n:
+            raise ValueError(
+                f"Expected n_neighbors < n_samples, but n_samples = {n}, n_neighbors = {self.n_neighbors}; "
+                "use a smaller n_neighbors"
+            )
+        if self.likelihood == "quadratic" and self.epsilon_form != "identity":
+            raise ValueError("likelihood='quadratic' is defined with epsilon_form='identity' only")
+
+    def _graph(self, Y, graph) -> sp.csr_matrix:
+        from lvmcore import graph as lg
+
+        n = Y.shape[0]
+        k = int(self.n_neighbors)
+        if graph is None:
+            idx, _ = lg.knn(Y, k)
+            W = lg.adjacency(idx, mode="union")
+        elif sp.issparse(graph):
+            W = sp.csr_matrix(graph, dtype=np.float64)
+            if W.shape != (n, n):
+                raise ValueError(f"graph adjacency must be ({n}, {n}) for {n} points, got {W.shape}")
+            if abs(W - W.T).max() > 0:
+                raise ValueError("graph adjacency must be symmetric; symmetrise it with W.maximum(W.T)")
+            W.setdiag(0)
+            W.eliminate_zeros()
+            W.data[:] = 1.0
+        else:
+            idx = np.asarray(graph)
+            if idx.ndim != 2 or idx.shape[0] != n or not np.issubdtype(idx.dtype, np.integer):
+                raise ValueError(
+                    f"graph must be None, a sparse adjacency or an int array (N, k) of neighbour "
+                    f"indices with N = {n}; got {type(graph).__name__} of shape {getattr(idx, 'shape', None)}"
+                )
+            if idx.shape[1] < k:
+                raise ValueError(
+                    f"graph has {idx.shape[1]} neighbours per point but n_neighbors = {k}; "
+                    "compute the kNN graph with at least n_neighbors columns"
+                )
+            if idx.min() < 0 or idx.max() >= n:
+                raise ValueError(f"graph indices must lie in [0, {n - 1}]")
+            W = lg.adjacency(idx[:, :k], mode="union")
+        lg.require_connected(W)
+        return W
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, Y, graph=None):
+        """Fit on Y (N, D); ``graph``: None (kNN of Y), an (N, >= k) int array of neighbour indices or a
+        symmetric sparse adjacency. Returns self."""
+        self._validate_params()
+        Y = _check_Y(Y)
+        n, D = Y.shape
+        self._check_shapes(n, D)
+        solver = self._resolve_solver(n)
+        W = self._graph(Y, graph)
+        if self.standardize:  # the authors' preprocessing: centre, divide by the largest |entry|
+            center = Y.mean(axis=0)
+            scale = float(np.abs(Y - center).max()) or 1.0
+        else:
+            center, scale = np.zeros(D), 1.0
+        Ys = (Y - center) / scale
+        qx, qc, th, g, trace = lllvm_fit(
+            Ys,
+            W,
+            n_components=int(self.n_components),
+            solver=solver,
+            max_iter=int(self.max_iter),
+            tol=float(self.tol),
+            eps_c=float(self.epsilon_c),
+            eps_y=float(self.epsilon_y),
+            chunks=self.chunks,
+            init=self.init,
+            random_state=self.random_state,
+            likelihood=self.likelihood,
+            epsilon_form=self.epsilon_form,
+            alpha0=1e-3 if self.alpha is None else float(self.alpha),
+            learn_alpha=self.alpha is None,
+            beta0=1.0 if self.beta is None else float(self.beta),
+            learn_beta=self.beta is None,
+        )
+        self.center_, self.scale_ = center, scale
+        self.Y_train_ = Ys
+        self.adjacency_ = W
+        self.graph_ = g
+        self.solver_ = solver
+        self.qx_, self.qc_, self.theta_ = qx, qc, th
+        self.embedding_ = qx.mean
+        self.embedding_cov_ = qx.cov
+        self.embedding_var_ = np.diagonal(qx.cov, axis1=1, axis2=2).copy()
+        self.C_ = qc.mean
+        self.alpha_, self.beta_, self.gamma_ = th.alpha, th.beta, th.gamma
+        self.elbo_trace_ = trace
+        self.elbo_ = float(trace[-1])
+        self.n_iter_ = len(trace)
+        return self
+
+    def transform(self, Y_new, return_var: bool = False):
+        """Posterior mean (and with ``return_var`` the (M, Q, Q) covariances) of x* for new points: each
+        joins the training graph with edges to its n_neighbors nearest training points; E-step for
+        (x*, C*) with the training posterior and theta frozen (``oos``). Does not change the fit."""
+        self._check_fitted()
+        Ytr = self.Y_train_
+        Y_new = _check_Y(Y_new, "Y_new")
+        if Y_new.shape[1] != Ytr.shape[1]:
+            raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {Ytr.shape[1]}")
+        Y_new = (Y_new - self.center_) / self.scale_
+        d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
+        nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
+        if self.graph_.likelihood == "gaussian":
+            mx, Sx, _, _ = transform_points_gaussian(
+                Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr
+            )
+        else:
+            mx, Sx, _, _ = transform_points(Ytr, self.qx_, self.qc_, self.theta_, Y_new, nbr)
+        return (mx, Sx) if return_var else mx
+
+    def inverse_transform(self, X):
+        """Reconstruction of section 4.2 from the n_neighbors nearest training latents (both likelihoods:
+        it uses the posterior means of x and C only)."""
+        self._check_fitted()
+        X = _check_Y(X, "X")
+        if X.shape[1] != self.embedding_.shape[1]:
+            raise ValueError(
+                f"X has {X.shape[1]} columns, the latent dimension is {self.embedding_.shape[1]}"
+            )
+        Yhat = reconstruct(self.Y_train_, self.qx_, self.qc_, X, int(self.n_neighbors))
+        return Yhat * self.scale_ + self.center_
+
+    def score(self, Y, graph=None) -> float:
+        """The final lower bound of a fit with this estimator's settings on (Y, graph): compare
+        hypothesised graphs (or k) by it (paper section 4.1). Does not change this estimator."""
+        return LLLVM(**self.get_params()).fit(Y, graph).elbo_

@@ -1,0 +1,168 @@
+"""Out-of-sample E-step and reconstruction (paper 000 section 4.2).
+
+A new point y* joins the training graph with edges to its k nearest training points; the training
+posterior q(x) q(C) and theta stay frozen, and q(x*) q(C*) maximise the bound of the enlarged model
+by coordinate ascent. Under the quadratic variant the new points decouple (graph-local blocks);
+under the gaussian likelihood they couple to every training point through
+(eps_y O + 2 gamma L*)^{-1} of the enlarged Laplacian L*, so the E-step is taken on the enlarged
+dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*)); the new
+points of one batch join the graph together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+
+from .operators import (
+    QC,
+    QX,
+    LLGraph,
+    Theta,
+    b_tilde,
+    c_quad,
+    ctc,
+    eps_lap_inverse,
+    eps_lap_matrix,
+    h_stat,
+    prepare_graph,
+    x_quad,
+)
+
+#: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
+OOS_SWEEPS = 50
+#: new points per enlarged dense model under the gaussian likelihood
+OOS_BATCH = 256
+
+
+def transform_points(Y, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS):
+    """E-step for new points with the training posterior and theta frozen.
+
+    ``nbr`` (M, k): training neighbours of each new point (the new point joins the graph with these
+    edges; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*) (independent
+    across new points). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
+    """
+    Y = np.asarray(Y, dtype=np.float64)
+    Ynew = np.asarray(Ynew, dtype=np.float64)
+    m, k = nbr.shape
+    D = Y.shape[1]
+    Q = qx.mean.shape[1]
+    eye = np.eye(Q)
+    Mtr = ctc(qc)  # (N, Q, Q)
+    mu_j = qx.mean[nbr]  # (M, k, Q)
+    S_j = qx.cov[nbr]  # (M, k, Q, Q)
+    Cj = qc.mean[nbr]  # (M, k, D, Q)
+    Mj = Mtr[nbr]
+    a = Y[nbr] - Ynew[:, None, :]  # y_j - y*  (M, k, D)
+    # x-independent pieces of q(x*)
+    P_fix = (th.alpha + 2.0 * k) * eye + th.gamma * Mj.sum(1)
+    h_fix = 2.0 * mu_j.sum(1) + th.gamma * (
+        np.einsum("mkdq,mkd->mq", Cj, -a) + np.einsum("mkqr,mkr->mq", Mj, mu_j)
+    )
+    PC = None
+    mx = mu_j.mean(1)
+    Sx = np.zeros((m, Q, Q))
+    Cs = np.zeros((m, D, Q))
+    SC = np.zeros((m, Q, Q))
+    for _ in range(int(sweeps)):
+        # q(C*): precision gamma Gamma* + beta (eps_c + 2k) I, shared by the D rows
+        dm = mu_j - mx[:, None, :]  # <x_j - x*>
+        Gam = S_j.sum(1) + k * Sx + np.einsum("mkq,mkr->mqr", dm, dm)
+        PC = th.gamma * Gam + th.beta * (th.eps_c + 2.0 * k) * eye
+        Hs = np.einsum("mkd,mkq->mdq", a, dm)
+        rhs = th.gamma * Hs + 2.0 * th.beta * Cj.sum(1)  # (M, D, Q)
+        SC = np.linalg.solve(PC, np.broadcast_to(eye, PC.shape))
+        Cs = np.swapaxes(np.linalg.solve(PC, np.swapaxes(rhs, 1, 2)), 1, 2)
+        Ms = D * SC + np.einsum("mdq,mdr->mqr", Cs, Cs)
+        # q(x*)
+        P = P_fix + th.gamma * k * Ms
+        h = h_fix + th.gamma * (-np.einsum("mdq,mkd->mq", Cs, a) + np.einsum("mqr,mkr->mq", Ms, mu_j))
+        mx_new = np.linalg.solve(P, h[..., None])[..., 0]
+        Sx = np.linalg.solve(P, np.broadcast_to(eye, P.shape))
+        done = np.max(np.abs(mx_new - mx)) <= 1e-12 * (1.0 + np.max(np.abs(mx_new)))
+        mx = mx_new
+        if done:
+            break
+    return mx, Sx, Cs, SC
+
+
+def reconstruct(Y, qx: QX, qc: QC, X, k: int):
+    """Section 4.2 reconstruction: y* = mean over the k training points nearest to x* in latent
+    space of y_i + <C_i> (x* - <x_i>)."""
+    X = np.asarray(X, dtype=np.float64)
+    d2 = np.sum(X**2, 1)[:, None] + np.sum(qx.mean**2, 1)[None, :] - 2.0 * X @ qx.mean.T
+    nb = np.argsort(d2, axis=1)[:, :k]
+    diff = X[:, None, :] - qx.mean[nb]  # (M, k, Q)
+    return np.mean(Y[nb] + np.einsum("mkdq,mkq->mkd", qc.mean[nb], diff), axis=1)
+
+
+def _conditional(P, rhs, nt: int, fixed_mean):
+    """Moments of the new block of N(P^{-1} rhs, P^{-1}) with the first ``nt`` rows held at
+    ``fixed_mean`` in expectation (the optimum of a factor q(new) with q(train) frozen):
+    precision P_nn, mean P_nn^{-1}(rhs_n - P_nt <train>)."""
+    Pnn = 0.5 * (P[nt:, nt:] + P[nt:, nt:].T)
+    c = sla.cho_factor(Pnn, lower=True)
+    mean = sla.cho_solve(c, rhs[nt:] - P[nt:, :nt] @ fixed_mean)
+    cov = sla.cho_solve(c, np.eye(Pnn.shape[0]))
+    return mean, 0.5 * (cov + cov.T)
+
+
+def transform_points_gaussian(
+    Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS
+):
+    """Out-of-sample E-step under the gaussian likelihood (dense). Returns mean (M, Q), cov (M, Q, Q),
+    C mean (M, D, Q), C cov (M, Q, Q)."""
+    Y = np.asarray(Y, dtype=np.float64)
+    Ynew = np.asarray(Ynew, dtype=np.float64)
+    m = Ynew.shape[0]
+    outs = [
+        _transform_batch(Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH], nbr[a : a + OOS_BATCH], sweeps)
+        for a in range(0, m, OOS_BATCH)
+    ]
+    return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
+
+
+def _transform_batch(Y, g, qx, qc, th, Ynew, nbr, sweeps):
+    n, D, Q = qc.mean.shape
+    m, k = nbr.shape
+    N = n + m
+    rows = np.repeat(np.arange(n, N), k)
+    cols = nbr.ravel()
+    extra = sp.csr_matrix((np.ones(m * k), (rows, cols)), shape=(N, N))
+    W = sp.block_diag([g.W, sp.csr_matrix((m, m))]).tocsr() + extra + extra.T
+    W.data[:] = 1.0
+    ga = prepare_graph(W, "dense", likelihood="gaussian", epsilon_form=g.epsilon_form)
+    Ya = np.vstack([Y, Ynew])
+    Lt = eps_lap_inverse(ga, th.eps_y, th.gamma)
+    prior_x = np.kron(th.alpha * np.eye(N) + 2.0 * ga.laplacian(), np.eye(Q))
+    prior_c = th.beta * np.kron(eps_lap_matrix(ga, th.eps_c), np.eye(Q))
+    nt = n * Q
+    mx = qx.mean[nbr].mean(axis=1)  # start: the neighbours' mean latents, no spread
+    Sx = np.zeros((m * Q, m * Q))
+    Cs = SC = None
+    for _ in range(int(sweeps)):
+        # q(C*) given q(x*) and the frozen training factors
+        xm = np.vstack([qx.mean, mx])
+        S = sla.block_diag(qx.full, Sx) + np.outer(xm.ravel(), xm.ravel())
+        P = th.gamma**2 * c_quad(ga, S, Lt) + prior_c
+        rhs = th.gamma * np.swapaxes(h_stat(Ya, ga, xm), 1, 2).reshape(N * Q, D)
+        fixed = np.swapaxes(qc.mean, 1, 2).reshape(nt, D)
+        cm, SC = _conditional(P, rhs, nt, fixed)
+        Cs = np.swapaxes(cm.reshape(m, Q, D), 1, 2)
+        # q(x*) given q(C*)
+        Cm = np.concatenate([qc.mean, Cs])
+        Mu = np.swapaxes(Cm, 0, 1).reshape(D, N * Q)
+        K = D * sla.block_diag(qc.full, SC) + Mu.T @ Mu
+        P = th.gamma**2 * x_quad(ga, K, Lt) + prior_x
+        rhs = th.gamma * b_tilde(Ya, ga, Cm).reshape(N * Q, 1)
+        xn, Sx = _conditional(P, rhs, nt, qx.mean.reshape(nt, 1))
+        xn = xn.reshape(m, Q)
+        done = np.max(np.abs(xn - mx)) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
+        mx = xn
+        if done:
+            break
+    idx = np.arange(m)
+    cov = Sx.reshape(m, Q, m, Q)[idx, :, idx, :]
+    ccov = SC.reshape(m, Q, m, Q)[idx, :, idx, :]
+    return mx, cov, Cs, ccov
