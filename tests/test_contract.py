@@ -10,11 +10,13 @@ A new estimator joins with one ``Case`` line in ``CASES``."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils._param_validation import generate_invalid_param_val, make_constraint
@@ -48,6 +50,7 @@ CASES = [
         data="views",
         needs_fit=("segment",),
     ),
+    Case("LLLVM", {"n_components": 2, "n_neighbors": 6, "max_iter": 3}, uses_graph=True),
 ]
 
 
@@ -75,6 +78,10 @@ def _same(a, b) -> bool:
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+    if sp.issparse(a) or sp.issparse(b):
+        return sp.issparse(a) and sp.issparse(b) and a.shape == b.shape and (a != b).nnz == 0
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):  # e.g. LL-LVM's posterior factors
+        return type(a) is type(b) and _same(vars(a), vars(b))
     try:
         return bool(a == b)
     except Exception:  # objects without equality (e.g. a fitted scikit-learn helper): same identity
