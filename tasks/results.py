@@ -7,8 +7,9 @@ selection study in bench/README.md). Along the dimensions where it can, the boun
 others (GLLE's and LL-LVM's k, every model's latent_dim where the likelihood grows with it,
 ...), the bound picks within each slice and the label-free *geodesic agreement* picks among the
 slices' winners: the Spearman correlation between the embedding's distances and the shortest-path
-distances of the data's 10-nearest-neighbour graph (Isomap's estimate of distances along the
-manifold; Tenenbaum et al. 2000). It needs neither labels nor the truth.
+distances of the data's kNN graph at the smallest k that connects it (Isomap's estimate of
+distances along the manifold, Tenenbaum et al. 2000; a larger k short-circuits sparse rolls).
+It needs neither labels nor the truth.
 
     >>> from tasks.results import open_store, select, to_anndata
     >>> tree = open_store("results/roll.zarr")
@@ -27,8 +28,8 @@ import xarray as xr
 from tasks.registry import MODELS, SWEEP_DIMS
 from tasks.store import METRICS, STATUS_DONE, open_results
 
-#: neighbours of the data graph whose shortest paths the geodesic agreement compares with
-GEODESIC_NEIGHBORS = 10
+#: the geodesic agreement's data graph: the smallest k in this range that connects it (else the largest)
+GEODESIC_NEIGHBORS = (3, 30)
 #: pairwise distances are O(N^2): above this many points a fixed random subset is used
 GEODESIC_MAX_POINTS = 1000
 QUALITY = "geodesic_agreement"
@@ -72,7 +73,7 @@ def _store_data_path(store) -> Path:
 @functools.lru_cache(maxsize=4)
 def _geodesic_reference(data_path: str, stamp: float):
     """Subset, kNN-graph shortest-path distances and their ranks for the data at ``data_path``."""
-    from scipy.sparse.csgraph import shortest_path
+    from scipy.sparse.csgraph import connected_components, shortest_path
     from sklearn.neighbors import kneighbors_graph
 
     from tasks.inputs import load_data
@@ -82,7 +83,11 @@ def _geodesic_reference(data_path: str, stamp: float):
     sel = np.arange(n)
     if n > GEODESIC_MAX_POINTS:
         sel = np.sort(np.random.default_rng(0).choice(n, GEODESIC_MAX_POINTS, replace=False))
-    G = kneighbors_graph(Y, min(GEODESIC_NEIGHBORS, n - 1), mode="distance")
+    lo, hi = GEODESIC_NEIGHBORS
+    for k in range(min(lo, n - 1), min(hi, n - 1) + 1):
+        G = kneighbors_graph(Y, k, mode="distance")
+        if connected_components(G, directed=False)[0] == 1:
+            break
     D = shortest_path(G, directed=False, indices=sel)[:, sel]
     iu = np.triu_indices(len(sel), k=1)
     d = D[iu]
@@ -92,9 +97,9 @@ def _geodesic_reference(data_path: str, stamp: float):
 
 def geodesic_agreement(data_path, X, hyperbolic: bool = False) -> float:
     """Spearman correlation between the embedding's pairwise distances (hyperbolic on the Poincare
-    ball) and the data's kNN-graph geodesic distances: 1 = the embedding orders every pair of points
-    as the manifold does. Label-free; comparable across every sweep dimension (it never looks at the
-    model's own graph or likelihood)."""
+    ball) and the data's kNN-graph geodesic distances (smallest connecting k): 1 = the embedding
+    orders every pair of points as the manifold does. Label-free; comparable across every sweep
+    dimension (it never looks at the model's own graph or likelihood)."""
     from scipy.spatial.distance import pdist, squareform
     from scipy.stats import spearmanr
 
@@ -308,14 +313,14 @@ def to_anndata(store, models: list[str] | str | None = None, setting: dict | str
     return ad.AnnData(X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm=obsm, uns=uns)
 
 
-def export_h5ad(store, path, models=None, setting=None) -> str:
-    """Write :func:`to_anndata` to ``path`` (``.h5ad``); returns the path."""
+def export_h5ad(store, path, models=None, setting=None):
+    """Write :func:`to_anndata` to ``path`` (``.h5ad``); returns the AnnData written."""
     if not str(path).endswith(".h5ad"):
         raise ValueError(f"--to {path!r}: the file name must end in .h5ad")
     adata = to_anndata(store, models, setting)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     adata.write_h5ad(path)
-    return str(path)
+    return adata
 
 
 def summary_rows(store) -> list[dict]:
