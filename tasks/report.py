@@ -128,12 +128,13 @@ def _metric_curves(plt, ds, qual, name, crit, chosen, out):
         fname = f"curves_{name}_{dim}.png"
         fig.savefig(out / fname, dpi=100)
         plt.close(fig)
-        fixed = _fmt({d: v for d, v in at.items() if d != dim}) or "no other dimension"
+        fixed = _fmt({d: v for d, v in at.items() if d != dim})
         figs.append(
             (
                 fname,
-                f"{name}: bound and metrics against {dim} (mean over seeds, grey dots: single seeds; "
-                f"{fixed}). Chosen by {crit['text']}.",
+                f"{name}: bound and metrics against {dim} (mean over seeds, grey dots: single seeds"
+                + (f"; other dimensions at {fixed}" if fixed else "")
+                + f"). Chosen setting {_fmt(chosen)}, by {crit['text']}.",
             )
         )
     if len(varying) >= 2:
@@ -348,7 +349,8 @@ def make_report(store, out_dir=None) -> str:
         "<h2>Summary</h2><p>One row per model: the chosen setting and the criterion that chose it. The "
         "bound chooses along the sweep dimensions where it is comparable; along the others (for example "
         "GLLE's k, where the likelihood grows with k) the geodesic agreement does: the Spearman "
-        "correlation of embedding distances with the data's 10-NN-graph shortest-path distances.</p>",
+        "correlation of embedding distances with the shortest-path distances of the data's kNN graph "
+        "(the smallest k that connects it).</p>",
         table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep=""),
     ]
     for fname, caption in figs:
