@@ -30,7 +30,8 @@ from tasks.store import METRICS, STATUS_DONE, open_results
 
 #: the geodesic agreement's data graph: the smallest k in this range that connects it (else the largest)
 GEODESIC_NEIGHBORS = (3, 30)
-#: pairwise distances are O(N^2): above this many points a fixed random subset is used
+#: pairwise and shortest-path distances are O(N^2): above this many points a fixed random subset
+#: (its own kNN graph) is used
 GEODESIC_MAX_POINTS = 1000
 QUALITY = "geodesic_agreement"
 
@@ -72,7 +73,7 @@ def _store_data_path(store) -> Path:
 
 @functools.lru_cache(maxsize=4)
 def _geodesic_reference(data_path: str, stamp: float):
-    """Subset, kNN-graph shortest-path distances and their ranks for the data at ``data_path``."""
+    """(subset, pair indices, finite mask, finite shortest-path distances) of the data at ``data_path``."""
     from scipy.sparse.csgraph import connected_components, shortest_path
     from sklearn.neighbors import kneighbors_graph
 
@@ -83,12 +84,13 @@ def _geodesic_reference(data_path: str, stamp: float):
     sel = np.arange(n)
     if n > GEODESIC_MAX_POINTS:
         sel = np.sort(np.random.default_rng(0).choice(n, GEODESIC_MAX_POINTS, replace=False))
+    Y = Y[sel]  # the graph of the subset: its cost is bounded whatever n is
     lo, hi = GEODESIC_NEIGHBORS
-    for k in range(min(lo, n - 1), min(hi, n - 1) + 1):
+    for k in range(min(lo, len(Y) - 1), min(hi, len(Y) - 1) + 1):
         G = kneighbors_graph(Y, k, mode="distance")
         if connected_components(G, directed=False)[0] == 1:
             break
-    D = shortest_path(G, directed=False, indices=sel)[:, sel]
+    D = shortest_path(G, directed=False)
     iu = np.triu_indices(len(sel), k=1)
     d = D[iu]
     finite = np.isfinite(d)  # pairs in different components of the graph carry no distance
