@@ -24,6 +24,8 @@ from tasks.results import QUALITY, criterion_of, model_groups, quality_grid, sel
 from tasks.store import STATUS_DONE, open_results
 
 #: the per-model metric-versus-setting plots (those present in the store are drawn)
+#: posterior ellipses drawn per embedding panel (a fixed random subset of the points)
+ELLIPSES = 40
 CURVES = ("elbo", QUALITY, "trustworthiness", "continuity", "distance_correlation", "knn_accuracy")
 
 
@@ -56,29 +58,40 @@ def _scatter(ax, X, c, title, hyperbolic, var=None):
     if X.shape[1] == 1:
         X = np.column_stack([X[:, 0], np.zeros(len(X))])
         var = None if var is None else np.column_stack([var[:, 0], np.zeros(len(var))])
+    ax.scatter(X[:, 0], X[:, 1], c=c, s=6, cmap="viridis" if c is not None else None, linewidths=0)
+    if hyperbolic:
+        ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="k", lw=0.8))
+        lims = (-1.05, 1.05), (-1.05, 1.05)
+    elif var is not None:  # the limits are those of the points, so wide posteriors leave the panel
+        lo, hi = X[:, :2].min(axis=0), X[:, :2].max(axis=0)
+        pad = 0.05 * np.maximum(hi - lo, 1e-12)
+        lims = (lo[0] - pad[0], hi[0] + pad[0]), (lo[1] - pad[1], hi[1] + pad[1])
+    else:
+        lims = None
+    if lims is not None:  # fixed limits: an equal aspect must adapt the box, not the limits
+        ax.set_xlim(*lims[0])
+        ax.set_ylim(*lims[1])
+        ax.set_aspect("equal", adjustable="box")
+    else:
+        ax.set_aspect("equal", adjustable="datalim")
     if var is not None and var.shape[1] >= 2:
-        sd = np.sqrt(np.clip(var[:, :2], 0, None))
+        # 1-sd ellipses of a fixed random subset of the points (all of them hide the points)
+        pick = np.random.default_rng(0).choice(len(X), min(ELLIPSES, len(X)), replace=False)
+        sd = np.sqrt(np.clip(var[pick, :2], 0, None))
         ax.add_collection(
             EllipseCollection(
                 2 * sd[:, 0],
                 2 * sd[:, 1],
-                np.zeros(len(X)),
+                np.zeros(len(pick)),
                 units="xy",
-                offsets=X[:, :2],
+                offsets=X[pick, :2],
                 offset_transform=ax.transData,
                 facecolors="none",
-                edgecolors=(0.4, 0.4, 0.4, 0.35),
-                linewidths=0.5,
-            )
+                edgecolors=(0.85, 0.2, 0.2, 0.6),
+                linewidths=0.6,
+            ),
+            autolim=False,
         )
-    ax.scatter(X[:, 0], X[:, 1], c=c, s=6, cmap="viridis" if c is not None else None, linewidths=0)
-    if hyperbolic:
-        ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="k", lw=0.8))
-        ax.set_xlim(-1.05, 1.05)
-        ax.set_ylim(-1.05, 1.05)
-        ax.set_aspect("equal", adjustable="box")  # fixed limits: the box adapts, not the limits
-    else:
-        ax.set_aspect("equal", adjustable="datalim")
     ax.set_title(title, fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -211,7 +224,8 @@ def make_report(store, out_dir=None) -> str:
             "Chosen embedding of every model (setting above each panel; criterion in the summary), "
             "coloured by label or manifold parameter; hGP-LVM on the Poincare disc. "
             + (
-                f"Grey ellipses: one posterior standard deviation per point ({', '.join(with_var)})."
+                f"Red ellipses: one posterior standard deviation (embedding_var) of {ELLIPSES} points "
+                f"({', '.join(with_var)})."
                 if with_var
                 else "No model here has posterior variances."
             ),

@@ -140,8 +140,10 @@ def criterion_of(ds: xr.Dataset, key: str | None = None) -> dict:
     varying = [d for d in ds["status"].dims if ds.sizes[d] > 1]
     by_quality = [d for d in varying if d not in comparable]
     by_bound = [d for d in varying if d in comparable]
-    if not by_quality:
-        text = "bound" + (f" (across {', '.join(by_bound)})" if by_bound else "")
+    if not varying:
+        text = "the only setting"
+    elif not by_quality:
+        text = f"bound across {', '.join(by_bound)}"
     else:
         text = f"{QUALITY} across {', '.join(by_quality)}" + (
             f"; bound across {', '.join(by_bound)}" if by_bound else ""

@@ -4,6 +4,8 @@ the report raises no library warnings."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import shutil
@@ -17,6 +19,24 @@ from tests.browser import chromium, render
 from tests.results_store import build_store
 
 GRID = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
+
+
+@contextlib.contextmanager
+def no_library_warnings():
+    """Fail on a Python warning or a warning logged by matplotlib (its 'Ignoring fixed x limits'
+    messages are log records, not warnings)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("matplotlib")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            yield records
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == []
 
 
 def _need_chromium():
@@ -38,8 +58,7 @@ def report(tmp_path_factory):
         GRID,
         {"bgplvm": {"max_iter": 30, "n_inducing": 10}},
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no library warning spam (matplotlib, numpy, xarray)
+    with no_library_warnings():  # no library warning spam (matplotlib, numpy, xarray)
         index = make_report(store)
     return store, index
 
@@ -66,7 +85,8 @@ def test_report_renders_in_chromium_with_every_image_and_no_console_error(report
     for fig in figures:
         caption = re.search(r"<figcaption>(.+?)</figcaption>", fig, re.S)
         assert caption and ("=" in caption.group(1) or "setting" in caption.group(1)), fig
-    assert "Grey ellipses: one posterior standard deviation per point (bgplvm_linear)" in html
+    assert "Red ellipses: one posterior standard deviation (embedding_var) of 40 points" in html
+    assert "points (bgplvm_linear)." in html
     assert "chosen by" in html and "geodesic_agreement across k, latent_dim" in html
 
     seen = render(f"file://{index}", screenshot=tmp_path / "report.png")
@@ -108,10 +128,16 @@ def test_poincare_disc_panel_raises_no_matplotlib_warning():
     rng = np.random.default_rng(0)
     X = rng.uniform(-0.6, 0.6, (50, 2))
     fig, ax = plt.subplots(figsize=(3, 2))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_library_warnings():
         _scatter(ax, X, rng.random(50), "hgplvm", True)
         fig.canvas.draw()
         fig.tight_layout()
     assert ax.get_xlim() == (-1.05, 1.05) and ax.get_ylim() == (-1.05, 1.05)
+    # and a Euclidean panel with posterior ellipses keeps the points' limits, also without warnings
+    fig2, ax2 = plt.subplots(figsize=(3, 2))
+    with no_library_warnings():
+        _scatter(ax2, 10 * X, None, "bgplvm", False, var=np.full((50, 2), 400.0))
+        fig2.canvas.draw()
+    assert ax2.get_xlim()[1] < 10  # the 20-unit ellipses did not widen the view
     plt.close(fig)
+    plt.close(fig2)
