@@ -204,7 +204,7 @@ def make_report(store, out_dir=None) -> str:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
-    with_var = []
+    with_var, tangent_var = [], []
     for ax, (name, _ds) in zip(axes.ravel(), groups):
         sel = chosen[name]
         ax.axis("on")
@@ -214,6 +214,8 @@ def make_report(store, out_dir=None) -> str:
         var = None if sel["hyperbolic"] else sel["embedding_var"]
         if var is not None:
             with_var.append(name)
+        elif sel["hyperbolic"] and sel["embedding_var"] is not None:
+            tangent_var.append(name)
         _scatter(ax, sel["embedding"], colour, f"{name}\n{_fmt(sel['setting'])}", sel["hyperbolic"], var)
     fig.tight_layout()
     fig.savefig(out / "embeddings.png", dpi=110)
@@ -227,7 +229,13 @@ def make_report(store, out_dir=None) -> str:
                 f"Red ellipses: one posterior standard deviation (embedding_var) of {ELLIPSES} points "
                 f"({', '.join(with_var)})."
                 if with_var
-                else "No model here has posterior variances."
+                else "No Euclidean embedding here has posterior variances."
+            )
+            + (
+                f" The posterior variances of {', '.join(tangent_var)} live on the hyperboloid's tangent "
+                "space and are not drawn on the disc (they are in the store and the export)."
+                if tangent_var
+                else ""
             ),
         )
     )
@@ -249,11 +257,12 @@ def make_report(store, out_dir=None) -> str:
         setting = chosen[name]["setting"]
         W = np.atleast_2d(ds["ard_weights"].sel(setting).values)
         W = W[:, np.isfinite(W).all(axis=0)]
-        fig, ax = plt.subplots(figsize=(4.5, 3))
+        fig, ax = plt.subplots(figsize=(1.2 + 0.5 * W.shape[1] * W.shape[0] ** 0.5, 2.6))
         width = 0.8 / W.shape[0]
         for v in range(W.shape[0]):
             w = W[v] / max(W[v].max(), 1e-300)
             ax.bar(np.arange(W.shape[1]) + v * width, w, width, label=f"view {v}" if W.shape[0] > 1 else None)
+        ax.set_xticks(np.arange(W.shape[1]) + 0.4 - width / 2, [str(q) for q in range(W.shape[1])])
         ax.set_xlabel("latent dimension")
         ax.set_ylabel("normalised ARD weight")
         if W.shape[0] > 1:
