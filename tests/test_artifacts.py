@@ -109,3 +109,48 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(capsys):
     plain.point("ppca", {"latent_dim": 1}, "done")
     plain.close()
     assert capsys.readouterr().out.startswith("[1/2] ppca {'latent_dim': 1} done (")
+
+
+@pytest.mark.slow  # a whole `embed-sweep run` (its own Prefect server and local cluster) on a terminal
+def test_cli_on_a_terminal_draws_the_bar_instead_of_lines(tmp_path):
+    """`embed-sweep run` attached to a pseudo-terminal: the bar is redrawn in place with counts
+    and the final line says every point is done; no plain per-point lines."""
+    import pty
+    import subprocess
+    import sys
+
+    main, child = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",)}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    cmd = [
+        str(Path(sys.executable).with_name("embed-sweep")),
+        "run",
+        "--dataset",
+        json.dumps(TINY),
+        "--models",
+        "ppca",
+        "--grid",
+        '{"latent_dim": [1, 2], "seed": [0, 1, 2]}',
+        "--out",
+        str(tmp_path / "out"),
+        "--no-report",
+        "--cluster",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=300) == 0
+    os.close(main)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "\r\x1b[K" in text, text[-2000:]
+    assert "6/6 (6 done, 0 failed)" in text
+    assert "[1/6] ppca" not in text  # the plain lines are for pipes and logs, not terminals
