@@ -42,8 +42,12 @@ def open_store(path) -> xr.DataTree:
 
 
 def model_groups(tree: xr.DataTree) -> dict[str, xr.Dataset]:
-    """{model key: its Dataset} for every model group of the store."""
-    return {name: node.ds for name, node in tree.children.items() if "status" in node.ds}
+    """{model key: its Dataset} for every model group of the store, in the registry's order."""
+    order = {k: i for i, k in enumerate(MODELS)}
+    names = sorted(
+        (n for n, node in tree.children.items() if "status" in node.ds), key=lambda n: order.get(n, 99)
+    )
+    return {name: tree[name].ds for name in names}
 
 
 def parse_setting(text: str | dict | None) -> dict:
