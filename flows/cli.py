@@ -194,6 +194,21 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_export(a) -> int:
+    """`export STORE --to FILE.h5ad`: the chosen embeddings of a store as AnnData (tasks.results)."""
+    from tasks.results import export_h5ad, parse_setting
+
+    setting = parse_setting(a.setting)  # bad text is refused before anything is read
+    adata = export_h5ad(a.store, a.to, a.model.split(",") if a.model else None, setting)
+    print(f"wrote {a.to}: {adata.n_obs} points, obsm {sorted(adata.obsm)}")
+    for key, info in adata.uns["embed_sweep"]["models"].items():
+        print(
+            f"  X_{key}: "
+            + (f"{info['setting']} (chosen by {info['criterion']})" if "setting" in info else info["status"])
+        )
+    return 0
+
+
 def cmd_datasets(a) -> int:
     from lvmcore.data import list_datasets
 
@@ -201,6 +216,19 @@ def cmd_datasets(a) -> int:
         print(f"{name:18s} {desc}")
     print("files: .npy, .csv (label_column=...), .zarr (from ingest), .h5ad (with anndata)")
     return 0
+
+
+def _add_export_parser(sub) -> None:
+    e = sub.add_parser("export", help="chosen embeddings of a result store as an AnnData .h5ad file")
+    e.add_argument("store")
+    e.add_argument("--to", required=True, help="output file, FILE.h5ad")
+    e.add_argument("--model", help="comma-separated model keys (default every model in the store)")
+    e.add_argument(
+        "--setting",
+        help="named setting, e.g. k=8,latent_dim=2,seed=0 (dimensions a model does not sweep are "
+        "ignored for it; what is left open is chosen by the model's criterion)",
+    )
+    e.set_defaults(fn=cmd_export)
 
 
 def main(argv=None) -> int:
@@ -235,6 +263,7 @@ def main(argv=None) -> int:
     rp.add_argument("store")
     rp.add_argument("--out", help="folder (default beside the store)")
     rp.set_defaults(fn=cmd_report)
+    _add_export_parser(sub)
     d = sub.add_parser("datasets", help="what can be loaded")
     d.set_defaults(fn=cmd_datasets)
     a = p.parse_args(argv)

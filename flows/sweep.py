@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -14,7 +13,9 @@ from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 from flows.cluster import normalise_cluster, start_cluster
+from flows.progress import Progress
 from lvmcore.data import load
+from tasks.artifacts import publish_results, start_progress, update_progress
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
@@ -151,6 +152,12 @@ def check_store(store: str, identity: dict) -> None:
         )
 
 
+def _progress(store: str, todo: int, already: int) -> Progress:
+    """Terminal progress of this run's grid points, mirrored in a Prefect progress artifact."""
+    artifact = start_progress(store, todo, already)
+    return Progress(todo, on_update=lambda f: update_progress(artifact, f))
+
+
 @flow(name="embed-sweep-grid", log_prints=True)
 def sweep_grid(
     dataset: str | dict,
@@ -212,19 +219,20 @@ def sweep_grid(
             len(items),
         )
         futures[id(fut)] = (fut, s.key, items)
-    done = failed = 0
-    t0 = time.perf_counter()
+    progress = _progress(store, len(todo), total - len(todo))
     for fut in as_completed([f for f, _, _ in futures.values()]):
         _, key, items = futures[id(fut)]
         for (_, point), state in zip(items, fut.result()):
-            done += state == "done"
-            failed += state == "failed"
-            print(f"[{done + failed}/{len(todo)}] {key} {point} {state} ({time.perf_counter() - t0:.1f} s)")
+            progress.point(key, point, state)
+        progress.batch_done()
+    progress.close()
+    done, failed = progress.done, progress.failed
     if failed:
         logger.warning(f"{failed} grid points failed; their errors are in the store's 'error' variables")
     report = None
     if make_report:
         report = report_task.submit(store).result()
+    publish_results(store, report)  # the Prefect UI: summary table and links (tasks.artifacts)
     return {
         "store": store,
         "total": total,

@@ -35,6 +35,10 @@ class ModelSpec:
     #: extra per-grid-point outputs: name -> dims after the sweep dims
     extras: dict = field(default_factory=dict)
     description: str = ""
+    #: sweep dimensions across which the bound (``elbo_``) ranks fits of the same data meaningfully;
+    #: along the others "best" is chosen by the geodesic agreement (tasks.results; measured in
+    #: bench/README.md, "Selection study"). Seeds only restart the same model.
+    bound_comparable: tuple[str, ...] = ("seed",)
 
     def available(self) -> bool:
         """Whether this installation has the model's module."""
@@ -110,6 +114,7 @@ MODELS: dict[str, ModelSpec] = {
             fixed={"kernel": "rbf"},
             has_variance=True,
             extras={"ard_weights": ("component",)},
+            bound_comparable=("latent_dim", "seed"),
             description="Bayesian GP-LVM, RBF-ARD kernel (paper 004)",
         ),
         _spec(
@@ -120,6 +125,7 @@ MODELS: dict[str, ModelSpec] = {
             fixed={"kernel": "linear"},
             has_variance=True,
             extras={"ard_weights": ("component",)},
+            bound_comparable=("latent_dim", "seed"),
             description="Bayesian GP-LVM, linear-ARD kernel (paper 004)",
         ),
         _spec(
@@ -130,6 +136,7 @@ MODELS: dict[str, ModelSpec] = {
             multiview=True,
             has_variance=True,
             extras={"ard_weights": ("view", "component")},
+            bound_comparable=("latent_dim", "seed"),
             description="manifold relevance determination, views share q(X) (paper 004)",
         ),
         _spec(

@@ -1,0 +1,359 @@
+"""Reading a result store from Python: open it as a DataTree, pick the best or a named setting per
+model, hand the chosen embeddings to AnnData (scanpy's format). No Prefect, no Dask cluster.
+
+Which setting is "best" depends on whether the model's bound can be compared across each sweep
+dimension (``ModelSpec.bound_comparable`` in tasks.registry; the measurements behind it are the
+selection study in bench/README.md). Along the dimensions where it can, the bound picks; along the
+others (GLLE's and LL-LVM's k, every model's latent_dim where the likelihood grows with it,
+...), the bound picks within each slice and the label-free *geodesic agreement* picks among the
+slices' winners: the Spearman correlation between the embedding's distances and the shortest-path
+distances of the data's kNN graph at the smallest k that connects it (Isomap's estimate of
+distances along the manifold, Tenenbaum et al. 2000; a larger k short-circuits sparse rolls).
+It needs neither labels nor the truth.
+
+    >>> from tasks.results import open_store, select, to_anndata
+    >>> tree = open_store("results/roll.zarr")
+    >>> sel = select(tree, "glle_em")          # {"setting": {...}, "criterion": ..., "metrics": {...}}
+    >>> adata = to_anndata("results/roll.zarr")  # obsm["X_glle_em"], obsm["X_bgplvm_rbf_var"], ...
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from tasks.registry import MODELS, SWEEP_DIMS
+from tasks.store import METRICS, STATUS_DONE, open_results
+
+#: the geodesic agreement's data graph: the smallest k in this range that connects it (else the largest)
+GEODESIC_NEIGHBORS = (3, 30)
+#: pairwise and shortest-path distances are O(N^2): above this many points a fixed random subset
+#: (its own kNN graph) is used
+GEODESIC_MAX_POINTS = 1000
+QUALITY = "geodesic_agreement"
+
+
+def open_store(path) -> xr.DataTree:
+    """The result store as an xarray DataTree, one child per model key (ValueError if not a store)."""
+    return open_results(path)
+
+
+def model_groups(tree: xr.DataTree) -> dict[str, xr.Dataset]:
+    """{model key: its Dataset} for every model group of the store, in the registry's order."""
+    order = {k: i for i, k in enumerate(MODELS)}
+    names = sorted(
+        (n for n, node in tree.children.items() if "status" in node.ds), key=lambda n: order.get(n, 99)
+    )
+    return {name: tree[name].ds for name in names}
+
+
+def parse_setting(text: str | dict | None) -> dict:
+    """``"k=8,latent_dim=2,seed=0"`` -> ``{"k": 8, "latent_dim": 2, "seed": 0}`` (ValueError on bad text)."""
+    if text is None or isinstance(text, dict):
+        return dict(text or {})
+    out = {}
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if not eq or name not in SWEEP_DIMS:
+            raise ValueError(
+                f"setting {part!r}: write dimension=value with a dimension from {list(SWEEP_DIMS)}, "
+                "e.g. k=8,latent_dim=2,seed=0"
+            )
+        try:
+            out[name] = float(value) if name == "kappa" else int(value)
+        except ValueError as e:
+            raise ValueError(f"setting {part!r}: {value!r} is not a number") from e
+    return out
+
+
+def _store_data_path(store) -> Path:
+    p = Path(store)
+    return p.parent / f"{p.name.removesuffix('.zarr')}.inputs" / "data.zarr"
+
+
+@functools.lru_cache(maxsize=4)
+def _geodesic_reference(data_path: str, stamp: float):
+    """(subset, pair indices, finite mask, finite shortest-path distances) of the data at ``data_path``."""
+    from scipy.sparse.csgraph import connected_components, shortest_path
+    from sklearn.neighbors import kneighbors_graph
+
+    from tasks.inputs import load_data
+
+    Y = load_data(data_path)["Y"]
+    n = len(Y)
+    sel = np.arange(n)
+    if n > GEODESIC_MAX_POINTS:
+        sel = np.sort(np.random.default_rng(0).choice(n, GEODESIC_MAX_POINTS, replace=False))
+    Y = Y[sel]  # the graph of the subset: its cost is bounded whatever n is
+    lo, hi = GEODESIC_NEIGHBORS
+    for k in range(min(lo, len(Y) - 1), min(hi, len(Y) - 1) + 1):
+        G = kneighbors_graph(Y, k, mode="distance")
+        if connected_components(G, directed=False)[0] == 1:
+            break
+    D = shortest_path(G, directed=False)
+    iu = np.triu_indices(len(sel), k=1)
+    d = D[iu]
+    finite = np.isfinite(d)  # pairs in different components of the graph carry no distance
+    return sel, iu, finite, d[finite]
+
+
+def geodesic_agreement(data_path, X, hyperbolic: bool = False) -> float:
+    """Spearman correlation between the embedding's pairwise distances (hyperbolic on the Poincare
+    ball) and the data's kNN-graph geodesic distances (smallest connecting k): 1 = the embedding
+    orders every pair of points as the manifold does. Label-free; comparable across every sweep
+    dimension (it never looks at the model's own graph or likelihood)."""
+    from scipy.spatial.distance import pdist, squareform
+    from scipy.stats import spearmanr
+
+    from tasks.evaluate import poincare_distances
+
+    p = Path(data_path)
+    sel, iu, finite, dgeo = _geodesic_reference(str(p.resolve()), (p / "zarr.json").stat().st_mtime)
+    X = np.asarray(X, dtype=np.float64)[sel]
+    X = X[:, np.isfinite(X).all(axis=0)]
+    DX = poincare_distances(X) if hyperbolic else squareform(pdist(X))
+    return float(spearmanr(DX[iu][finite], dgeo)[0])
+
+
+def _fmt(setting: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in setting.items())
+
+
+def _cell_setting(ds: xr.DataArray | xr.Dataset, dims, idx) -> dict:
+    return {d: ds[d].values[i].item() for d, i in zip(dims, idx)}
+
+
+def _best_by_bound(ds: xr.Dataset) -> dict | None:
+    elbo = ds["elbo"].where(ds["status"] == STATUS_DONE)
+    if not np.isfinite(elbo.values).any():
+        return None
+    idx = np.unravel_index(int(np.nanargmax(elbo.values)), elbo.shape)
+    return _cell_setting(ds, elbo.dims, idx)
+
+
+def criterion_of(ds: xr.Dataset, key: str | None = None) -> dict:
+    """How "best" is chosen for one model group: the sweep dimensions (with more than one value)
+    along which the bound decides, and those along which the geodesic agreement decides."""
+    key = key or ds.attrs.get("key")
+    spec = MODELS.get(key)
+    comparable = set(spec.bound_comparable) if spec is not None else {"seed"}
+    varying = [d for d in ds["status"].dims if ds.sizes[d] > 1]
+    by_quality = [d for d in varying if d not in comparable]
+    by_bound = [d for d in varying if d in comparable]
+    if not varying:
+        text = "the only setting"
+    elif not by_quality:
+        text = f"bound across {', '.join(by_bound)}"
+    else:
+        text = f"{QUALITY} across {', '.join(by_quality)}" + (
+            f"; bound across {', '.join(by_bound)}" if by_bound else ""
+        )
+    return {"by_bound": by_bound, "by_quality": by_quality, "text": text}
+
+
+def best_setting(ds: xr.Dataset, store=None, key: str | None = None) -> tuple[dict | None, dict]:
+    """(setting, criterion) of the best finished grid point of one model group.
+
+    The bound picks within every slice of the dimensions where it is not comparable; the geodesic
+    agreement (needs ``store`` for the data) picks among those slices' winners. Without ``store``,
+    or when the data is not beside the store, the bound picks and the criterion says so."""
+    crit = criterion_of(ds, key)
+    if not crit["by_quality"]:
+        return _best_by_bound(ds), crit
+    data_path = _store_data_path(store) if store is not None else None
+    if data_path is None or not data_path.exists():
+        crit = dict(crit, by_bound=crit["by_bound"] + crit["by_quality"], by_quality=[])
+        crit["text"] = "bound (the data is not beside the store, so no geodesic agreement)"
+        return _best_by_bound(ds), crit
+    hyper = bool(ds.attrs.get("hyperbolic_embedding", 0))
+    best, best_q = None, -np.inf
+    shape = [ds.sizes[d] for d in crit["by_quality"]]
+    for idx in np.ndindex(*shape):
+        fixed = _cell_setting(ds, crit["by_quality"], idx)
+        cand = _best_by_bound(ds.sel(fixed))
+        if cand is None:
+            continue
+        setting = {**fixed, **cand}
+        setting = {d: setting[d] for d in ds["status"].dims}
+        q = geodesic_agreement(data_path, ds["embedding"].sel(setting).values, hyper)
+        if q > best_q:
+            best, best_q = setting, q
+    crit = dict(crit, value=best_q)
+    return best, crit
+
+
+def quality_grid(ds: xr.Dataset, store) -> xr.DataArray | None:
+    """The geodesic agreement of every finished grid point of one model group (NaN elsewhere), or
+    None when the data is not beside the store."""
+    data_path = _store_data_path(store)
+    if not data_path.exists():
+        return None
+    hyper = bool(ds.attrs.get("hyperbolic_embedding", 0))
+    status = ds["status"]
+    out = np.full(status.shape, np.nan)
+    for idx in zip(*np.nonzero(status.values == STATUS_DONE)):
+        cell = ds["embedding"].isel(dict(zip(status.dims, idx)))
+        out[idx] = geodesic_agreement(data_path, cell.values, hyper)
+    return xr.DataArray(out, coords={d: ds[d] for d in status.dims}, dims=status.dims, name=QUALITY)
+
+
+def select(tree_or_store, model: str, setting: dict | str | None = None) -> dict:
+    """The chosen grid point of ``model``: ``setting`` (a full or partial named setting; the
+    criterion picks among what it leaves open) or the best by the model's criterion.
+
+    Returns {"model", "setting", "criterion", "elbo", "metrics", "embedding", "embedding_var"}."""
+    store = None
+    if isinstance(tree_or_store, xr.DataTree):
+        tree = tree_or_store
+    else:
+        store, tree = tree_or_store, open_store(tree_or_store)
+    groups = model_groups(tree)
+    if model not in groups:
+        raise ValueError(f"model {model!r} is not in this store; it holds {sorted(groups)}")
+    ds = groups[model]
+    named = parse_setting(setting)
+    fixed = {}
+    for d, v in named.items():
+        if d not in ds.dims:
+            continue  # a dimension this model does not sweep (k for a GP-LVM): not its concern
+        values = ds[d].values.tolist()
+        if v not in values:
+            raise ValueError(f"{model}: {d}={v} is not in the grid; its values are {values}")
+        fixed[d] = v
+    sub = ds.sel(fixed) if fixed else ds
+    chosen, crit = best_setting(sub, store, model)
+    if fixed:
+        crit = dict(crit, text=f"named ({_fmt(fixed)})" + (f"; {crit['text']}" if sub["status"].ndim else ""))
+    if chosen is None:
+        return {"model": model, "setting": None, "criterion": crit["text"], "status": "no finished point"}
+    setting_full = {**fixed, **chosen}
+    cell = ds.sel(setting_full)
+    X = cell["embedding"].values
+    keep = np.isfinite(X).all(axis=0)
+    var = cell["embedding_var"].values[:, keep] if "embedding_var" in cell else None
+    if var is not None and not np.isfinite(var).all():
+        var = None
+    metrics = {m: float(cell[m]) for m in METRICS if np.isfinite(float(cell[m]))}
+    if "value" in crit:
+        metrics[QUALITY] = float(crit["value"])
+    return {
+        "model": model,
+        "setting": {d: setting_full[d] for d in ds["status"].dims},
+        "criterion": crit["text"],
+        "elbo": float(cell["elbo"]),
+        "fit_seconds": float(cell["fit_seconds"]),
+        "metrics": metrics,
+        "embedding": X[:, keep],
+        "embedding_var": var,
+        "hyperbolic": bool(ds.attrs.get("hyperbolic_embedding", 0)),
+    }
+
+
+def to_anndata(store, models: list[str] | str | None = None, setting: dict | str | None = None):
+    """An AnnData of the store's data with one ``obsm["X_<model>"]`` per model at its chosen
+    setting (``obsm["X_<model>_var"]``: posterior marginal variances where the model has them),
+    labels in ``obs`` and the sweep's provenance and each setting's metrics in ``uns["embed_sweep"]``.
+
+    ``X`` is the ingested data (the first view's for multi-view data; every view in ``obsm["view_<v>"]``).
+    """
+    import anndata as ad
+    import pandas as pd
+
+    from tasks.inputs import load_data
+
+    tree = open_store(store)
+    groups = model_groups(tree)
+    if models is None:
+        models = list(groups)
+    elif isinstance(models, str):
+        models = [m for m in models.split(",") if m]
+    unknown = [m for m in models if m not in groups]
+    if unknown:
+        raise ValueError(f"models {unknown} are not in {store}; it holds {sorted(groups)}")
+    data_path = _store_data_path(store)
+    if not data_path.exists():
+        raise ValueError(
+            f"the ingested data of {store} is missing ({data_path}); re-run the sweep to restore it"
+        )
+    data = load_data(str(data_path))
+    obs = pd.DataFrame(index=[str(i) for i in range(len(data["Y"]))])
+    if data["label"] is not None:
+        obs["label"] = pd.Categorical(np.asarray(data["label"]).astype(str))
+    if data["color"] is not None:
+        obs["manifold_parameter"] = np.asarray(data["color"], dtype=np.float64)
+    obsm = {}
+    if data["truth"] is not None and np.asarray(data["truth"]).ndim == 2:
+        obsm["truth"] = np.asarray(data["truth"], dtype=np.float64)
+    for v, Yv in enumerate(data["views"]):
+        obsm[f"view_{v}"] = np.asarray(Yv, dtype=np.float64)
+    chosen = {}
+    for m in models:
+        s = select(store, m, setting)
+        if s["setting"] is None:
+            chosen[m] = {"status": s["status"], "criterion": s["criterion"]}
+            continue
+        obsm[f"X_{m}"] = s["embedding"]
+        if s["embedding_var"] is not None:
+            obsm[f"X_{m}_var"] = s["embedding_var"]
+        chosen[m] = {
+            "setting": {k: (float(v) if isinstance(v, float) else int(v)) for k, v in s["setting"].items()},
+            "criterion": s["criterion"],
+            "elbo": s["elbo"],
+            "fit_seconds": s["fit_seconds"],
+            "metrics": s["metrics"],
+            "hyperbolic": int(s["hyperbolic"]),
+        }
+    attrs = dict(tree.attrs)
+    uns = {
+        "embed_sweep": {
+            "store": str(Path(store).resolve()),
+            "sweep_id": str(attrs.get("sweep_id", "")),
+            "code_version": str(attrs.get("code_version", "")),
+            "identity": str(attrs.get("identity", "")),
+            "dataset": str(attrs.get("dataset", "")),
+            "models": chosen,
+        }
+    }
+    return ad.AnnData(X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm=obsm, uns=uns)
+
+
+def export_h5ad(store, path, models=None, setting=None):
+    """Write :func:`to_anndata` to ``path`` (``.h5ad``); returns the AnnData written."""
+    if not str(path).endswith(".h5ad"):
+        raise ValueError(f"--to {path!r}: the file name must end in .h5ad")
+    adata = to_anndata(store, models, setting)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    adata.write_h5ad(path)
+    return adata
+
+
+def summary_rows(store) -> list[dict]:
+    """One dict per model: counts, the chosen setting, the criterion that chose it, its metrics."""
+    from tasks.store import STATUS_FAILED
+
+    tree = open_store(store)
+    rows = []
+    for name, ds in model_groups(tree).items():
+        st = ds["status"].values
+        row = {
+            "model": name,
+            "done": int((st == STATUS_DONE).sum()),
+            "failed": int((st == STATUS_FAILED).sum()),
+            "total": int(st.size),
+        }
+        s = select(store, name) if row["done"] else None
+        if s is not None and s["setting"] is not None:
+            row["best"] = _fmt(s["setting"])
+            row["chosen by"] = s["criterion"]
+            row["elbo"] = s["elbo"]
+            row["fit_s"] = s["fit_seconds"]
+            row.update(s["metrics"])
+        elif row["failed"]:
+            errs = ds["error"].values[st == STATUS_FAILED]
+            row["best"] = "all failed: " + str(errs.ravel()[0])[:80]
+        rows.append(row)
+    return rows
