@@ -15,6 +15,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.cluster import normalise_cluster, start_cluster
 from lvmcore.data import load
+from lvmcore.graph import KNN_METHODS
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
@@ -78,8 +79,8 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         raise ValueError(
             f"model_options for {sorted(stray)}, which are not in this sweep's models {sorted(known)}"
         )
-    if knn_method not in ("exact", "approx"):
-        raise ValueError(f"knn_method must be 'exact' or 'approx', got {knn_method!r}")
+    if knn_method not in KNN_METHODS:
+        raise ValueError(f"knn_method must be one of {KNN_METHODS}, got {knn_method!r}")
     src, opts = dataset_spec(dataset)
     ds = load(src, **opts)
     n, D = ds.sizes["point"], ds.sizes["feature"]
@@ -238,7 +239,7 @@ def embed_sweep(
     store: str = "results/sweep.zarr",
     model_options: dict | None = None,
     cluster: dict | str | None = None,
-    knn_method: str = "exact",
+    knn_method: str = "auto",
     n_generations: int = 3,
     report: bool = True,
     points_per_task: int | None = None,
