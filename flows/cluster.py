@@ -67,6 +67,8 @@ def normalise_cluster(cluster) -> dict:
                 "cluster type 'slurm' but no `sbatch` on PATH: run the flow on a Slurm login node "
                 "(without sbatch dask-jobqueue only logs the failure and the flow would wait forever)"
             )
+    if kind == "slurm":
+        _check_slurm_security(cluster)
     if kind == "kubernetes":
         try:
             import dask_kubernetes  # noqa: F401
@@ -75,6 +77,65 @@ def normalise_cluster(cluster) -> dict:
                 "a Kubernetes cluster needs dask-kubernetes: pip install 'embed-sweep[k8s]'"
             ) from e
     return cluster
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _slurm_host(spec: dict) -> str:
+    """The host a Slurm spec's scheduler listens on ('' for every interface, dask-jobqueue's
+    default, which compute nodes need to reach it)."""
+    opts = spec.get("scheduler_options") or {}
+    return str(opts.get("host", "")) if not opts.get("interface") else f"interface {opts['interface']}"
+
+
+def _check_slurm_security(spec: dict) -> None:
+    """TLS is on unless the scheduler listens on loopback only (a one-node Slurm); turning it off
+    for a scheduler other hosts can reach is refused."""
+    sec = spec.get("security", True)
+    if sec is False and _slurm_host(spec) not in LOOPBACK:
+        where = _slurm_host(spec) or "every interface"
+        raise ValueError(
+            f"cluster security=false with the scheduler listening on {where}: "
+            "anyone who can reach the port could run code as you. Keep TLS (the default), or listen on "
+            "loopback only: scheduler_options={'host': '127.0.0.1'} (one-node Slurm)"
+        )
+    if not isinstance(sec, (bool, dict)):
+        raise ValueError(
+            f"cluster security must be true, false or a dict of distributed.Security arguments "
+            f"(e.g. tls_ca_file, tls_scheduler_cert, tls_worker_cert, ...), got {sec!r}"
+        )
+
+
+def slurm_cluster_kwargs(spec: dict) -> dict:
+    """SLURMCluster arguments for a normalised Slurm spec (without type, jobs, adapt).
+
+    Exposure: the dashboard listens on 127.0.0.1 (reach it with an ssh tunnel); the scheduler
+    listens where compute nodes can reach it, so its connections use TLS with mutual certificate
+    checks (distributed's ``Security``): by default ``Security.temporary()``, a fresh CA and
+    certificate made for this run, written for the jobs (mode 0600) into ``shared_temp_directory``
+    (default ``~/.cache/embed-sweep/tls``, which must be on a file system the nodes share, as home
+    usually is); or certificates from paths, ``security: {"tls_ca_file": ..., "tls_scheduler_cert":
+    ..., "tls_scheduler_key": ..., "tls_worker_cert": ..., ...}``. ``security: false`` is accepted only
+    with ``scheduler_options: {"host": "127.0.0.1"}``."""
+    from distributed.security import Security
+
+    from lvmcore import user_cache_dir
+
+    spec = dict(spec)
+    sec = spec.pop("security", True)
+    opts = {"dashboard_address": "127.0.0.1:0", **(spec.pop("scheduler_options", None) or {})}
+    prologue = list(spec.pop("job_script_prologue", []))
+    prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
+    kw = {"scheduler_options": opts, "job_script_prologue": prologue, **spec}
+    if sec is True:
+        kw["security"] = Security.temporary()
+        shared = spec.get("shared_temp_directory") or user_cache_dir("tls")
+        os.makedirs(shared, mode=0o700, exist_ok=True)
+        kw["shared_temp_directory"] = shared
+    elif isinstance(sec, dict):
+        kw["security"] = Security(require_encryption=True, **sec)
+    return kw
 
 
 def worker_env() -> dict:
@@ -119,9 +180,7 @@ def start_cluster(spec: dict):
 
         adapt = spec.pop("adapt", None)
         jobs = spec.pop("jobs", 2)
-        prologue = list(spec.pop("job_script_prologue", []))
-        prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
-        cluster = SLURMCluster(job_script_prologue=prologue, **spec)
+        cluster = SLURMCluster(**slurm_cluster_kwargs(spec))
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes
         from dask_kubernetes.operator import KubeCluster
@@ -129,6 +188,9 @@ def start_cluster(spec: dict):
         adapt = spec.pop("adapt", None)
         n = spec.pop("n_workers", 2)
         env = dict(worker_env(), **spec.pop("env", {}))
+        # the scheduler's Service stays inside the cluster (ClusterIP); this process reaches it
+        # through a port-forward on 127.0.0.1 that dask-kubernetes opens
+        spec.setdefault("scheduler_service_type", "ClusterIP")
         cluster = KubeCluster(n_workers=n, env=env, **spec)
         if adapt:
             cluster.adapt(**adapt)
