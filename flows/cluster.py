@@ -138,6 +138,14 @@ def slurm_cluster_kwargs(spec: dict) -> dict:
     return kw
 
 
+def client_kwargs(cluster) -> dict:
+    """What a client of ``cluster`` needs beyond its address: its TLS credentials if it has any."""
+    sec = getattr(cluster, "security", None)
+    if sec is not None and str(getattr(cluster, "scheduler_address", "")).startswith("tls://"):
+        return {"security": sec}
+    return {}
+
+
 def worker_env() -> dict:
     """The environment every worker gets: one thread per library and the compilation cache."""
     return dict(PINNED_THREADS_ENV, **compile_cache_env())

@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
-from flows.cluster import normalise_cluster, start_cluster
+from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from lvmcore.data import load
 from lvmcore.graph import KNN_METHODS
 from tasks.ingest import dataset_spec, ingest_task
@@ -269,7 +269,7 @@ def embed_sweep(
     with start_cluster(spec) as (address, dashboard, _cluster):
         if dashboard:
             print(f"Dask dashboard: {dashboard}")
-        runner = DaskTaskRunner(address=address)
+        runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
         return sweep_grid.with_options(task_runner=runner)(
             dataset,
             models,
