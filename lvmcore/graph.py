@@ -35,11 +35,13 @@ _EXTRA = 8
 KNN_METHODS = ("auto", "tree", "exact", "approx")
 
 #: crossovers of ``method="auto"``, measured by bench/knn.py (bench/README.md, "knn"): the k-d
-#: tree wins up to this dimension at every n measured ...
+#: tree beats both other methods at d = 3 and 10 for every n measured and loses to the blocked
+#: search at d = 50 ...
 TREE_MAX_DIM = 12
-#: ... and above it the blocked exact search is used while n**2 * d stays below this (about a
-#: minute on 2 cores); beyond, pynndescent's approximate search
-EXACT_MAX_WORK = 1.0e12
+#: ... above it the blocked exact search is used while n**2 * d stays below this (it costs about
+#: n**2 * d / 1e10 seconds on 2 cores, so up to ~20 s; it ties pynndescent at n = 10^4, d = 50
+#: and is ~10x slower at 10^5); beyond, pynndescent's approximate search
+EXACT_MAX_WORK = 2.0e11
 
 
 def _validate(Y, k):

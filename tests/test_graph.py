@@ -241,7 +241,8 @@ def test_auto_picks_by_dimension_size_and_memory():
     big = 1 << 40
     assert graph.choose_knn_method(1_000_000, 3, 15, big) == "tree"
     assert graph.choose_knn_method(10_000, graph.TREE_MAX_DIM, 15, big) == "tree"
-    assert graph.choose_knn_method(100_000, 50, 15, big) == "exact"
+    assert graph.choose_knn_method(50_000, 50, 15, big) == "exact"
+    assert graph.choose_knn_method(100_000, 50, 15, big) == "approx"
     assert graph.choose_knn_method(1_000_000, 50, 15, big) == "approx"
     n = 1_000_000
     need = {m: graph._method_bytes(m, n, 50, 15) for m in ("tree", "exact", "approx")}
