@@ -38,6 +38,10 @@ KNN_METHODS = ("auto", "tree", "exact", "approx")
 #: tree beats both other methods at d = 3 and 10 for every n measured and loses to the blocked
 #: search at d = 50 ...
 TREE_MAX_DIM = 12
+#: ... up to this dimension the tree still beats the blocked search (d = 20: 0.9 s vs 3.1 s at
+#: n = 10^4, 47 s vs ~300 s at 10^5) but scales worse than pynndescent in n, so it is used there
+#: only where an exact search is affordable (below)
+TREE_EXACT_MAX_DIM = 20
 #: ... above it the blocked exact search is used while n**2 * d stays below this (it costs about
 #: n**2 * d / 1e10 seconds on 2 cores, so up to ~20 s; it ties pynndescent at n = 10^4, d = 50
 #: and is ~10x slower at 10^5); beyond, pynndescent's approximate search
@@ -252,14 +256,15 @@ def choose_knn_method(n: int, d: int, k: int, memory_bytes: int | None = None) -
     """The method ``knn(method="auto")`` uses for n points in d dimensions.
 
     By speed (crossovers measured in bench/knn.py): the k-d tree up to ``TREE_MAX_DIM``
-    dimensions; above, the blocked exact search while ``n**2 * d <= EXACT_MAX_WORK``; else
-    pynndescent. A method whose memory estimate does not fit ``memory_bytes`` (default: the Dask
-    worker's memory limit, or the available memory) is passed over for the next that fits,
-    exact ones first; if none fits a ValueError says how much is needed."""
+    dimensions; above, an exact search while ``n**2 * d <= EXACT_MAX_WORK`` (the tree up to
+    ``TREE_EXACT_MAX_DIM``, the blocked search beyond); else pynndescent. A method whose memory
+    estimate does not fit ``memory_bytes`` (default: the Dask worker's memory limit, or the
+    available memory) is passed over for the next in that order that fits; if none fits, a
+    ValueError says how much is needed."""
     if d <= TREE_MAX_DIM:
         order = ["tree", "exact", "approx"]
     elif float(n) * n * d <= EXACT_MAX_WORK:
-        order = ["exact", "tree", "approx"]
+        order = ["tree", "exact", "approx"] if d <= TREE_EXACT_MAX_DIM else ["exact", "tree", "approx"]
     else:
         order = ["approx", "exact", "tree"]
     budget = _memory_budget() if memory_bytes is None else int(memory_bytes)

@@ -242,6 +242,8 @@ def test_auto_picks_by_dimension_size_and_memory():
     assert graph.choose_knn_method(1_000_000, 3, 15, big) == "tree"
     assert graph.choose_knn_method(10_000, graph.TREE_MAX_DIM, 15, big) == "tree"
     assert graph.choose_knn_method(50_000, 50, 15, big) == "exact"
+    assert graph.choose_knn_method(100_000, 20, 15, big) == "tree"
+    assert graph.choose_knn_method(1_000_000, 20, 15, big) == "approx"
     assert graph.choose_knn_method(100_000, 50, 15, big) == "approx"
     assert graph.choose_knn_method(1_000_000, 50, 15, big) == "approx"
     n = 1_000_000
@@ -256,7 +258,7 @@ def test_auto_picks_by_dimension_size_and_memory():
 def test_auto_is_exact_where_it_picks_an_exact_method(cloud):
     for Y in (cloud, np.random.default_rng(11).normal(size=(400, 40))):
         picked = graph.choose_knn_method(Y.shape[0], Y.shape[1], 9)
-        assert picked == ("tree" if Y.shape[1] <= graph.TREE_MAX_DIM else "exact")
+        assert picked == ("tree" if Y.shape[1] <= graph.TREE_EXACT_MAX_DIM else "exact")
         idx, dist = graph.knn(Y, 9)
         ref_i, ref_d = _stable_reference(Y, 9)
         np.testing.assert_array_equal(idx, ref_i)
