@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import tempfile
 
 #: one BLAS / OpenMP / XLA thread per Dask worker thread (oversubscription cost 5x here)
 PINNED_THREADS_ENV = {
@@ -113,11 +114,12 @@ def slurm_cluster_kwargs(spec: dict) -> dict:
     Exposure: the dashboard listens on 127.0.0.1 (reach it with an ssh tunnel); the scheduler
     listens where compute nodes can reach it, so its connections use TLS with mutual certificate
     checks (distributed's ``Security``): by default ``Security.temporary()``, a fresh CA and
-    certificate made for this run, written for the jobs (mode 0600) into ``shared_temp_directory``
-    (default ``~/.cache/embed-sweep/tls``, which must be on a file system the nodes share, as home
-    usually is); or certificates from paths, ``security: {"tls_ca_file": ..., "tls_scheduler_cert":
-    ..., "tls_scheduler_key": ..., "tls_worker_cert": ..., ...}``. ``security: false`` is accepted only
-    with ``scheduler_options: {"host": "127.0.0.1"}``."""
+    certificate made for this run, written for the jobs (mode 0600) into a fresh 0700 folder under
+    ``shared_temp_directory`` (default ``~/.cache/embed-sweep/tls``, which must be on a file system
+    the nodes share, as home usually is) and removed when the cluster closes; or certificates
+    from paths, ``security: {"tls_ca_file": ..., "tls_scheduler_cert": ..., "tls_scheduler_key":
+    ..., "tls_worker_cert": ..., ...}``. ``security: false`` is accepted only with
+    ``scheduler_options: {"host": "127.0.0.1"}``."""
     from distributed.security import Security
 
     from lvmcore import user_cache_dir
@@ -130,9 +132,9 @@ def slurm_cluster_kwargs(spec: dict) -> dict:
     kw = {"scheduler_options": opts, "job_script_prologue": prologue, **spec}
     if sec is True:
         kw["security"] = Security.temporary()
-        shared = spec.get("shared_temp_directory") or user_cache_dir("tls")
-        os.makedirs(shared, mode=0o700, exist_ok=True)
-        kw["shared_temp_directory"] = shared
+        base = spec.get("shared_temp_directory") or user_cache_dir("tls")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        kw["shared_temp_directory"] = tempfile.mkdtemp(prefix="run-", dir=base)  # removed at close
     elif isinstance(sec, dict):
         kw["security"] = Security(require_encryption=True, **sec)
     return kw
@@ -162,6 +164,7 @@ def start_cluster(spec: dict):
     """Yield (scheduler address, dashboard link, cluster or None) for a normalised spec."""
     spec = dict(spec)
     kind = spec.pop("type")
+    cleanup: list[str] = []
     pin_threads()
     if kind == "address":
         yield spec["address"], "", None
@@ -188,7 +191,10 @@ def start_cluster(spec: dict):
 
         adapt = spec.pop("adapt", None)
         jobs = spec.pop("jobs", 2)
-        cluster = SLURMCluster(**slurm_cluster_kwargs(spec))
+        kw = slurm_cluster_kwargs(spec)
+        if "shared_temp_directory" in kw:
+            cleanup.append(kw["shared_temp_directory"])
+        cluster = SLURMCluster(**kw)
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes
         from dask_kubernetes.operator import KubeCluster
@@ -208,3 +214,5 @@ def start_cluster(spec: dict):
         yield cluster.scheduler_address, getattr(cluster, "dashboard_link", ""), cluster
     finally:
         cluster.close()
+        for d in cleanup:  # this run's TLS key and certificates
+            shutil.rmtree(d, ignore_errors=True)

@@ -134,7 +134,9 @@ def test_slurm_cluster_spec_listens_with_tls_and_dashboard_on_loopback(tmp_path,
         dash = {(ip, p) for ip, p in new if p != port}
         assert dash and {ip for ip, _ in dash} == {"127.0.0.1"}, new
         assert "--tls-cert" in cluster.job_script() and "tls://" in cluster.job_script()
-        assert (tmp_path / "embed-sweep" / "tls").is_dir()
+        run_dirs = list((tmp_path / "embed-sweep" / "tls").glob("run-*"))
+        assert len(run_dirs) == 1 and any(run_dirs[0].iterdir())  # the workers' copy of the certs
+        assert run_dirs[0].stat().st_mode & 0o077 == 0
 
         async def plain_tcp():
             from distributed.comm import connect
