@@ -1,7 +1,19 @@
-"""Exact blocked kNN against scikit-learn brute force and faiss IndexFlatL2; pynndescent recall.
+"""kNN engines by regime (crossovers for ``knn(method="auto")``), and the exact blocked search
+against scikit-learn brute force and faiss IndexFlatL2.
 
+    .venv/bin/python bench/knn.py --crossover    # n = 10^4..10^6 x d = 3, 10, 50; the 10^6 anchors
+    .venv/bin/python bench/knn.py --crossover --ns 10000,100000 --budget 30   # quick look
     .venv/bin/python bench/knn.py                # n = 100,000, d = 50, k = 15; pynndescent at 200,000
     .venv/bin/python bench/knn.py --n 20000 --approx-n 20000 --repeat 1   # quick look
+
+Crossover mode: every method ("tree": scipy cKDTree, "exact": the blocked search, "approx":
+pynndescent) on every (n, d) cell, data of low intrinsic dimension (a Swiss roll in 3-D, a smooth
+5-D manifold in 10-D and 50-D); a cell whose time, extrapolated from the same method at the
+previous n (x (n/n_prev)^2 for brute force and for the tree above 3-D), exceeds ``--budget``
+seconds is skipped and printed as such. Then the anchors in the same run: at the largest n,
+d = 3, ``knn(method="auto")`` against ``cKDTree(Y).query(Y, k + 1, workers=2)`` (same neighbour
+sets required); at d = 50 against standalone ``pynndescent.NNDescent`` with the same settings,
+recall on sampled rows against float64 brute force.
 
 Every engine gets the machine's 2 cores: scikit-learn and faiss through their OpenMP pools (2
 threads), lvmcore.graph.knn through Dask (default threaded scheduler with 2 threads, each task
@@ -59,7 +71,7 @@ def faiss_flat(Y, k):
 
 def ours(Y, k, block_rows):
     with threadpool_limits(1):
-        return graph.knn(Y, k, block_rows=block_rows)
+        return graph.knn(Y, k, method="exact", block_rows=block_rows)
 
 
 def task_memory(Y, k, block_rows):
@@ -104,8 +116,111 @@ def sampled_recall(Y, idx, k, n_query, seed):
     return hits / (n_query * k)
 
 
+def manifold_data(n, d, seed):
+    """The crossover data: a Swiss roll for d = 3, a smooth 5-D manifold in d dimensions above."""
+    if d == 3:
+        rng = np.random.default_rng(seed)
+        t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=n))
+        h = 21 * rng.uniform(size=n)
+        return np.column_stack([t * np.cos(t), h, t * np.sin(t)]) + 0.05 * rng.normal(size=(n, 3))
+    return low_dim_data(n, d, 5, seed)
+
+
+def crossover(args):
+    ns = [int(x) for x in args.ns.split(",")]
+    ds = [int(x) for x in args.ds.split(",")]
+    k = args.k
+    print(f"# crossover: k = {k}, one timing per cell, budget {args.budget:.0f} s per cell; threads: 2")
+    graph.knn(np.random.default_rng(0).normal(size=(3000, 8)), k, method="approx")  # JIT compile
+    graph.knn(np.random.default_rng(0).normal(size=(600, 8)), k, method="exact", block_rows=128)
+    print(f"{'d':>3} {'n':>8} {'auto picks':>10} {'tree s':>9} {'exact s':>9} {'approx s':>9} {'recall':>7}")
+    rows = []
+    for d in ds:
+        prev = {}
+        for n in ns:
+            Y = manifold_data(n, d, 0)
+            times, rec = {}, float("nan")
+            for m in ("tree", "exact", "approx"):
+                if m in prev:
+                    p_n, p_t = prev[m]
+                    power = 1.1 if (m == "approx" or (m == "tree" and d <= 3)) else 2.0
+                    guess = p_t * (n / p_n) ** power
+                    if guess > args.budget:
+                        times[m] = f"skip({guess:.0f})"
+                        continue
+                with threadpool_limits(1 if m == "exact" else 2):
+                    t = time.perf_counter()
+                    idx, _ = graph.knn(Y, k, method=m, n_jobs=2)
+                    times[m] = time.perf_counter() - t
+                prev[m] = (n, times[m])
+                if m == "approx":
+                    rec = sampled_recall(Y, idx, k, min(1000, n), 3)
+                del idx
+            pick = graph.choose_knn_method(n, d, k)
+            fmt = {m: (f"{v:9.2f}" if isinstance(v, float) else f"{v:>9}") for m, v in times.items()}
+            print(
+                f"{d:3d} {n:8d} {pick:>10} {fmt['tree']} {fmt['exact']} {fmt['approx']} {rec:7.3f}",
+                flush=True,
+            )
+            rows.append((d, n, pick, times, rec))
+    return rows
+
+
+def anchors(args):
+    from pynndescent import NNDescent
+    from scipy.spatial import cKDTree
+
+    n, k = max(int(x) for x in args.ns.split(",")), args.k
+    warm = np.random.default_rng(0).normal(size=(3000, 8))
+    _ = NNDescent(warm.astype(np.float32), n_neighbors=k + 1, random_state=0, n_jobs=2).neighbor_graph
+    graph.knn(warm, k, method="approx", n_jobs=2)  # JIT compile outside the timings
+    graph.knn(warm, k, method="tree", n_jobs=2)
+    Y = manifold_data(n, 3, 1)
+    print(f"# anchor d = 3, n = {n}, k = {k}: knn(method='auto') vs cKDTree(Y).query(Y, k + 1, workers=2)")
+    t_ck, t_us = [], []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        d_ck, i_ck = cKDTree(Y).query(Y, k=k + 1, workers=2)
+        t_ck.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        i_us, d_us = graph.knn(Y, k, n_jobs=2)
+        t_us.append(time.perf_counter() - t)
+    i_ck, d_ck = graph._drop_self(i_ck, d_ck, k)
+    same = np.array_equal(np.sort(i_ck, 1), np.sort(i_us, 1))
+    print(
+        f"auto picks {graph.choose_knn_method(n, 3, k)!r}; cKDTree {min(t_ck):.2f} s, "
+        f"ours {min(t_us):.2f} s, ratio {min(t_us) / min(t_ck):.2f} (target <= 2); "
+        f"same neighbour sets: {same}; max |dist diff| {np.abs(d_us - d_ck).max():.1e}; "
+        f"tie rows redone: {graph._tree_knn.last_fallback_rows}",
+        flush=True,
+    )
+    del Y, i_ck, d_ck, i_us, d_us
+    Y = manifold_data(n, 50, 2)
+    print(f"# anchor d = 50, n = {n}, k = {k}: knn(method='auto') vs NNDescent(n_neighbors=k + 1, n_jobs=2)")
+    t = time.perf_counter()
+    i_nn, d_nn = NNDescent(Y.astype(np.float32), n_neighbors=k + 1, random_state=0, n_jobs=2).neighbor_graph
+    t_nn = time.perf_counter() - t
+    t = time.perf_counter()
+    i_us, _ = graph.knn(Y, k, n_jobs=2)
+    t_us = time.perf_counter() - t
+    rec_us = sampled_recall(Y, i_us, k, 2000, 4)
+    rec_nn = sampled_recall(Y, graph._drop_self(i_nn, d_nn, k)[0], k, 2000, 4)
+    print(
+        f"auto picks {graph.choose_knn_method(n, 50, k)!r}; pynndescent {t_nn:.2f} s, ours {t_us:.2f} s, "
+        f"ratio {t_us / t_nn:.2f} (target <= 1.5); recall on 2000 rows: ours {rec_us:.3f} (target >= 0.95), "
+        f"standalone {rec_nn:.3f}",
+        flush=True,
+    )
+    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--crossover", action="store_true", help="methods by regime and the 10^6 anchors")
+    ap.add_argument("--ns", default="10000,100000,1000000")
+    ap.add_argument("--ds", default="3,10,50")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds a crossover cell may take")
+    ap.add_argument("--skip-anchors", action="store_true")
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--d", type=int, default=50)
     ap.add_argument("--k", type=int, default=15)
@@ -115,6 +230,11 @@ def main():
     ap.add_argument("--skip-cluster", action="store_true")
     ap.add_argument("--skip-approx", action="store_true")
     args = ap.parse_args()
+    if args.crossover:
+        if not args.skip_anchors:
+            anchors(args)
+        crossover(args)
+        return
     n, d, k = args.n, args.d, args.k
     Y = np.random.default_rng(0).normal(size=(n, d))
     print(f"# exact kNN: n = {n}, d = {d}, k = {k}, block_rows = {args.block_rows}, min of {args.repeat}")
@@ -145,8 +265,10 @@ def main():
             os.environ[v] = "1"  # the workers' BLAS
         with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cl:
             with Client(cl):
-                graph.knn(Y[:2000], k, block_rows=512)  # warm the workers (numba cache load)
-                t_cl, (i_cl, _) = timed(lambda: graph.knn(Y, k, block_rows=args.block_rows), args.repeat)
+                graph.knn(Y[:2000], k, method="exact", block_rows=512)  # warm the workers (numba cache load)
+                t_cl, (i_cl, _) = timed(
+                    lambda: graph.knn(Y, k, method="exact", block_rows=args.block_rows), args.repeat
+                )
         print(
             f"lvmcore exact, LocalCluster 2x1 {t_cl:7.2f} s   ratio {t_cl / anchor:5.2f}   "
             f"(target < 1; equal to threaded: {np.array_equal(i_cl, i_us)})"

@@ -109,7 +109,7 @@ def cmd_run(a) -> int:
     stores = [str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"] for sw in sweeps]
     identities = []  # every sweep's errors before any work starts
     for sw, store in zip(sweeps, stores):
-        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "exact")
+        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
         identities.append(plan["identity"])
         if not a.replace:
             check_store(store, plan["identity"])

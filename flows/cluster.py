@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import tempfile
 
 #: one BLAS / OpenMP / XLA thread per Dask worker thread (oversubscription cost 5x here)
 PINNED_THREADS_ENV = {
@@ -67,6 +68,8 @@ def normalise_cluster(cluster) -> dict:
                 "cluster type 'slurm' but no `sbatch` on PATH: run the flow on a Slurm login node "
                 "(without sbatch dask-jobqueue only logs the failure and the flow would wait forever)"
             )
+    if kind == "slurm":
+        _check_slurm_security(cluster)
     if kind == "kubernetes":
         try:
             import dask_kubernetes  # noqa: F401
@@ -75,6 +78,75 @@ def normalise_cluster(cluster) -> dict:
                 "a Kubernetes cluster needs dask-kubernetes: pip install 'embed-sweep[k8s]'"
             ) from e
     return cluster
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _slurm_host(spec: dict) -> str:
+    """The host a Slurm spec's scheduler listens on ('' for every interface, dask-jobqueue's
+    default, which compute nodes need to reach it)."""
+    opts = spec.get("scheduler_options") or {}
+    return str(opts.get("host", "")) if not opts.get("interface") else f"interface {opts['interface']}"
+
+
+def _check_slurm_security(spec: dict) -> None:
+    """TLS is on unless the scheduler listens on loopback only (a one-node Slurm); turning it off
+    for a scheduler other hosts can reach is refused."""
+    sec = spec.get("security", True)
+    if sec is False and _slurm_host(spec) not in LOOPBACK:
+        where = _slurm_host(spec) or "every interface"
+        raise ValueError(
+            f"cluster security=false with the scheduler listening on {where}: "
+            "anyone who can reach the port could run code as you. Keep TLS (the default), or listen on "
+            "loopback only: scheduler_options={'host': '127.0.0.1'} (one-node Slurm)"
+        )
+    if not isinstance(sec, (bool, dict)):
+        raise ValueError(
+            f"cluster security must be true, false or a dict of distributed.Security arguments "
+            f"(e.g. tls_ca_file, tls_scheduler_cert, tls_worker_cert, ...), got {sec!r}"
+        )
+
+
+def slurm_cluster_kwargs(spec: dict) -> dict:
+    """SLURMCluster arguments for a normalised Slurm spec (without type, jobs, adapt).
+
+    Exposure: the dashboard listens on 127.0.0.1 (reach it with an ssh tunnel); the scheduler
+    listens where compute nodes can reach it, so its connections use TLS with mutual certificate
+    checks (distributed's ``Security``): by default ``Security.temporary()``, a fresh CA and
+    certificate made for this run, written for the jobs (mode 0600) into a fresh 0700 folder under
+    ``shared_temp_directory`` (default ``~/.cache/embed-sweep/tls``, which must be on a file system
+    the nodes share, as home usually is) and removed when the cluster closes; or certificates
+    from paths, ``security: {"tls_ca_file": ..., "tls_scheduler_cert": ..., "tls_scheduler_key":
+    ..., "tls_worker_cert": ..., ...}``. ``security: false`` is accepted only with
+    ``scheduler_options: {"host": "127.0.0.1"}``."""
+    from distributed.security import Security
+
+    from lvmcore import user_cache_dir
+
+    spec = dict(spec)
+    sec = spec.pop("security", True)
+    opts = {"dashboard_address": "127.0.0.1:0", **(spec.pop("scheduler_options", None) or {})}
+    prologue = list(spec.pop("job_script_prologue", []))
+    prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
+    spec["worker_extra_args"] = [*spec.get("worker_extra_args", []), "--preload", "flows.worker_heap"]
+    kw = {"scheduler_options": opts, "job_script_prologue": prologue, **spec}
+    if sec is True:
+        kw["security"] = Security.temporary()
+        base = spec.get("shared_temp_directory") or user_cache_dir("tls")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        kw["shared_temp_directory"] = tempfile.mkdtemp(prefix="run-", dir=base)  # removed at close
+    elif isinstance(sec, dict):
+        kw["security"] = Security(require_encryption=True, **sec)
+    return kw
+
+
+def client_kwargs(cluster) -> dict:
+    """What a client of ``cluster`` needs beyond its address: its TLS credentials if it has any."""
+    sec = getattr(cluster, "security", None)
+    if sec is not None and str(getattr(cluster, "scheduler_address", "")).startswith("tls://"):
+        return {"security": sec}
+    return {}
 
 
 def worker_env() -> dict:
@@ -93,6 +165,7 @@ def start_cluster(spec: dict):
     """Yield (scheduler address, dashboard link, cluster or None) for a normalised spec."""
     spec = dict(spec)
     kind = spec.pop("type")
+    cleanup: list[str] = []
     pin_threads()
     if kind == "address":
         yield spec["address"], "", None
@@ -119,10 +192,10 @@ def start_cluster(spec: dict):
 
         adapt = spec.pop("adapt", None)
         jobs = spec.pop("jobs", 2)
-        prologue = list(spec.pop("job_script_prologue", []))
-        prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
-        spec["worker_extra_args"] = [*spec.get("worker_extra_args", []), "--preload", "flows.worker_heap"]
-        cluster = SLURMCluster(job_script_prologue=prologue, **spec)
+        kw = slurm_cluster_kwargs(spec)
+        if "shared_temp_directory" in kw:
+            cleanup.append(kw["shared_temp_directory"])
+        cluster = SLURMCluster(**kw)
         cluster.adapt(**adapt) if adapt else cluster.scale(jobs=jobs)
     else:  # kubernetes
         from dask_kubernetes.operator import KubeCluster
@@ -130,6 +203,9 @@ def start_cluster(spec: dict):
         adapt = spec.pop("adapt", None)
         n = spec.pop("n_workers", 2)
         env = dict(worker_env(), **spec.pop("env", {}))
+        # the scheduler's Service stays inside the cluster (ClusterIP); this process reaches it
+        # through a port-forward on 127.0.0.1 that dask-kubernetes opens
+        spec.setdefault("scheduler_service_type", "ClusterIP")
         cluster = KubeCluster(n_workers=n, env=env, **spec)
         if adapt:
             cluster.adapt(**adapt)
@@ -139,3 +215,5 @@ def start_cluster(spec: dict):
         yield cluster.scheduler_address, getattr(cluster, "dashboard_link", ""), cluster
     finally:
         cluster.close()
+        for d in cleanup:  # this run's TLS key and certificates
+            shutil.rmtree(d, ignore_errors=True)

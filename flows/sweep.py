@@ -12,9 +12,10 @@ from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
-from flows.cluster import normalise_cluster, start_cluster
+from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
 from lvmcore.data import load
+from lvmcore.graph import KNN_METHODS
 from tasks.artifacts import publish_results, start_progress, update_progress
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import knn_task
@@ -84,8 +85,8 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         raise ValueError(
             f"model_options for {sorted(stray)}, which are not in this sweep's models {sorted(known)}"
         )
-    if knn_method not in ("exact", "approx"):
-        raise ValueError(f"knn_method must be 'exact' or 'approx', got {knn_method!r}")
+    if knn_method not in KNN_METHODS:
+        raise ValueError(f"knn_method must be one of {KNN_METHODS}, got {knn_method!r}")
     src, opts = dataset_spec(dataset)
     ds = load(src, **opts)
     n, D = ds.sizes["point"], ds.sizes["feature"]
@@ -251,7 +252,7 @@ def embed_sweep(
     store: str = "results/sweep.zarr",
     model_options: dict | None = None,
     cluster: dict | str | None = None,
-    knn_method: str = "exact",
+    knn_method: str = "auto",
     n_generations: int = 3,
     report: bool = True,
     points_per_task: int | None = None,
@@ -281,7 +282,7 @@ def embed_sweep(
     with start_cluster(spec) as (address, dashboard, _cluster):
         if dashboard:
             print(f"Dask dashboard: {dashboard}")
-        runner = DaskTaskRunner(address=address)
+        runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
         return sweep_grid.with_options(task_runner=runner)(
             dataset,
             models,

@@ -1,5 +1,6 @@
-"""k-nearest-neighbour graphs: exact blocked search over Dask row chunks, approximate search
-with pynndescent, symmetrisation, adjacency, Laplacian and connectivity.
+"""k-nearest-neighbour graphs by regime: scipy's k-d tree where the dimension is low, an exact
+blocked search over Dask row chunks where the tree loses and brute force is affordable,
+pynndescent's approximate search beyond; symmetrisation, adjacency, Laplacian and connectivity.
 
 Shapes: N points, D features, K neighbours. Indices never contain the point itself.
 """
@@ -12,6 +13,8 @@ from scipy.sparse.csgraph import connected_components as _cc
 
 __all__ = [
     "knn",
+    "choose_knn_method",
+    "KNN_METHODS",
     "knn_recall",
     "slice_knn",
     "adjacency",
@@ -27,6 +30,22 @@ DEFAULT_BLOCK_ROWS = 4096
 
 #: extra candidates kept per row beyond k, so float32 rounding rarely forces a fallback
 _EXTRA = 8
+
+#: methods of :func:`knn`; "tree" and "exact" are exact, "approx" is not
+KNN_METHODS = ("auto", "tree", "exact", "approx")
+
+#: crossovers of ``method="auto"``, measured by bench/knn.py (bench/README.md, "knn"): the k-d
+#: tree beats both other methods at d = 3 and 10 for every n measured and loses to the blocked
+#: search at d = 50 ...
+TREE_MAX_DIM = 12
+#: ... up to this dimension the tree still beats the blocked search (d = 20: 0.9 s vs 3.1 s at
+#: n = 10^4, 47 s vs ~300 s at 10^5) but scales worse than pynndescent in n, so it is used there
+#: only where an exact search is affordable (below)
+TREE_EXACT_MAX_DIM = 20
+#: ... above it the blocked exact search is used while n**2 * d stays below this (it costs about
+#: n**2 * d / 1e10 seconds on 2 cores, so up to ~20 s; it ties pynndescent at n = 10^4, d = 50
+#: and is ~10x slower at 10^5); beyond, pynndescent's approximate search
+EXACT_MAX_WORK = 2.0e11
 
 
 def _validate(Y, k):
@@ -205,14 +224,112 @@ def _exact_knn(Y, k, block_rows):
 _exact_knn.last_fallback_rows = 0
 
 
-def knn(Y, k: int, method: str = "exact", *, block_rows: int | None = None, random_state=0):
+def _memory_budget() -> int:
+    """Bytes a kNN search may use here: the Dask worker's memory limit inside a worker, else the
+    memory the operating system reports available."""
+    import sys
+
+    import psutil
+
+    avail = int(psutil.virtual_memory().available)
+    if "distributed" not in sys.modules:  # not inside a Dask worker
+        return avail
+    try:
+        limit = sys.modules["distributed"].get_worker().memory_manager.memory_limit
+        return min(avail, int(limit)) if limit else avail
+    except (ValueError, AttributeError):
+        return avail
+
+
+def _method_bytes(method: str, n: int, d: int, k: int) -> int:
+    """Peak bytes of one method on (n, d) data beyond the caller's copy (order of magnitude)."""
+    out = n * (k + 2) * 16  # indices and distances with their working copies
+    if method == "tree":
+        return 2 * n * d * 8 + 2 * n * 8 + out  # float64 copy held by the tree, its index arrays
+    if method == "exact":
+        b = DEFAULT_BLOCK_ROWS
+        return n * d * (8 + 4) + 3 * b * b * 4 + 3 * n * (k + _EXTRA) * 12 + out
+    return n * d * 4 + n * 30 * 24 + out  # pynndescent: float32 data, its working graph
+
+
+def choose_knn_method(n: int, d: int, k: int, memory_bytes: int | None = None) -> str:
+    """The method ``knn(method="auto")`` uses for n points in d dimensions.
+
+    By speed (crossovers measured in bench/knn.py): the k-d tree up to ``TREE_MAX_DIM``
+    dimensions; above, an exact search while ``n**2 * d <= EXACT_MAX_WORK`` (the tree up to
+    ``TREE_EXACT_MAX_DIM``, the blocked search beyond); else pynndescent. A method whose memory
+    estimate does not fit ``memory_bytes`` (default: the Dask worker's memory limit, or the
+    available memory) is passed over for the next in that order that fits; if none fits, a
+    ValueError says how much is needed."""
+    if d <= TREE_MAX_DIM:
+        order = ["tree", "exact", "approx"]
+    elif float(n) * n * d <= EXACT_MAX_WORK:
+        order = ["tree", "exact", "approx"] if d <= TREE_EXACT_MAX_DIM else ["exact", "tree", "approx"]
+    else:
+        order = ["approx", "exact", "tree"]
+    budget = _memory_budget() if memory_bytes is None else int(memory_bytes)
+    for m in order:
+        if _method_bytes(m, n, d, k) <= budget:
+            return m
+    need = min(_method_bytes(m, n, d, k) for m in order)
+    raise ValueError(
+        f"a kNN graph of {n} x {d} points with k = {k} needs about {need / 2**30:.1f} GiB, but "
+        f"{budget / 2**30:.1f} GiB is available; give the workers more memory or subsample the data"
+    )
+
+
+def _tree_knn(Y, k, n_jobs):
+    """Exact kNN with scipy's cKDTree; ties at the k-th distance broken by lower index as in the
+    blocked search (rows with a tie at the boundary are redone by float64 brute force)."""
+    from scipy.spatial import cKDTree
+
+    n = Y.shape[0]
+    kq = min(k + 2, n)  # the point itself, k neighbours, one more to see ties at the boundary
+    dist, idx = cKDTree(Y).query(Y, k=kq, workers=n_jobs)
+    is_self = idx == np.arange(n)[:, None]
+    lost = ~is_self.any(axis=1)  # more than kq - 1 duplicates of the point: redone below
+    is_self[lost, -1] = True
+    keep = ~is_self
+    idx = idx[keep].reshape(n, kq - 1)
+    dist = dist[keep].reshape(n, kq - 1)
+    order = np.lexsort((idx, dist), axis=1)
+    idx = np.take_along_axis(idx, order, axis=1)
+    dist = np.take_along_axis(dist, order, axis=1)
+    unsure = lost.copy()
+    if kq - 1 > k:
+        unsure |= dist[:, k] <= dist[:, k - 1]
+    out_i, out_d = idx[:, :k].astype(np.int64), dist[:, :k].copy()
+    for r in np.flatnonzero(unsure):
+        d2 = np.einsum("ij,ij->i", Y - Y[r], Y - Y[r])
+        d2[r] = np.inf
+        top = np.lexsort((np.arange(n), d2))[:k]
+        out_i[r], out_d[r] = top, np.sqrt(d2[top])
+    _tree_knn.last_fallback_rows = int(unsure.sum())
+    return out_i, out_d
+
+
+_tree_knn.last_fallback_rows = 0
+
+
+def knn(
+    Y,
+    k: int,
+    method: str = "auto",
+    *,
+    block_rows: int | None = None,
+    random_state=0,
+    n_jobs: int = -1,
+):
     """k nearest neighbours of every row of Y, the point itself excluded.
 
     Parameters
     ----------
     Y : (N, D) array or dask.array
     k : number of neighbours (k + 1 <= N)
-    method : ``"exact"`` or ``"approx"`` (pynndescent, approximate: check with :func:`knn_recall`).
+    method : ``"auto"`` (default: :func:`choose_knn_method` picks one of the three below by N, D
+        and memory; call it yourself to record the choice), ``"tree"`` (scipy ``cKDTree``, exact,
+        fast in low dimension), ``"exact"`` or ``"approx"`` (pynndescent, approximate: check with
+        :func:`knn_recall`).
         Exact is a blocked brute force as a Dask graph (run by ``dask.compute``, so on the cluster
         when called inside a Dask worker): rows are split into blocks (``block_rows``, default
         ``DEFAULT_BLOCK_ROWS``, or a dask array's own row chunks); one task per pair of blocks on
@@ -220,8 +337,10 @@ def knn(Y, k: int, method: str = "exact", *, block_rows: int | None = None, rand
         candidates in both directions; one task per block merges its candidates, recomputes their
         distances in float64 and certifies the result against a rounding bound (rows that cannot
         be certified, e.g. exact ties at the k-th distance, are redone by float64 brute force).
-        Memory per task is about ``block_rows**2 * 4`` bytes. Ties are broken by lower index.
+        Memory per task is about ``block_rows**2 * 4`` bytes. Ties are broken by lower index
+        (also by the tree).
     block_rows : rows per block of the exact search.
+    n_jobs : threads of the tree query and of pynndescent (-1: all cores).
 
     Returns
     -------
@@ -229,6 +348,12 @@ def knn(Y, k: int, method: str = "exact", *, block_rows: int | None = None, rand
     distances : (N, k) float64 Euclidean distances
     """
     Y = _validate(Y, k)
+    if method not in KNN_METHODS:
+        raise ValueError(f"unknown knn method {method!r}; use one of {KNN_METHODS}")
+    if block_rows is not None and (
+        isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1
+    ):
+        raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
     if not hasattr(Y, "compute"):
         Y = np.asarray(Y, dtype=np.float64)
         if not np.all(np.isfinite(Y)):
@@ -237,18 +362,24 @@ def knn(Y, k: int, method: str = "exact", *, block_rows: int | None = None, rand
                 f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
                 "remove or impute those values first"
             )
+    if method == "auto":
+        method = choose_knn_method(Y.shape[0], Y.shape[1], int(k))
     if method == "exact":
         return _exact_knn(Y, int(k), block_rows)
-    if method == "approx":
-        from pynndescent import NNDescent
+    Yn = np.asarray(Y.compute() if hasattr(Y, "compute") else Y, dtype=np.float64)
+    if not np.all(np.isfinite(Yn)):
+        bad = np.argwhere(~np.isfinite(Yn))[0]
+        raise ValueError(
+            f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
+            "remove or impute those values first"
+        )
+    if method == "tree":
+        return _tree_knn(Yn, int(k), n_jobs)
+    from pynndescent import NNDescent
 
-        Yn = np.asarray(Y.compute() if hasattr(Y, "compute") else Y, dtype=np.float32)
-        if not np.all(np.isfinite(Yn)):
-            raise ValueError("Y contains NaN or inf; remove or impute those values first")
-        index = NNDescent(Yn, n_neighbors=int(k) + 1, random_state=random_state, n_jobs=1)
-        idx, dist = index.neighbor_graph
-        return _drop_self(idx, dist.astype(np.float64), int(k))
-    raise ValueError(f"unknown knn method {method!r}; use 'exact' or 'approx'")
+    index = NNDescent(Yn.astype(np.float32), n_neighbors=int(k) + 1, random_state=random_state, n_jobs=n_jobs)
+    idx, dist = index.neighbor_graph
+    return _drop_self(idx, dist.astype(np.float64), int(k))
 
 
 def _drop_self(idx, dist, k):

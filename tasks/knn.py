@@ -10,11 +10,11 @@ from pathlib import Path
 import xarray as xr
 from prefect import task
 
-from lvmcore.graph import knn
+from lvmcore.graph import choose_knn_method, knn
 from tasks.inputs import load_data
 
 
-def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "exact") -> str:
+def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
     """kNN indices and distances at ``k_max`` written to ``graph_path`` (aside, then renamed)."""
     p = Path(graph_path)
     if p.exists():
@@ -23,10 +23,11 @@ def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "exac
             return str(p)
         shutil.rmtree(p)
     Y = load_data(data_path)["Y"]
-    idx, dist = knn(Y, k_max, method=method)
+    used = choose_knn_method(*Y.shape, k_max) if method == "auto" else method  # recorded below
+    idx, dist = knn(Y, k_max, method=used)
     ds = xr.Dataset(
         {"indices": (("point", "neighbor"), idx), "distances": (("point", "neighbor"), dist)},
-        attrs={"k": int(k_max), "method": method, "data": str(data_path)},
+        attrs={"k": int(k_max), "method": method, "method_used": used, "data": str(data_path)},
     )
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     ds.to_zarr(tmp, mode="w", consolidated=False)
@@ -35,7 +36,7 @@ def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "exac
 
 
 @task(name="knn", retries=1)
-def knn_task(data_path: str, k_max: int, graph_path: str, method: str = "exact") -> str:
+def knn_task(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
     if k_max < 1:
         return ""
     return build_graph(data_path, int(k_max), graph_path, method)

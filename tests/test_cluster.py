@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from distributed import Client
 
 from flows.cluster import compile_cache_env, normalise_cluster, start_cluster
@@ -60,3 +61,91 @@ def test_a_second_worker_loads_what_the_first_compiled(monkeypatch, tmp_path):
     assert entries, f"nothing written to {cache}"
     assert second["hits"] >= 1, second
     assert second["value"] == first["value"]
+
+
+def _listening(pids):
+    """(ip, port) of every listening TCP socket of these processes."""
+    import psutil
+
+    out = set()
+    for pid in pids:
+        for c in psutil.Process(pid).net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN:
+                out.add((c.laddr.ip, c.laddr.port))
+    return out
+
+
+def _tree_pids():
+    import psutil
+
+    me = psutil.Process()
+    return [me.pid] + [p.pid for p in me.children(recursive=True)]
+
+
+def test_local_cluster_listens_on_loopback_only():
+    """The sweep's default cluster: scheduler, dashboard, nannies and workers all bound to
+    127.0.0.1 (no socket on 0.0.0.0 or ::)."""
+    before = _listening(_tree_pids())
+    with start_cluster(normalise_cluster(None)) as (address, dashboard, _), Client(address) as client:
+        assert len(client.scheduler_info()["workers"]) == 2
+        new = _listening(_tree_pids()) - before
+    assert address.startswith("tcp://127.0.0.1:") and "127.0.0.1" in dashboard
+    # scheduler + dashboard + per worker: nanny, worker (at least 6 sockets)
+    assert len(new) >= 6, new
+    assert {ip for ip, _ in new} == {"127.0.0.1"}, new
+
+
+def test_slurm_spec_refuses_plain_tcp_beyond_loopback():
+    from flows.cluster import _check_slurm_security
+
+    with pytest.raises(ValueError, match="security=false with the scheduler listening on every interface"):
+        _check_slurm_security({"type": "slurm", "security": False})
+    with pytest.raises(ValueError, match="listening on 10.0.0.5"):
+        _check_slurm_security({"security": False, "scheduler_options": {"host": "10.0.0.5"}})
+    with pytest.raises(ValueError, match="must be true, false or a dict"):
+        _check_slurm_security({"security": "yes"})
+    _check_slurm_security({"security": False, "scheduler_options": {"host": "127.0.0.1"}})
+
+
+def test_slurm_cluster_spec_listens_with_tls_and_dashboard_on_loopback(tmp_path, monkeypatch):
+    """The SLURMCluster the sweep builds from the deployment's spec (its scheduler runs in this
+    process; no job is submitted, so no Slurm is needed): the scheduler's socket may face every
+    interface, but it speaks TLS only (a plain-TCP client is refused; a client with the cluster's
+    certificates gets in); the dashboard is on 127.0.0.1."""
+    import asyncio
+
+    import yaml
+    from dask_jobqueue import SLURMCluster
+    from distributed.comm.core import CommClosedError
+
+    from flows.cluster import slurm_cluster_kwargs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = next(d for d in yaml.safe_load(open("deploy/prefect.yaml"))["deployments"] if d["name"] == "slurm")
+    spec = dict(spec["parameters"]["cluster"])
+    for key in ("type", "adapt", "jobs"):
+        spec.pop(key, None)
+    before = _listening(_tree_pids())
+    with SLURMCluster(**slurm_cluster_kwargs(spec)) as cluster:
+        new = _listening(_tree_pids()) - before
+        address = cluster.scheduler_address
+        assert address.startswith("tls://"), address
+        port = int(address.rsplit(":", 1)[1])
+        dash = {(ip, p) for ip, p in new if p != port}
+        assert dash and {ip for ip, _ in dash} == {"127.0.0.1"}, new
+        assert "--tls-cert" in cluster.job_script() and "tls://" in cluster.job_script()
+        run_dirs = list((tmp_path / "embed-sweep" / "tls").glob("run-*"))
+        assert len(run_dirs) == 1 and any(run_dirs[0].iterdir())  # the workers' copy of the certs
+        assert run_dirs[0].stat().st_mode & 0o077 == 0
+
+        async def plain_tcp():
+            from distributed.comm import connect
+
+            comm = await connect(f"tcp://127.0.0.1:{port}", timeout=5)
+            await comm.write({"op": "identity"})
+            return await comm.read()
+
+        with pytest.raises((CommClosedError, OSError, asyncio.TimeoutError)):
+            asyncio.run(plain_tcp())
+        with Client(cluster, timeout=20) as client:  # with the certificates: accepted
+            assert client.scheduler_info()["address"] == address

@@ -82,7 +82,7 @@ def test_bad_sweep_parameters_are_refused_before_any_work(tmp_path, kwargs, mess
     assert not (tmp_path / "s.inputs").exists()
 
 
-def test_unknown_cluster_type_is_refused(tmp_path):
+def test_unknown_cluster_type_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown cluster type 'yarn'"):
         embed_sweep(
             dataset=TINY,
@@ -91,6 +91,7 @@ def test_unknown_cluster_type_is_refused(tmp_path):
             store=str(tmp_path / "s.zarr"),
             cluster={"type": "yarn"},
         )
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without Slurm (CI installs it)
     with pytest.raises(ValueError, match="no `sbatch` on PATH"):
         embed_sweep(
             dataset=TINY,
