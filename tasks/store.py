@@ -11,9 +11,14 @@ resumed by the same sweep.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
+import socket
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +74,126 @@ class PointResult:
     fit_seconds: float = float("nan")
     extras: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
+
+
+def store_path(store) -> Path:
+    """The one path a store name means: ``x`` and ``x.zarr`` both name ``x.zarr`` (absolute), so
+    no two store names can share a store's inputs, report or lock."""
+    p = Path(store).expanduser()
+    if p.suffix != ".zarr":
+        p = p.with_name(p.name + ".zarr")
+    return p.absolute()
+
+
+def inputs_dir(store) -> Path:
+    """Where a store's ingested data and kNN graph live: ``x.zarr`` -> ``x.inputs/``."""
+    p = store_path(store)
+    return p.with_name(p.name.removesuffix(".zarr") + ".inputs")
+
+
+def report_dir(store) -> Path:
+    """Where a store's report goes by default: ``x.zarr`` -> ``x.report/``."""
+    p = store_path(store)
+    return p.with_name(p.name.removesuffix(".zarr") + ".report")
+
+
+def lock_path(store) -> Path:
+    p = store_path(store)
+    return p.with_name(p.name + ".lock")
+
+
+def _proc_start(pid: int) -> float | None:
+    """Start time of process ``pid`` (None if there is none): tells a live holder from a reused pid."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+#: holders of stale locks this process took over (their flow runs are marked crashed once an API is up)
+STALE_HOLDERS: list[dict] = []
+
+
+def record_flow_run(store, flow_run_id: str) -> None:
+    """Add a flow run to the lock this process holds, so that if this process dies without a word
+    (SIGKILL), the run that takes the stale lock over can mark that flow run crashed."""
+    path = lock_path(store)
+    try:
+        have = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if have.get("pid") != os.getpid():
+        return
+    have["flow_runs"] = [*have.get("flow_runs", []), str(flow_run_id)]
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(have))
+    os.replace(tmp, path)
+
+
+class StoreLockedError(ValueError):
+    """Another live process is writing the store."""
+
+
+@contextlib.contextmanager
+def store_lock(store):
+    """Hold ``<store>.lock`` while a sweep writes the store.
+
+    The lock file holds the holder's pid, process start time and host. A second sweep on the same
+    store is refused with them; a lock left by a process that no longer runs (same host, pid gone or
+    reused) is stale and taken over. Re-entrant within one process (the CLI takes it before the
+    server starts, the flow again)."""
+    path = lock_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = {"pid": os.getpid(), "start": _proc_start(os.getpid()), "host": socket.gethostname()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                have = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                have = {}
+            if not have:  # being written by its holder this instant, or a torn write: look again
+                time.sleep(0.2)
+                try:
+                    have = json.loads(path.read_text() or "{}")
+                except (OSError, ValueError):
+                    have = {"pid": -1, "host": me["host"], "start": None}
+            if have.get("pid") == me["pid"] and have.get("host") == me["host"]:
+                yield  # this process holds it already
+                return
+            alive = have.get("host") != me["host"] or (
+                _proc_start(int(have.get("pid", -1))) is not None
+                and (have.get("start") is None or abs(_proc_start(int(have["pid"])) - have["start"]) < 1e-3)
+            )
+            if alive:
+                raise StoreLockedError(
+                    f"{store_path(store)} is being written by another sweep (pid {have.get('pid')} on host "
+                    f"{have.get('host')}, since {have.get('since', '?')}); wait for it to finish, or if "
+                    f"that process is gone, delete {path}"
+                ) from None
+            aside = path.with_name(f"{path.name}.stale-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+            try:  # only one of several processes taking over a stale lock wins this rename
+                path.rename(aside)
+                aside.unlink()
+                STALE_HOLDERS.append(have)
+                print(
+                    f"{store_path(store)}: removed a stale lock of pid {have.get('pid')} (no longer running)"
+                )
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({**me, "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return
+    raise StoreLockedError(f"could not take the lock {path}; another sweep is starting on this store")
 
 
 def sweep_id(identity: dict) -> str:
@@ -147,33 +272,43 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
     """Create the store and its group templates, or check that an existing one is this sweep's.
 
     Raises ValueError, before anything is written, if ``path`` holds a different sweep or
-    something that is not a sweep store. Returns the sweep id.
+    something that is not a sweep store. A new store is set up under a temporary name beside it
+    and renamed into place when complete, so an interrupted set-up leaves no half-made store under
+    the final name (the leftover is removed by the next set-up). Call it holding
+    :func:`store_lock`. Returns the sweep id.
     """
     path = Path(path)
     sid = sweep_id(identity)
+    for old in path.parent.glob(f".{path.name}.setup-*"):  # an earlier set-up that was interrupted
+        shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         root = _open_root(path)
         have = root.attrs.get("sweep_id")
         if have is None:
-            raise ValueError(f"{path} is not an embed-sweep result store; choose another --store path")
+            raise ValueError(
+                f"{path} is not an embed-sweep result store; choose another --store path, or pass "
+                "--replace to move it aside"
+            )
         if have != sid:
             raise ValueError(
                 f"{path} holds a different sweep (id {have}, this one is {sid}: dataset, models, "
-                "options or grid differ); choose another --store path, or delete it to start over"
+                "options or grid differ); choose another --store path, or pass --replace to move it aside"
             )
         missing = [s.key for s in specs if s.key not in root]
         if not missing:
             return sid
+        target = path
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         missing = [s.key for s in specs]
-    root = zarr.open_group(str(path), mode="a", zarr_format=3)
+        target = path.with_name(f".{path.name}.setup-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    zarr.open_group(str(target), mode="a", zarr_format=3)
     for s in specs:
         if s.key in missing:
             group_template(s, grid, layout).to_zarr(
-                str(path), group=s.key, compute=False, mode="a", consolidated=False, zarr_format=3
+                str(target), group=s.key, compute=False, mode="a", consolidated=False, zarr_format=3
             )
-    root = zarr.open_group(str(path), mode="a")
+    root = zarr.open_group(str(target), mode="a")
     clean = {
         k: (json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else v) for k, v in attrs.items()
     }
@@ -186,6 +321,8 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
             "groups": json.dumps([s.key for s in specs]),
         }
     )
+    if target != path:
+        target.rename(path)
     return sid
 
 
