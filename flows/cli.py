@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -151,8 +152,13 @@ def _failure_summary(store: str, limit: int = 5) -> list[str]:
     return [f"  {key}: {n} point(s): {msg}" for (key, msg), n in seen.most_common(limit)]
 
 
-def _on_sigterm(signum, frame):
-    """SIGTERM ends the CLI like SIGINT: the flow run is marked crashed, the cluster and server stop."""
+def _on_interrupt(signum, frame):
+    """SIGINT and SIGTERM end the CLI alike: the flow run is marked crashed, the cluster and server
+    stop; Dask's shutdown complaints (workers losing their scheduler) are not shown."""
+    import logging
+
+    for name in ("distributed", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     raise KeyboardInterrupt
 
 
@@ -170,6 +176,11 @@ def cmd_run(a) -> int:
     if isinstance(cluster, str) and cluster.isdigit():
         cluster = {"type": "local", "n_workers": int(cluster)}
     spec = normalise_cluster(cluster)
+    if spec["type"] == "local":
+        # worker processes report only errors: an interrupted run's workers otherwise print the
+        # tracebacks of heartbeats to a scheduler that has already stopped
+        spec.setdefault("silence_logs", logging.ERROR)
+        cluster = spec
     t0 = time.perf_counter()
     stores = [
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
@@ -322,7 +333,10 @@ def main(argv=None) -> int:
     d = sub.add_parser("datasets", help="what can be loaded")
     d.set_defaults(fn=cmd_datasets)
     a = p.parse_args(argv)
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if a.cmd == "run" else None
+    if a.cmd == "run":
+        old = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    else:
+        old = {}
     try:
         return a.fn(a)
     except ValueError as e:
@@ -336,8 +350,8 @@ def main(argv=None) -> int:
         )
         return EXIT_INTERRUPTED
     finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
