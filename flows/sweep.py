@@ -29,10 +29,12 @@ from tasks.store import (
     STATUS_DONE,
     STATUS_FAILED,
     Layout,
+    growth,
     inputs_dir,
     prepare_store,
     read_status,
     record_flow_run,
+    store_grid,
     store_lock,
     store_path,
     sweep_id,
@@ -241,6 +243,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "data_fingerprint": fingerprint(ds),
         "models": [s.key for s in specs],
         "options": model_options,
+        "per_model": {s.key: _options_for(s, model_options) for s in specs},
         "grid": grid,
         "n_generations": int(n_generations),
         "knn_method": knn_method,
@@ -275,11 +278,18 @@ def check_store(store: str, identity: dict) -> None:
             f"{p} exists but is not an embed-sweep result store (or its set-up never finished); choose "
             "another store path, or pass --replace to move it aside"
         )
-    if have != sweep_id(identity):
-        raise ValueError(
-            f"{p} holds a different sweep (dataset, data content, models, options or grid differ); choose "
-            "another store path, or pass --replace to move it aside"
-        )
+    if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
+        growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
+
+
+def _store_points(store: str, spec: ModelSpec):
+    """Every grid point of one model as (index, values) in the store's coordinate order (a grown
+    store has its added values at the end of each dimension)."""
+    import itertools
+
+    g = store_grid(store, spec)
+    for idx in itertools.product(*(range(len(g[d])) for d in spec.dims)):
+        yield idx, {d: g[d][i] for d, i in zip(spec.dims, idx)}
 
 
 def _note_flow_run(store: str) -> None:
@@ -352,12 +362,12 @@ def sweep_grid(
     n_failed_before = 0
     for s in specs:
         status = read_status(store, s.key)
-        for idx, point in grid_points(s, grid):
+        for idx, point in _store_points(store, s):
             n_failed_before += status[idx] == STATUS_FAILED
             if status[idx] in finished:
                 continue
             todo.append((s, idx, point))
-    total = sum(1 for s in specs for _ in grid_points(s, grid))
+    total = sum(1 for s in specs for _ in _store_points(store, s))
     print(
         f"{total - len(todo)} of {total} grid points already in {store}; {len(todo)} to run"
         + (f"; Dask dashboard: {dashboard}" if dashboard else "")

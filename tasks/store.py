@@ -268,6 +268,99 @@ def _open_root(path: Path):
         ) from e
 
 
+#: what gives a finished grid point its meaning: a store grows only among sweeps that share these
+MEANING_KEYS = ("dataset", "data_fingerprint", "n_generations", "knn_method")
+
+
+def growth(path, identity: dict, specs, grid) -> dict | None:
+    """How the sweep ``identity`` extends the store at ``path``: None if the store holds exactly
+    this sweep, else ``{"groups": {key: {dim: [new values]}}, "new_models": [keys]}``.
+
+    A sweep grows a store when it has the same data (content), generation count, kNN method and
+    options for every model the store holds, the store's models, and every grid value of the store
+    (more seeds, k, latent_dim or kappa values, more models). Anything else would change what a
+    finished point means, and is refused (ValueError)."""
+    root = _open_root(Path(path))
+    if root.attrs.get("sweep_id") == sweep_id(identity):
+        return None
+    try:
+        have = json.loads(root.attrs.get("identity", "{}"))
+    except ValueError:
+        have = {}
+    where = f"{Path(path)} holds a different sweep"
+    fix = "; choose another store path, or pass --replace to move it aside"
+    differ = [k for k in MEANING_KEYS if have.get(k) != json.loads(json.dumps(identity.get(k), default=str))]
+    if differ:
+        raise ValueError(f"{where} ({', '.join(differ)} differ){fix}")
+    held = json.loads(root.attrs.get("groups", "[]"))
+    keys = [s.key for s in specs]
+    dropped = [k for k in held if k not in keys]
+    if dropped:
+        raise ValueError(f"{where}: it also holds models {dropped}; include them in --models{fix}")
+    opts_have, opts_want = have.get("per_model", {}), identity.get("per_model", {})
+    changed = [k for k in held if opts_have.get(k) != opts_want.get(k)]
+    if changed:
+        raise ValueError(f"{where}: the options of {changed} differ{fix}")
+    out = {"groups": {}, "new_models": [k for k in keys if k not in held]}
+    for spec in specs:
+        if spec.key not in held:
+            continue
+        g = root[spec.key]
+        want = model_grid(spec, grid)
+        new = {}
+        for d in spec.dims:
+            stored = [v.item() for v in np.asarray(g[d][...])]
+            missing = [v for v in stored if v not in want[d]]
+            if missing:
+                raise ValueError(
+                    f"{where}: its {spec.key} grid has {d} = {missing}, which this sweep lacks; a sweep "
+                    f"can only add values to a store (its {d} values: {stored}){fix}"
+                )
+            added = [v for v in want[d] if v not in stored]
+            if added:
+                new[d] = added
+        if "latent_dim" in new and max(new["latent_dim"]) > g["embedding"].shape[-1]:
+            raise ValueError(
+                f"{where}: latent_dim {max(new['latent_dim'])} is above the store's largest "
+                f"({g['embedding'].shape[-1]}), so its embeddings do not fit; use a new store"
+            )
+        if new:
+            out["groups"][spec.key] = new
+    return out
+
+
+def _grow_group(path: Path, key: str, new: dict) -> None:
+    """Append new values along sweep dimensions of one group: every array with that dimension is
+    resized (new cells read as pending / NaN: the arrays' fill values), then the coordinate gets
+    its values. Resizing to the same target again is harmless, so an interrupted growth is
+    finished by the next run."""
+    g = zarr.open_group(str(path), mode="r+")[key]
+    for d, added in new.items():
+        coord = g[d]
+        stored = list(np.asarray(coord[...]))
+        target = len(stored) + len([v for v in added if v not in stored])
+        for name in g.array_keys():
+            arr = g[name]
+            dims = arr.attrs.get("_ARRAY_DIMENSIONS") or list(
+                getattr(arr.metadata, "dimension_names", None) or []
+            )
+            if d in dims and name != d:
+                shape = list(arr.shape)
+                shape[dims.index(d)] = target
+                if tuple(shape) != arr.shape:
+                    arr.resize(tuple(shape))
+        todo = [v for v in added if v not in stored]
+        if todo:
+            coord.resize((target,))
+            coord[len(stored) :] = np.asarray(todo, dtype=coord.dtype)
+
+
+def store_grid(path, spec) -> dict:
+    """A group's sweep coordinates in store order (a grown store appends new values at the end)."""
+    g = zarr.open_group(str(path), mode="r")[spec.key]
+    return {d: [v.item() for v in np.asarray(g[d][...])] for d in spec.dims}
+
+
 def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict) -> str:
     """Create the store and its group templates, or check that an existing one is this sweep's.
 
@@ -289,13 +382,11 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
                 f"{path} is not an embed-sweep result store; choose another --store path, or pass "
                 "--replace to move it aside"
             )
-        if have != sid:
-            raise ValueError(
-                f"{path} holds a different sweep (id {have}, this one is {sid}: dataset, models, "
-                "options or grid differ); choose another --store path, or pass --replace to move it aside"
-            )
+        grown = growth(path, identity, specs, grid)  # refuses a store this sweep cannot extend
+        for key, new in (grown or {"groups": {}})["groups"].items():
+            _grow_group(path, key, new)
         missing = [s.key for s in specs if s.key not in root]
-        if not missing:
+        if not missing and grown is None:
             return sid
         target = path
     else:

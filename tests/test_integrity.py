@@ -344,3 +344,69 @@ def test_two_sweeps_started_together_on_one_store_run_each_point_once(server, tm
     assert sorted(rcs) == [0, 2], (rcs, errs, time.time() - t0)
     assert "is being written by another sweep" in errs[rcs.index(2)]
     assert (read_status(str(store), "ppca") == 1).all()
+
+
+# ---------------------------------------------------------------- issue 25, item 2: sweeps that grow
+
+
+def _points(store, key):
+    ds = xr.open_datatree(str(store), engine="zarr", consolidated=False)[key].ds.load()
+    return ds
+
+
+@pytest.mark.slow
+def test_a_sweep_grown_by_a_seed_and_a_k_runs_only_the_new_points_and_equals_one_run_whole(server, tmp_path):
+    data = {"name": "swiss_roll", "n": 200, "seed": 3}
+    models = ["glle_em", "ppca"]
+    kw = {"dataset": data, "models": models, "report": False, "n_generations": 0}
+    small = {"k": [8], "latent_dim": [2], "seed": [0]}
+    grown = {"k": [6, 8], "latent_dim": [2], "seed": [0, 1]}  # a k below the first and one more seed
+    store = tmp_path / "grown.zarr"
+    assert embed_sweep(grid=small, store=str(store), **kw)["ran"] == 2
+    first = _points(store, "glle_em")["embedding"].sel(k=8, seed=0).values.copy()
+    res = embed_sweep(grid=grown, store=str(store), **kw)
+    assert res["ran"] == 3 + 1 and res["done"] == 4  # glle: 4 - 1 points, ppca: 2 - 1
+    whole = tmp_path / "whole.zarr"
+    embed_sweep(grid=grown, store=str(whole), **kw)
+    for key in models:
+        a, b = _points(store, key), _points(whole, key)
+        assert (a["status"].values == 1).all()
+        for name in ("embedding", "elbo", "trustworthiness", "continuity"):
+            np.testing.assert_allclose(
+                a[name].sortby(list(a[name].dims[:-2] if name == "embedding" else a[name].dims)).values,
+                b[name].sortby(list(b[name].dims[:-2] if name == "embedding" else b[name].dims)).values,
+                rtol=1e-10,
+                atol=1e-12,
+                err_msg=f"{key} {name}",
+            )
+    # the finished point was kept, not refitted
+    np.testing.assert_array_equal(_points(store, "glle_em")["embedding"].sel(k=8, seed=0).values, first)
+    # the same command again finds nothing to do
+    assert embed_sweep(grid=grown, store=str(store), **kw)["ran"] == 0
+    # anything that changes a finished point's meaning is still refused
+    with pytest.raises(ValueError, match="options of"):
+        embed_sweep(grid=grown, store=str(store), model_options={"glle": {"reg": 0.01}}, **kw)
+    with pytest.raises(ValueError, match="data_fingerprint"):
+        embed_sweep(grid=grown, store=str(store), **{**kw, "dataset": {**data, "seed": 4}})
+    with pytest.raises(ValueError, match="lacks"):
+        embed_sweep(grid=small, store=str(store), **kw)
+
+
+def test_a_store_on_a_read_only_file_system_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A real read-only mount (tmpfs, ro): main passed its checks and failed 40 s later, once the
+    server and the cluster were up."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {r.stderr.decode().strip()}")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    try:
+        rc = cli_main(
+            ["run", "--out", str(ro / "results"), "--no-report", "--dataset", D300, "--models", "ppca"]
+            + ["--grid", G1]
+        )
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Read-only file system" in err, err
