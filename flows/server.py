@@ -54,18 +54,20 @@ def flush_prefect_logs() -> None:
 
 
 PR_SET_PDEATHSIG = 1
+try:  # looked up here, not in the forked child (a dlopen there could wait on a lock held at fork)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the context managers still stop children on a normal exit
+    _PRCTL = None
 
 
 def end_with_parent(sig: int = signal.SIGTERM) -> None:
     """For ``preexec_fn``: the child gets ``sig`` when the process that started it dies, however it
     dies (SIGKILL included: Linux's parent-death signal, prctl(PR_SET_PDEATHSIG)). If the parent is
     already gone by the time this runs, the child ends at once."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the context manager still stops it on a normal exit
+    if _PRCTL is None:
         return
+    parent = os.getppid()
+    _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent:  # the parent died between fork and prctl
         os.kill(os.getpid(), sig)
 

@@ -472,6 +472,8 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
 def open_results(path) -> xr.DataTree:
     """The result store as an xarray DataTree (one group per model key)."""
     path = Path(path)
+    if not path.exists() and store_path(path).exists():  # `x` names `x.zarr`
+        path = store_path(path)
     if not path.exists():
         raise ValueError(f"result store {str(path)!r} does not exist")
     root = _open_root(path)
