@@ -107,6 +107,7 @@ def test_evaluation_references_follow_the_data_not_the_path(tmp_path):
     assert after == trust()
 
 
+@pytest.mark.slow
 def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, tmp_path):
     assert store_path(tmp_path / "x") == store_path(tmp_path / "x.zarr") == (tmp_path / "x.zarr").absolute()
     assert inputs_dir(tmp_path / "x") == inputs_dir(tmp_path / "x.zarr")
@@ -132,6 +133,7 @@ def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, t
     assert (inputs_dir(tmp_path / "x") / "data.zarr" / "zarr.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_changed_data_file_is_a_different_sweep(server, tmp_path):
     """Same path, same options, other content: the store must not be resumed with it."""
     f = tmp_path / "d.npy"
@@ -244,6 +246,7 @@ def _plane_csv(path, n=60):
     return str(path)
 
 
+@pytest.mark.slow
 def test_failed_points_give_exit_3_with_reasons_and_retry_failed_reruns_them(server, tmp_path, capsys):
     data = _plane_csv(tmp_path / "plane.csv")
     argv = ["run", "--out", str(tmp_path), "--no-report", "--dataset", data, "--models", "ppca"]
@@ -272,6 +275,7 @@ def test_failed_points_give_exit_3_with_reasons_and_retry_failed_reruns_them(ser
 # ---------------------------------------------------------------- 5. atomic set-up and the lock
 
 
+@pytest.mark.slow
 def test_an_interrupted_set_up_is_resumable_and_replace_always_works(server, tmp_path, capsys):
     store = tmp_path / "s.zarr"
     # what main left after a set-up interrupted before the root attributes: groups, no sweep_id
@@ -300,6 +304,7 @@ def _hold_lock(store):
     return p
 
 
+@pytest.mark.slow
 def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_over(server, tmp_path, capsys):
     import socket
 
@@ -323,6 +328,7 @@ def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_o
     assert read_status(str(store), "ppca").tolist() == [[1]]
 
 
+@pytest.mark.slow
 def test_two_sweeps_started_together_on_one_store_run_each_point_once(server, tmp_path):
     store = tmp_path / "s.zarr"
     code = (
