@@ -107,12 +107,12 @@ def test_sigint_and_sigterm_end_everything_with_one_line(tmp_path, sig):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         log.close()
+    _assert_all_gone(kids)  # first: a failing run must not leave its server behind either
+    assert not _listening(port)
     assert rc == 130, err
     assert "Traceback" not in err, err
     assert err.count("embed-sweep: interrupted") == 1, err
     assert "Crashed" in err or "Crashed" in (tmp_path / "cli.log").read_text(), err
-    _assert_all_gone(kids)
-    assert not _listening(port)
 
 
 def test_sigkill_of_the_cli_leaves_no_process_and_the_next_run_marks_its_flow_runs_crashed(tmp_path):
@@ -121,8 +121,8 @@ def test_sigkill_of_the_cli_leaves_no_process_and_the_next_run_marks_its_flow_ru
         _wait_working(p, tmp_path)
         kids = _descendants(p.pid)
         port = _server_port(tmp_path)
-        held = json.loads((tmp_path / "s.zarr.lock").read_text())
-        assert held["pid"] == p.pid and held.get("flow_runs")
+        lock = tmp_path / "s.zarr.lock"
+        held = json.loads(lock.read_text()) if lock.exists() else {}
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
     finally:
@@ -131,6 +131,7 @@ def test_sigkill_of_the_cli_leaves_no_process_and_the_next_run_marks_its_flow_ru
         log.close()
     _assert_all_gone(kids)
     assert not _listening(port)
+    assert held.get("pid") == p.pid and held.get("flow_runs"), held
     # the re-run finds the dead run's lock, finishes the sweep, and records the killed runs as crashed
     p, log = _start(tmp_path)
     try:
