@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -70,50 +72,131 @@ def _json_arg(text, what):
     try:
         return json.loads(p.read_text() if p.suffix == ".json" and p.exists() else text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"--{what}: not valid JSON ({e}): {text!r}") from e
+        raise ValueError(f"--{what}: not valid JSON ({e}): {text!r}") from e
+
+
+#: exit codes: every grid point done; refused input (before any work); some grid point failed;
+#: interrupted (SIGINT / SIGTERM)
+EXIT_OK, EXIT_REFUSED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+
+
+def _sweeps_from_args(a) -> list[dict]:
+    """The sweeps a `run` command asks for, from --config / --dataset / --models / --grid / --options."""
+    cfg = _json_arg(a.config, "config") or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--config must hold a JSON object, got {cfg!r}")
+    if "sweeps" in cfg:  # several sweeps in one run, sharing one local cluster
+        if a.dataset or a.models or a.grid or a.store:
+            raise ValueError("a --config 'sweeps' list takes none of --dataset, --models, --grid, --store")
+        return [_sweep_entry(sw, i) for i, sw in enumerate(cfg["sweeps"])]
+    if a.dataset or a.models or a.grid or a.config or a.options:
+        grid = _json_arg(a.grid, "grid") if a.grid is not None else cfg.get("grid")
+        if a.grid is not None and not isinstance(grid, dict):
+            raise ValueError(
+                f'--grid must be a JSON object like \'{{"k": [8, 12], "latent_dim": [2], "seed": [0]}}\', '
+                f"got {a.grid!r}; leave --grid out for the built-in grid"
+            )
+        options = _json_arg(a.options, "options") if a.options is not None else cfg.get("model_options")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(
+                f"--options must be a JSON object {{model: {{option: value}}}}, got {a.options!r}"
+            )
+        return [
+            {
+                "dataset": _json_arg(a.dataset, "dataset")
+                if a.dataset and a.dataset.startswith("{")
+                else (a.dataset or cfg.get("dataset", "swiss_roll")),
+                "models": a.models.split(",") if a.models else cfg.get("models", "all"),
+                "grid": grid,
+                "store": a.store or cfg.get("store", "sweep.zarr"),
+                "model_options": options,
+            }
+        ]
+    return default_sweeps()
+
+
+def _plan_all(sweeps, stores, replace: bool) -> list[dict]:
+    """Every sweep's refusals before any server or cluster starts: models, options, grid, data,
+    an existing store's identity, a writable location. Returns each sweep's identity."""
+    from flows.sweep import check_store, check_writable, plan_sweep
+
+    if len(set(stores)) != len(stores):
+        raise ValueError(f"two sweeps write the same store: {stores}; give each its own 'store'")
+    identities = []
+    for sw, store in zip(sweeps, stores):
+        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
+        n, d = plan["size"]
+        print(f"data {plan['dataset'][0]}: {n} rows x {d} columns -> {store}")
+        identities.append(plan["identity"])
+        if not replace:
+            check_store(store, plan["identity"])
+        check_writable(store)
+    return identities
+
+
+def _failure_summary(store: str, limit: int = 5) -> list[str]:
+    """The distinct errors of a store's failed grid points, most frequent first (for the exit note)."""
+    import collections
+    import re
+
+    import zarr
+
+    root = zarr.open_group(store, mode="r")
+    seen = collections.Counter()
+    for key in root.group_keys():
+        g = root[key]
+        status = g["status"][...]
+        errors = g["error"][...]
+        for msg in errors[status == 2].ravel():
+            seen[(key, re.sub(r" \[[^\]]*\]$", "", str(msg)))] += 1
+    return [f"  {key}: {n} point(s): {msg}" for (key, msg), n in seen.most_common(limit)]
+
+
+def _on_interrupt(signum, frame):
+    """SIGINT and SIGTERM end the CLI alike: the flow run is marked crashed, the cluster and server
+    stop; Dask's shutdown complaints (workers losing their scheduler) are not shown."""
+    import logging
+
+    for name in ("distributed", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    raise KeyboardInterrupt
 
 
 def cmd_run(a) -> int:
     _env_defaults()
     from flows.cluster import normalise_cluster, start_cluster
     from flows.server import local_server
-    from flows.sweep import check_store, embed_sweep, plan_sweep
+    from flows.sweep import embed_sweep
     from tasks.report import summary_table
+    from tasks.store import store_lock, store_path
 
     out = Path(a.out)
-    cfg = _json_arg(a.config, "config") or {}
-    if "sweeps" in cfg:  # several sweeps in one run, sharing one local cluster
-        if a.dataset or a.models or a.grid or a.store:
-            raise ValueError("a --config 'sweeps' list takes none of --dataset, --models, --grid, --store")
-        sweeps = [_sweep_entry(sw, i) for i, sw in enumerate(cfg["sweeps"])]
-    elif a.dataset or a.models or a.grid or a.config:
-        sweeps = [
-            {
-                "dataset": _json_arg(a.dataset, "dataset")
-                if a.dataset and a.dataset.startswith("{")
-                else (a.dataset or cfg.get("dataset", "swiss_roll")),
-                "models": a.models.split(",") if a.models else cfg.get("models", "all"),
-                "grid": _json_arg(a.grid, "grid") if a.grid else cfg.get("grid"),
-                "store": a.store or cfg.get("store", "sweep.zarr"),
-                "model_options": _json_arg(a.options, "options") if a.options else cfg.get("model_options"),
-            }
-        ]
-    else:
-        sweeps = default_sweeps()
+    sweeps = _sweeps_from_args(a)
     cluster = _json_arg(a.cluster, "cluster") if a.cluster and a.cluster.startswith("{") else a.cluster
     if isinstance(cluster, str) and cluster.isdigit():
         cluster = {"type": "local", "n_workers": int(cluster)}
     spec = normalise_cluster(cluster)
+    if spec["type"] == "local":
+        # worker processes report only errors: an interrupted run's workers otherwise print the
+        # tracebacks of heartbeats to a scheduler that has already stopped
+        spec.setdefault("silence_logs", logging.ERROR)
+        cluster = spec
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    stores = [str(out / sw["store"]) if not Path(sw["store"]).is_absolute() else sw["store"] for sw in sweeps]
-    identities = []  # every sweep's errors before any work starts
-    for sw, store in zip(sweeps, stores):
-        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
-        identities.append(plan["identity"])
-        if not a.replace:
-            check_store(store, plan["identity"])
+    stores = [
+        str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
+        for sw in sweeps
+    ]
+    identities = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
+    failed = {}
     with contextlib.ExitStack() as stack:
+        for store in stores:  # held from here to the end: a second run on a store is refused now
+            stack.enter_context(store_lock(store))
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(
+                f"cannot create the output folder {out} ({e.strerror}); choose another --out"
+            ) from e
         url = stack.enter_context(local_server(out / "prefect-server.log"))
         print(f"Prefect API: {url}")
         if spec["type"] == "local" and len(sweeps) > 1:
@@ -134,12 +217,22 @@ def cmd_run(a) -> int:
                 model_options=sw.get("model_options"),
                 cluster=cluster,
                 report=not a.no_report,
+                retry_failed=a.retry_failed,
             )
             print(summary_table(store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
             if res.get("report"):
                 print(f"report: {res['report']}")
+            if res.get("failed") or res.get("failed_before"):
+                failed[store] = res["failed"] + res.get("failed_before", 0)
     print(f"\nall sweeps finished in {time.perf_counter() - t0:.0f} s; results under {out}/")
-    return 0
+    if failed:
+        print(f"\n{sum(failed.values())} grid point(s) failed:", file=sys.stderr)
+        for store in failed:
+            print(f"{store}:", file=sys.stderr)
+            print("\n".join(_failure_summary(store)), file=sys.stderr)
+        print("re-run the same command with --retry-failed to run the failed points again", file=sys.stderr)
+        return EXIT_POINTS_FAILED
+    return EXIT_OK
 
 
 def _sweep_entry(sw, i: int) -> dict:
@@ -162,19 +255,18 @@ def _set_aside_if_different(store: str, identity: dict) -> None:
     """--replace: a store holding a different sweep (not ``identity``) is renamed aside (never
     deleted)."""
     from flows.sweep import check_store
+    from tasks.store import inputs_dir
 
     if not Path(store).exists():
         return
     try:
         check_store(store, identity)
-    except ValueError as e:
-        if "different sweep" not in str(e):
-            raise
+    except ValueError as e:  # a different sweep, or not a finished store at all (an interrupted set-up)
         aside = f"{store}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
         Path(store).rename(aside)
-        if Path(store + ".inputs").exists():
-            Path(store + ".inputs").rename(aside + ".inputs")
-        print(f"{store} held a different sweep; moved it to {aside}")
+        if inputs_dir(store).exists():
+            inputs_dir(store).rename(str(inputs_dir(store)) + f".replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        print(f"{store}: {str(e).split(';')[0]}; moved it to {aside}")
 
 
 def cmd_show(a) -> int:
@@ -251,6 +343,9 @@ def main(argv=None) -> int:
     r.add_argument("--out", default="results", help="output folder (default results/)")
     r.add_argument("--no-report", action="store_true")
     r.add_argument(
+        "--retry-failed", action="store_true", help="run the grid points that failed in an earlier run again"
+    )
+    r.add_argument(
         "--replace",
         action="store_true",
         help="if a store holds a different sweep, move it aside (renamed, not deleted) and start fresh",
@@ -267,11 +362,25 @@ def main(argv=None) -> int:
     d = sub.add_parser("datasets", help="what can be loaded")
     d.set_defaults(fn=cmd_datasets)
     a = p.parse_args(argv)
+    if a.cmd == "run":
+        old = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    else:
+        old = {}
     try:
         return a.fn(a)
     except ValueError as e:
         print(f"embed-sweep: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print(
+            "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "
+            "again to resume",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

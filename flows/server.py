@@ -7,7 +7,9 @@ costs minutes and spews kill warnings (shared/STACK.md); a real server on 127.0.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +53,31 @@ def flush_prefect_logs() -> None:
         pass
 
 
+PR_SET_PDEATHSIG = 1
+try:  # looked up here, not in the forked child (a dlopen there could wait on a lock held at fork)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the context managers still stop children on a normal exit
+    _PRCTL = None
+
+
+def end_with_parent(sig: int = signal.SIGTERM) -> None:
+    """For ``preexec_fn``: the child gets ``sig`` when the process that started it dies, however it
+    dies (SIGKILL included: Linux's parent-death signal, prctl(PR_SET_PDEATHSIG)). If the parent is
+    already gone by the time this runs, the child ends at once."""
+    if _PRCTL is None:
+        return
+    parent = os.getppid()
+    _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died between fork and prctl
+        os.kill(os.getpid(), sig)
+
+
+def start_child(cmd, **kw) -> subprocess.Popen:
+    """Start a helper process (the Prefect server) that ends when this process ends, however it
+    ends. Only safe from the main thread: the parent-death signal follows the starting thread."""
+    return subprocess.Popen(cmd, preexec_fn=end_with_parent, **kw)  # noqa: PLW1509
+
+
 @contextlib.contextmanager
 def use_api(url: str):
     """Point this process's Prefect client at ``url`` (the settings are read at import time, so
@@ -82,7 +109,7 @@ def local_server(log_path: Path | None = None):
         "--port",
         str(port),
     ]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_child(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(url, proc)
         os.environ["PREFECT_API_URL"] = url

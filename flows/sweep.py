@@ -3,9 +3,13 @@ grid point on a Dask cluster -> report. Resumable: grid points already done are 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import math
+import numbers
 import os
+import tempfile
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -14,24 +18,38 @@ from prefect_dask import DaskTaskRunner
 
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
-from lvmcore.data import load
+from lvmcore.data import fingerprint, load
 from lvmcore.graph import KNN_METHODS
 from tasks.artifacts import publish_results, start_progress, update_progress
 from tasks.ingest import dataset_spec, ingest_task
-from tasks.knn import knn_task
+from tasks.knn import graph_matches, knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
-from tasks.registry import ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
+from tasks.registry import MODELS, ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
 from tasks.report import report_task
 from tasks.store import (
+    STALE_HOLDERS,
     STATUS_DONE,
     STATUS_FAILED,
     Layout,
+    growth,
+    inputs_dir,
     prepare_store,
     read_status,
+    record_flow_run,
+    store_grid,
+    store_lock,
+    store_path,
     sweep_id,
 )
 
 DEFAULT_GRID = {"k": [8, 12], "latent_dim": [2], "kappa": [100.0], "seed": [0]}
+#: a sweep's grid points (all models together) are refused above this many: the store template,
+#: the flow's parameters and the status arrays grow with it; split a larger study into sweeps
+MAX_GRID_POINTS = 10_000
+#: the fewest data points a sweep fits on
+MIN_POINTS = 3
+#: models that fit local neighbourhoods need more neighbours than latent dimensions (LLE weights)
+NEEDS_K_ABOVE_Q = ("glle",)
 
 
 def get_dask_worker_count() -> int:
@@ -47,9 +65,9 @@ def get_dask_worker_count() -> int:
 
 
 def input_paths(store: str) -> tuple[str, str]:
-    """Where the sweep keeps its ingested data and kNN graph: beside the result store."""
-    p = Path(store)
-    base = p.parent / f"{p.name.removesuffix('.zarr')}.inputs"
+    """Where the sweep keeps its ingested data and kNN graph: ``x.zarr`` -> ``x.inputs/`` (owned by
+    that one store: ``x`` and ``x.zarr`` name the same store, see tasks.store.store_path)."""
+    base = inputs_dir(store)
     return str(base / "data.zarr"), str(base / "graph.zarr")
 
 
@@ -74,11 +92,116 @@ def _options_for(spec: ModelSpec, model_options: dict) -> dict:
     return opts
 
 
+def _check_grid_input(grid) -> None:
+    """Size and finiteness of a raw grid, before it is expanded into anything."""
+    if not isinstance(grid, dict):
+        raise ValueError(
+            f'grid must be a mapping like {{"k": [8, 12], "latent_dim": [2], "seed": [0]}}, got {grid!r}'
+        )
+    size = 1
+    for d, vals in grid.items():
+        vals = vals if isinstance(vals, (list, tuple)) else [vals]
+        size *= max(1, len(vals))
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ValueError(f"grid[{d!r}] holds {v!r}; every grid value must be a finite number")
+    if size > MAX_GRID_POINTS:
+        raise ValueError(
+            f"the grid has {size:,} points per model, above the limit of {MAX_GRID_POINTS:,} "
+            "(flows.sweep.MAX_GRID_POINTS); split the study into several sweeps"
+        )
+
+
+def check_model_options(spec: ModelSpec, options: dict, grid: dict) -> None:
+    """Model options against the estimator's constructor: names it takes, values of the type of
+    its defaults (finite numbers), none that a grid dimension or the model key sets; then the
+    estimator's own parameter rules (``_parameter_constraints``) at every grid point."""
+    from tasks.registry import _PARAM_OF_DIM
+
+    try:
+        cls = spec.estimator_class()
+    except ImportError as e:
+        raise ValueError(f"model {spec.key!r} cannot be imported ({e})") from e
+    params = inspect.signature(cls).parameters
+    open_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = {n: p for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    by_grid = {_PARAM_OF_DIM[d]: d for d in spec.dims}
+    for name, value in options.items():
+        if name in by_grid:
+            raise ValueError(
+                f"model option {name!r} of {spec.key!r} is set by the grid dimension {by_grid[name]!r}; "
+                f"put it in the grid instead"
+            )
+        if name in spec.fixed and spec.fixed[name] != value:
+            raise ValueError(
+                f"model {spec.key!r} fixes {name}={spec.fixed[name]!r}, the option asks for {value!r}; "
+                f"name the model variant you want instead (keys: {sorted(MODELS)})"
+            )
+        if name not in named:
+            if open_kw:
+                continue
+            raise ValueError(
+                f"{cls.__name__} ({spec.key!r}) has no option {name!r}; its options are "
+                f"{sorted(n for n in named if n not in by_grid)}"
+            )
+        default = named[name].default
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"model option {spec.key}.{name} = {value!r}; give a finite number")
+        want = None
+        if isinstance(default, bool):
+            want, ok = "true or false", isinstance(value, bool)
+        elif isinstance(default, int):
+            want, ok = "an integer", isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        elif isinstance(default, float):
+            want, ok = "a number", isinstance(value, numbers.Real) and not isinstance(value, bool)
+        elif isinstance(default, str):
+            want, ok = "a string", isinstance(value, str)
+        if want is not None and not ok:
+            raise ValueError(
+                f"model option {spec.key}.{name} must be {want} (default {default!r}), got {value!r}"
+            )
+    if getattr(cls, "_parameter_constraints", None):
+        for _, point in grid_points(spec, grid):
+            try:
+                cls(**spec.constructor_args(point, options))._validate_params()
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"model {spec.key!r} at {point}: {e}") from e
+
+
+def check_writable(store) -> None:
+    """The store's folder can be written (probed with a real file: permissions, read-only mounts)."""
+    p = store_path(store)
+    probe_dir = p if p.exists() else p.parent
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".embed-sweep-probe-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise ValueError(
+            f"cannot write the store {p}: {probe_dir} is not writable ({e.strerror}); "
+            "choose another --out or --store"
+        ) from e
+
+
 def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method) -> dict:
     """Validate everything a sweep needs before any work; raises ValueError with the fix."""
     specs = resolve_models(models)
+    if grid is not None:
+        _check_grid_input(grid)
     grid = normalise_grid(grid if grid is not None else DEFAULT_GRID)
+    if model_options is not None and not isinstance(model_options, dict):
+        raise ValueError(
+            f"model options must be a mapping {{model: {{option: value}}}}, got {model_options!r}"
+        )
     model_options = dict(model_options or {})
+    for key, opts in model_options.items():
+        if not isinstance(opts, dict):
+            raise ValueError(
+                f"model options for {key!r} must be a mapping {{option: value}}, got {opts!r}; "
+                f'e.g. {{"{key}": {{"max_iter": 100}}}}'
+            )
     known = {s.family for s in specs} | {s.key for s in specs}
     stray = set(model_options) - known
     if stray:
@@ -90,9 +213,19 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     src, opts = dataset_spec(dataset)
     ds = load(src, **opts)
     n, D = ds.sizes["point"], ds.sizes["feature"]
+    if n < MIN_POINTS:
+        raise ValueError(f"data set {src!r} has {n} point(s); a sweep needs at least {MIN_POINTS}")
     n_views = len(ds.attrs.get("views", [])) or 1
     for s in specs:
         g = model_grid(s, grid)
+        check_model_options(s, _options_for(s, model_options), grid)
+        if s.family in NEEDS_K_ABOVE_Q and "k" in g and min(g["k"]) <= max(g["latent_dim"]):
+            raise ValueError(
+                f"model {s.key!r} needs k > latent_dim at every grid point (LLE weights), got k = "
+                f"{min(g['k'])} with latent_dim = {max(g['latent_dim'])}; raise k or lower latent_dim"
+            )
+        if max(g["latent_dim"]) >= n:
+            raise ValueError(f"latent_dim {max(g['latent_dim'])} needs more than {n} points in {src!r}")
         if s.multiview and n_views < 2:
             raise ValueError(
                 f"model {s.key!r} needs a multi-view data set; {src!r} has one view (try 'mrd_toy')"
@@ -114,8 +247,10 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     )
     identity = {
         "dataset": [src, opts],
+        "data_fingerprint": fingerprint(ds),
         "models": [s.key for s in specs],
         "options": model_options,
+        "per_model": {s.key: _options_for(s, model_options) for s in specs},
         "grid": grid,
         "n_generations": int(n_generations),
         "knn_method": knn_method,
@@ -128,12 +263,13 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "identity": identity,
         "dataset": [src, opts],
         "provenance": dict(ds.attrs),
+        "size": (n, D),
     }
 
 
 def check_store(store: str, identity: dict) -> None:
     """Refuse a store that holds a different sweep (before any work starts)."""
-    p = Path(store)
+    p = store_path(store)
     if not p.exists():
         return
     import zarr
@@ -145,12 +281,51 @@ def check_store(store: str, identity: dict) -> None:
             f"{p} exists but is not a readable zarr store ({e}); choose another store path"
         ) from e
     if have is None:
-        raise ValueError(f"{p} exists but is not an embed-sweep result store; choose another store path")
-    if have != sweep_id(identity):
         raise ValueError(
-            f"{p} holds a different sweep (dataset, models, options or grid differ); choose another "
-            "store path, or delete it to start over"
+            f"{p} exists but is not an embed-sweep result store (or its set-up never finished); choose "
+            "another store path, or pass --replace to move it aside"
         )
+    if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
+        growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
+
+
+def _store_points(store: str, spec: ModelSpec):
+    """Every grid point of one model as (index, values) in the store's coordinate order (a grown
+    store has its added values at the end of each dimension)."""
+    import itertools
+
+    g = store_grid(store, spec)
+    for idx in itertools.product(*(range(len(g[d])) for d in spec.dims)):
+        yield idx, {d: g[d][i] for d, i in zip(spec.dims, idx)}
+
+
+def _note_flow_run(store: str) -> None:
+    """Record this flow run in the store's lock; mark the runs of dead lock holders crashed."""
+    from prefect.runtime import flow_run
+
+    if flow_run.id:
+        record_flow_run(store, flow_run.id)
+    while STALE_HOLDERS:
+        held = STALE_HOLDERS.pop()
+        ids = held.get("flow_runs", [])
+        if ids:
+            mark_crashed(ids, f"its process (pid {held.get('pid')} on {held.get('host')}) died")
+            print(f"marked {len(ids)} flow run(s) of pid {held.get('pid')} crashed")
+
+
+def mark_crashed(flow_run_ids, why: str) -> None:
+    """Set flow runs still shown as running to Crashed (their process was killed, e.g. SIGKILL)."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        for fid in flow_run_ids:
+            try:
+                run = client.read_flow_run(fid)
+            except Exception:  # not on this API server (e.g. another server's database)
+                continue
+            if run.state is not None and not run.state.is_final():
+                client.set_flow_run_state(fid, Crashed(message=f"Crashed: {why}"), force=True)
 
 
 def _progress(store: str, todo: int, already: int) -> Progress:
@@ -171,17 +346,23 @@ def sweep_grid(
     make_report: bool,
     dashboard: str = "",
     points_per_task: int | None = None,
+    retry_failed: bool = False,
 ) -> dict:
     """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster."""
     logger = get_run_logger()
+    store = str(store_path(store))
+    _note_flow_run(store)
     plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
     specs, grid, layout = plan["specs"], plan["grid"], plan["layout"]
     data_path, graph_path = input_paths(store)
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
     src, opts = plan["dataset"]
-    data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path).result()
+    fp = plan["identity"]["data_fingerprint"]
+    data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path, fp).result()
     ks = [max(model_grid(s, grid)["k"]) for s in specs if "k" in s.dims]
     graph = knn_task.submit(data_path, max(ks) if ks else 0, graph_path, knn_method).result() if ks else None
+    if graph and not graph_matches(graph, data_path, max(ks), knn_method):
+        raise RuntimeError(f"the kNN graph {graph} does not match the data {data_path} (fingerprint); re-run")
     attrs = {
         "dataset": json.dumps(plan["dataset"]),
         "flow_parameters": json.dumps(plan["identity"]),
@@ -190,13 +371,16 @@ def sweep_grid(
     prepare_store(store, plan["identity"], specs, grid, layout, attrs)
 
     todo = []
+    finished = (STATUS_DONE,) if retry_failed else (STATUS_DONE, STATUS_FAILED)
+    n_failed_before = 0
     for s in specs:
         status = read_status(store, s.key)
-        for idx, point in grid_points(s, grid):
-            if status[idx] in (STATUS_DONE, STATUS_FAILED):
+        for idx, point in _store_points(store, s):
+            n_failed_before += status[idx] == STATUS_FAILED
+            if status[idx] in finished:
                 continue
             todo.append((s, idx, point))
-    total = sum(1 for s in specs for _ in grid_points(s, grid))
+    total = sum(1 for s in specs for _ in _store_points(store, s))
     print(
         f"{total - len(todo)} of {total} grid points already in {store}; {len(todo)} to run"
         + (f"; Dask dashboard: {dashboard}" if dashboard else "")
@@ -218,6 +402,7 @@ def sweep_grid(
             store,
             layout,
             len(items),
+            retry_failed,
         )
         futures[id(fut)] = (fut, s.key, items)
     progress = _progress(store, len(todo), total - len(todo))
@@ -230,6 +415,12 @@ def sweep_grid(
     done, failed = progress.done, progress.failed
     if failed:
         logger.warning(f"{failed} grid points failed; their errors are in the store's 'error' variables")
+    failed_before = 0 if retry_failed else int(n_failed_before)
+    if failed_before:
+        logger.warning(
+            f"{failed_before} grid points failed in an earlier run and were not re-run; "
+            "run again with --retry-failed (retry_failed=True) to re-run them"
+        )
     report = None
     if make_report:
         report = report_task.submit(store).result()
@@ -240,6 +431,7 @@ def sweep_grid(
         "ran": len(todo),
         "done": done,
         "failed": failed,
+        "failed_before": failed_before,
         "report": report,
     }
 
@@ -256,6 +448,7 @@ def embed_sweep(
     n_generations: int = 3,
     report: bool = True,
     points_per_task: int | None = None,
+    retry_failed: bool = False,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -263,7 +456,9 @@ def embed_sweep(
     models: families (lllvm, glle, hgplvm, bgplvm, mrd, ppca), keys (glle_em, hgplvm_sparse, ...) or "all".
     grid: {"k": [...], "latent_dim": [...], "kappa": [...], "seed": [...]}; a dimension applies
         only to the models that have it (k: graph models; kappa: hGP-LVM).
-    store: the result zarr store (inputs go beside it in <name>.inputs/).
+    store: the result zarr store (``x`` means ``x.zarr``; inputs go beside it in ``x.inputs/``; while the
+        sweep writes it, ``x.zarr.lock`` names the writing process and a second sweep is refused).
+    retry_failed: run the grid points that failed in an earlier run again (default: keep them failed).
     model_options: {family_or_key: {constructor option: value}}.
     points_per_task: grid points per Prefect task run (default: guided sizes, at most 8 points, shrinking
         to single points at the end; tasks.point.batch_sizes); every point is written as soon as it
@@ -272,14 +467,19 @@ def embed_sweep(
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
     """
     spec = normalise_cluster(cluster)
+    store = str(store_path(store))
     plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
     check_store(store, plan["identity"])
+    check_writable(store)
     if os.environ.get("PREFECT_API_URL") is None:
         from prefect.settings import PREFECT_API_URL
 
         if PREFECT_API_URL.value():  # so worker processes talk to the same API
             os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-    with start_cluster(spec) as (address, dashboard, _cluster):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(store_lock(store))
+        _note_flow_run(store)
+        address, dashboard, _cluster = stack.enter_context(start_cluster(spec))
         if dashboard:
             print(f"Dask dashboard: {dashboard}")
         runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
@@ -294,4 +494,5 @@ def embed_sweep(
             report,
             dashboard,
             points_per_task,
+            retry_failed,
         )

@@ -31,7 +31,7 @@ def poincare_distances(P) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=2)
-def _reference(data_path: str, seed: int):
+def _reference(data_path: str, fingerprint, seed: int):
     """Per-data-set quantities every grid point shares, computed once per worker process: the
     evaluation subset, data distances, the ranks of the data's pairwise distances (Shepard) and
     the truth's distances."""
@@ -55,7 +55,7 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResu
         return res
     spec = MODELS[res.key]
     data = load_data(data_path)
-    sel, DY, nranks_y, iu, rank_y, DT = _reference(str(data_path), seed)
+    sel, DY, nranks_y, iu, rank_y, DT = _reference(str(data_path), data["fingerprint"], seed)
     Xs = res.embedding[sel]
     DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
     k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import task
 
-from lvmcore.data import ingest, load, open_dataset
+from lvmcore.data import fingerprint, ingest, load, open_dataset
 
 
 def dataset_spec(dataset) -> tuple[str, dict]:
@@ -22,23 +22,35 @@ def dataset_spec(dataset) -> tuple[str, dict]:
     raise ValueError(f"dataset must be a name, a path or a dict, got {type(dataset).__name__}")
 
 
-def ingest_dataset(dataset, data_path: str) -> str:
-    """Write the data set to ``data_path`` unless an identical one is already there."""
+def stored_fingerprint(data_path) -> str | None:
+    """The content fingerprint an ingested data store records (None if it has none)."""
+    try:
+        return open_dataset(data_path).attrs.get("fingerprint")
+    except ValueError:
+        return None
+
+
+def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
+    """Write the data set to ``data_path`` unless a store with the same content fingerprint is
+    already there (a store made from other data, or one without a fingerprint, is rewritten).
+
+    ``expect``: the fingerprint the sweep planned with; data that loads differently now (a file
+    changed between planning and ingest) is refused rather than fitted."""
     src, opts = dataset_spec(dataset)
+    want = load(src, **opts)
+    fp = fingerprint(want)
+    if expect is not None and fp != expect:
+        raise ValueError(
+            f"the data {src!r} changed while the sweep started (fingerprint {fp}, planned {expect}); "
+            "run the sweep again"
+        )
     p = Path(data_path)
-    if p.exists():
-        have = open_dataset(p)
-        want = load(src, **opts)
-        if have.attrs.get("source") == want.attrs.get("source") and have.attrs.get(
-            "params"
-        ) == want.attrs.get("params"):
-            return str(p)
-        ingest(want, p, overwrite=True)
+    if p.exists() and stored_fingerprint(p) == fp:
         return str(p)
-    ingest(load(src, **opts), p)
+    ingest(want, p, overwrite=True)
     return str(p)
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)
-def ingest_task(dataset: str | dict, data_path: str) -> str:
-    return ingest_dataset(dataset, data_path)
+def ingest_task(dataset: str | dict, data_path: str, expect: str | None = None) -> str:
+    return ingest_dataset(dataset, data_path, expect)

@@ -18,24 +18,40 @@ import xarray as xr
 from lvmcore.data import open_dataset
 
 
+def data_fingerprint(path) -> str | None:
+    """The content fingerprint recorded in an ingested data store's attributes (None if none)."""
+    import json
+
+    try:
+        meta = json.loads((Path(path) / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get("attributes", {}).get("fingerprint")
+
+
 @functools.lru_cache(maxsize=4)
-def _load_data(path: str, stamp: float):
+def _load_data(path: str, stamp):
     ds = open_dataset(path, dask=False).load()
     out = {"Y": ds["Y"].values, "views": [ds[v].values for v in ds.attrs.get("views", [])]}
     for name in ("label", "color", "truth"):
         out[name] = ds[name].values if name in ds else None
     out["truth_metric"] = ds.attrs.get("truth_metric", "euclidean")
+    out["fingerprint"] = ds.attrs.get("fingerprint")
     return out
 
 
 def load_data(path) -> dict:
-    """Y, views, label, color, truth and truth_metric of an ingested data store."""
+    """Y, views, label, color, truth, truth_metric and fingerprint of an ingested data store.
+
+    Cached per process by path and content fingerprint (plus the metadata file's mtime for stores
+    without one): a store rewritten with other data is read again, never served from the cache."""
     p = Path(path)
-    return _load_data(str(p.resolve()), (p / "zarr.json").stat().st_mtime)
+    meta = p / "zarr.json"
+    return _load_data(str(p.resolve()), (data_fingerprint(p), meta.stat().st_mtime_ns))
 
 
 @functools.lru_cache(maxsize=4)
-def _load_graph(path: str, stamp: float):
+def _load_graph(path: str, stamp):
     g = xr.open_zarr(path, consolidated=False, chunks=None).load()
     return g["indices"].values.astype(np.int64), g["distances"].values
 
@@ -45,4 +61,4 @@ def load_graph(path):
     if path is None:
         return None, None
     p = Path(path)
-    return _load_graph(str(p.resolve()), (p / "zarr.json").stat().st_mtime)
+    return _load_graph(str(p.resolve()), (p / "zarr.json").stat().st_mtime_ns)

@@ -11,23 +11,50 @@ import xarray as xr
 from prefect import task
 
 from lvmcore.graph import choose_knn_method, knn
-from tasks.inputs import load_data
+from tasks.inputs import data_fingerprint, load_data
+
+
+def graph_matches(graph_path, data_path, k_max: int, method: str) -> bool:
+    """Whether the graph store at ``graph_path`` was built from exactly this data (content
+    fingerprint), at this k and with this method."""
+    p = Path(graph_path)
+    if not p.exists():
+        return False
+    try:
+        a = xr.open_zarr(p, consolidated=False).attrs
+    except Exception:  # a torn or foreign store: rebuilt
+        return False
+    fp = data_fingerprint(data_path)
+    return (
+        fp is not None
+        and a.get("data_fingerprint") == fp
+        and a.get("k") == k_max
+        and a.get("method") == method
+    )
 
 
 def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
-    """kNN indices and distances at ``k_max`` written to ``graph_path`` (aside, then renamed)."""
+    """kNN indices and distances at ``k_max`` written to ``graph_path`` (aside, then renamed).
+
+    A graph already there is reused only if it records this data's content fingerprint, this k and
+    this method; any other is rebuilt (a graph of other data must never be fitted on)."""
     p = Path(graph_path)
+    if graph_matches(p, data_path, k_max, method):
+        return str(p)
     if p.exists():
-        g = xr.open_zarr(p, consolidated=False)
-        if g.attrs.get("k") == k_max and g.attrs.get("method") == method:
-            return str(p)
         shutil.rmtree(p)
     Y = load_data(data_path)["Y"]
     used = choose_knn_method(*Y.shape, k_max) if method == "auto" else method  # recorded below
     idx, dist = knn(Y, k_max, method=used)
     ds = xr.Dataset(
         {"indices": (("point", "neighbor"), idx), "distances": (("point", "neighbor"), dist)},
-        attrs={"k": int(k_max), "method": method, "method_used": used, "data": str(data_path)},
+        attrs={
+            "k": int(k_max),
+            "method": method,
+            "method_used": used,
+            "data": str(data_path),
+            "data_fingerprint": data_fingerprint(data_path),
+        },
     )
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     ds.to_zarr(tmp, mode="w", consolidated=False)

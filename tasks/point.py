@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.registry import MODELS
-from tasks.store import STATUS_PENDING, Layout, read_status, write_point
+from tasks.store import STATUS_FAILED, STATUS_PENDING, Layout, read_status, write_point
 
 #: at most this many grid points per task run
 MAX_POINTS_PER_TASK = 8
@@ -92,13 +92,15 @@ def grid_points_task(
     store: str,
     layout: Layout,
     n: int = 0,
+    retry_failed: bool = False,
 ) -> list[str]:
     """Run a batch of grid points (``items``: (index, point) pairs) of one model, skipping any
-    that a previous attempt already finished."""
+    that a previous attempt already finished (failed ones too, unless ``retry_failed``)."""
     status = read_status(store, key)
+    runnable = (STATUS_PENDING, STATUS_FAILED) if retry_failed else (STATUS_PENDING,)
     out = []
     for index, point in items:
-        if np.asarray(status)[tuple(index)] != STATUS_PENDING:
+        if np.asarray(status)[tuple(index)] not in runnable:
             out.append("skipped")
             continue
         out.append(run_point(key, options, data_path, graph_path, tuple(index), point, store, layout))

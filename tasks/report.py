@@ -99,9 +99,9 @@ def _scatter(ax, X, c, title, hyperbolic, var=None):
 
 def _labels(store):
     from tasks.inputs import load_data
+    from tasks.store import inputs_dir
 
-    p = Path(store)
-    data_path = p.parent / f"{p.name.removesuffix('.zarr')}.inputs" / "data.zarr"
+    data_path = inputs_dir(store) / "data.zarr"
     if not data_path.exists():
         return None
     d = load_data(str(data_path))
@@ -188,8 +188,10 @@ def make_report(store, out_dir=None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tasks.store import report_dir
+
     store = Path(store)
-    out = Path(out_dir) if out_dir else store.parent / f"{store.name.removesuffix('.zarr')}.report"
+    out = Path(out_dir) if out_dir else report_dir(store)
     out.mkdir(parents=True, exist_ok=True)
     tree = open_results(store)
     colour = _labels(store)

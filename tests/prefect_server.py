@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.server import flush_prefect_logs, free_port, wait_healthy
+from flows.server import flush_prefect_logs, free_port, start_child, wait_healthy
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
@@ -27,7 +27,7 @@ def prefect_server(home: Path, extra_env: dict | None = None):
         **(extra_env or {}),
     )
     log = open(home / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
+    proc = start_child(  # ends with the test process, even if that is killed
         [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=log,

@@ -136,3 +136,75 @@ def test_killing_the_flow_process_then_rerunning_completes_the_sweep(env, refere
     res = _sweep(store)
     assert res["ran"] == int((before == 0).sum()) and res["failed"] == 0
     _assert_same(store, reference)
+
+
+def _descendants(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _done_stamps(store):
+    """{status chunk file: mtime_ns} of every grid point marked done (a cell is one chunk)."""
+    status = read_status(store, "ppca")
+    out = {}
+    for idx in zip(*np.nonzero(status == 1)):
+        f = Path(store) / "ppca" / "status" / "c" / "/".join(str(int(i)) for i in idx)
+        out[str(f)] = f.stat().st_mtime_ns
+    return out
+
+
+def _kill_when(kind, store, proc, rng):
+    """Wait for the moment to inject the fault: during the store's set-up (its temporary folder
+    exists), just after a region write (one more point done), or a seeded random time."""
+    if kind == "setup":
+        t0 = time.time()
+        while time.time() - t0 < 240 and proc.poll() is None:
+            if list(store.parent.glob(f".{store.name}.setup-*")) or store.exists():
+                return
+            time.sleep(0.001)
+    elif kind == "write":
+        start, t0 = _n_done(store), time.time()
+        while time.time() - t0 < 240 and proc.poll() is None and _n_done(store) <= start:
+            time.sleep(0.002)
+    else:
+        time.sleep(float(rng.uniform(0.0, 14.0)))
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, tmp_path):
+    """Issue 21: SIGKILL only the flow process (its Dask workers must end on their own) at ten
+    seeded moments, including during store set-up and right at a region write, re-running after
+    each. Every grid point ends done exactly once (a done cell is never written again) and equal
+    to an uninterrupted run; no process is left behind."""
+    store = tmp_path / "s.zarr"
+    rng = np.random.default_rng(21)
+    kinds = ["setup", "write", "random", "write", "random", "random", "write", "random", "random", "random"]
+    stamps = {}
+    for kind in kinds:
+        proc = _start_flow(store, env)
+        try:
+            _kill_when(kind, store, proc, rng)
+            kids = _descendants(proc.pid)
+            proc.send_signal(signal.SIGKILL)  # the flow process alone, not its process group
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(kids, timeout=40)
+        for q in alive:
+            q.kill()
+        assert not alive, [" ".join(q.cmdline())[:100] for q in alive]
+        if store.exists():
+            now = _done_stamps(store)
+            for f, t in stamps.items():  # done once: never rewritten by a later run
+                assert now.get(f) == t, f
+            stamps.update(now)
+    pending = int((read_status(store, "ppca") == 0).sum()) if store.exists() else N_POINTS
+    res = _sweep(store)
+    assert res["ran"] == pending and res["failed"] == 0
+    assert not list(tmp_path.glob(".s.zarr.setup-*"))
+    now = _done_stamps(store)
+    assert all(now[f] == t for f, t in stamps.items())
+    _assert_same(store, reference)

@@ -14,7 +14,9 @@ A loaded data set is an ``xarray.Dataset`` with
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -26,7 +28,9 @@ import xarray as xr
 from lvmcore import __version__
 from lvmcore.data import synthetic
 
-__all__ = ["load", "ingest", "open_dataset", "list_datasets", "DATASETS", "views_of"]
+__all__ = ["load", "ingest", "open_dataset", "list_datasets", "DATASETS", "views_of", "fingerprint"]
+
+log = logging.getLogger("lvmcore.data")
 
 
 def _finish(
@@ -162,14 +166,22 @@ def _load_file(path: Path, options):
         import pandas as pd
 
         label_column = options.pop("label_column", None)
+        header = options.pop("header", "auto")
+        if header not in ("auto", True, False):
+            raise ValueError(f"header must be 'auto', true or false, got {header!r}")
+        if header == "auto":
+            header = _csv_first_row_is_header(path)
         try:
-            df = pd.read_csv(path)
+            df = pd.read_csv(path, header=0 if header else None)
         except Exception as e:
             raise ValueError(f"{path} is not a readable CSV file ({e})") from e
         out = {}
         if label_column is not None:
             if label_column not in df.columns:
-                raise ValueError(f"label_column {label_column!r} not in {path}; columns: {list(df.columns)}")
+                raise ValueError(
+                    f"label_column {label_column!r} not in {path}; columns: {list(df.columns)}"
+                    + ("" if header else " (no header row: name the column by its 0-based number)")
+                )
             out["label"] = pd.factorize(df.pop(label_column))[0]
         bad = [c for c in df.columns if df[c].dtype.kind not in "fiu"]
         if bad:
@@ -177,6 +189,7 @@ def _load_file(path: Path, options):
                 f"{path}: non-numeric columns {bad}; drop them or name the label column with label_column=..."
             )
         out["Y"] = df.to_numpy(dtype=np.float64)
+        log.info("%s: %s", path, "header row read as column names" if header else "no header row")
         return out
     if suffix == ".h5ad":
         try:
@@ -194,6 +207,37 @@ def _load_file(path: Path, options):
             out["label"] = ad.obs[label_column].astype("category").cat.codes.to_numpy()
         return out
     raise ValueError(f"unsupported file type {suffix!r} for {path}; use .npy, .csv, .zarr or .h5ad")
+
+
+def _csv_first_row_is_header(path: Path) -> bool:
+    """Whether a CSV file's first row names its columns: it does unless every field of it reads
+    as a number (a numeric first row is data, e.g. ``np.savetxt(..., delimiter=",")`` output)."""
+    import csv
+
+    with open(path, newline="") as f:
+        try:
+            first = next(csv.reader(f), [])
+        except (csv.Error, UnicodeDecodeError):
+            return True  # let pandas report what is wrong
+    if not first:
+        return True
+    try:
+        [float(x) for x in first]
+    except ValueError:
+        return True
+    return False
+
+
+def fingerprint(ds: xr.Dataset) -> str:
+    """Content hash of a data set: every data variable's name, dtype, shape and bytes. Derived
+    inputs (the kNN graph, evaluation ranks, the result store) record it, and one that does not
+    match the data is rebuilt or refused, never reused."""
+    h = hashlib.sha256()
+    for name in sorted(ds.data_vars):
+        a = np.ascontiguousarray(ds[name].values)
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:32]
 
 
 def load(name_or_path, **options) -> xr.Dataset:
@@ -216,7 +260,9 @@ def load(name_or_path, **options) -> xr.Dataset:
     else:
         path = Path(src)
         if path.suffix.lower() == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
-            return open_dataset(path)
+            ds = open_dataset(path)
+            log.info("%s: read %d rows x %d columns", src, ds.sizes["point"], ds.sizes["feature"])
+            return ds
         if path.suffix == "" and not path.exists():
             raise ValueError(
                 f"unknown data set {src!r}; known names: {', '.join(DATASETS)}; "
@@ -226,6 +272,7 @@ def load(name_or_path, **options) -> xr.Dataset:
         parts = _load_file(path, opts)
         ds = _finish(name=path.stem, source=f"file:{path.resolve()}", params=opts, **parts)
     _check_finite(ds, src)
+    log.info("%s: read %d rows x %d columns", src, ds.sizes["point"], ds.sizes["feature"])
     return ds
 
 
@@ -276,6 +323,7 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
         encoding[name] = {"chunks": chunks}
     out = ds.copy()
     out.attrs = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in ds.attrs.items()}
+    out.attrs["fingerprint"] = fingerprint(ds)
     try:
         out.to_zarr(tmp, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
         if path.exists():
