@@ -7,9 +7,7 @@ costs minutes and spews kill warnings (shared/STACK.md); a real server on 127.0.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -53,29 +51,13 @@ def flush_prefect_logs() -> None:
         pass
 
 
-PR_SET_PDEATHSIG = 1
-try:  # looked up here, not in the forked child (a dlopen there could wait on a lock held at fork)
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux: the context managers still stop children on a normal exit
-    _PRCTL = None
-
-
-def end_with_parent(sig: int = signal.SIGTERM) -> None:
-    """For ``preexec_fn``: the child gets ``sig`` when the process that started it dies, however it
-    dies (SIGKILL included: Linux's parent-death signal, prctl(PR_SET_PDEATHSIG)). If the parent is
-    already gone by the time this runs, the child ends at once."""
-    if _PRCTL is None:
-        return
-    parent = os.getppid()
-    _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent:  # the parent died between fork and prctl
-        os.kill(os.getpid(), sig)
-
-
 def start_child(cmd, **kw) -> subprocess.Popen:
     """Start a helper process (the Prefect server) that ends when this process ends, however it
-    ends. Only safe from the main thread: the parent-death signal follows the starting thread."""
-    return subprocess.Popen(cmd, preexec_fn=end_with_parent, **kw)  # noqa: PLW1509
+    ends: ``flows.pdeath`` arms the parent-death signal and execs ``cmd`` (no fork-time callback
+    in this multithreaded process). Only safe from the main thread: the signal follows the
+    thread that started the child."""
+    wrapper = [sys.executable, "-m", "flows.pdeath", str(os.getpid())]
+    return subprocess.Popen([*wrapper, *map(str, cmd)], **kw)
 
 
 @contextlib.contextmanager
