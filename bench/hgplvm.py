@@ -96,8 +96,11 @@ def run_authors(repo, variant, Y, seed, iters):
     """Fit the authors' model in a subprocess from a temporary copy; returns (seconds, points)."""
     with tempfile.TemporaryDirectory() as tmp:
         if (Path(repo) / "HEAD").exists() or str(repo).endswith(".git") or (Path(repo) / "objects").exists():
+            # the code only: the snapshot may lack its large data files
             arch = subprocess.run(
-                ["git", "--git-dir", str(repo), "archive", "HEAD"], capture_output=True, check=True
+                ["git", "--git-dir", str(repo), "archive", "HEAD", "--", "*.py", "LICENSE"],
+                capture_output=True,
+                check=True,
             )
             subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
         else:
