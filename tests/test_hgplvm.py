@@ -368,7 +368,7 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
     rng = np.random.default_rng(0)
     X = np.asarray(lift(0.3 * rng.standard_normal((n, 2))))
     local = {"X": X, "log_S": np.log(rng.uniform(0.01, 0.1, (n, 2))), "eps": rng.standard_normal((n, 5, 2))}
-    glob = {"Z": X[rng.permutation(n)[:20]], "hyp": np.array([0.1, 2.0])}
+    glob = {"Z": X[rng.permutation(n)[:20]], "hyp": np.array([0.1, 2.0, 0.0])}  # log sigma, beta, s^2
     one = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), None).value_and_grad(local, glob)
     kw = dict(variant="bayesian", n_inducing=20, max_iter=5, tol=0, random_state=3, fix_variance_iter=2)
     plain = HyperboloidGPLVM(**kw).fit(Y)
@@ -381,10 +381,13 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
         many = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), 40).value_and_grad(local, glob)
         chunked = HyperboloidGPLVM(chunks=40, **kw).fit(Y)
     assert abs(many[0] - one[0]) <= 1e-10 * abs(one[0])
-    for a, b in zip(jax.tree_util.tree_leaves(many[1:]), jax.tree_util.tree_leaves(one[1:]), strict=True):
-        assert np.linalg.norm(np.asarray(a) - np.asarray(b)) <= 1e-9 * max(
-            np.linalg.norm(np.asarray(b)), 1e-300
-        )
+    # the inducing inputs' gradient runs through Kmm^-1, near-singular at kappa = 100 (the kernel
+    # is nearly sigma (1 - d / kappa)): measured 1.5e-9 relative, hence 1e-8 for that leaf only
+    leaves = jax.tree_util.tree_leaves_with_path
+    for (path, a), (_, b) in zip(leaves(many[1:]), leaves(one[1:]), strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        tol = 1e-8 if "'Z'" in jax.tree_util.keystr(path) else 1e-9
+        assert np.linalg.norm(a - b) <= tol * max(np.linalg.norm(b), 1e-300), jax.tree_util.keystr(path)
     np.testing.assert_allclose(chunked.elbo_trace_, plain.elbo_trace_, rtol=1e-9)
     np.testing.assert_allclose(chunked.lorentz_embedding_, plain.lorentz_embedding_, rtol=0, atol=1e-7)
 
