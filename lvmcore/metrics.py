@@ -23,6 +23,9 @@ __all__ = [
     "unfolding",
     "neighbour_ranks",
     "average_ranks",
+    "manifold_distances",
+    "coranking_qnx",
+    "quality_scores",
 ]
 
 
@@ -289,3 +292,73 @@ def unfolding(X, t, n_angles: int = 720, rotate: bool = True) -> float:
         w, *_ = np.linalg.lstsq(Xc, r, rcond=None)
         out = max(out, best((Xc @ w)[:, None]))
     return out
+
+
+def manifold_distances(Y, n_neighbors: int = 20) -> np.ndarray:
+    """Geodesic data distances of Poincare maps' quality scores (Klimovskaia et al. 2020): shortest
+    paths (Dijkstra) on the ``n_neighbors``-NN graph of the rows of Y (self excluded, edge weights
+    Euclidean, symmetrised by the larger entry); if the graph falls apart, its components are
+    joined one edge at a time at the closest pair of points in different components. (N, N)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components, shortest_path
+    from sklearn.neighbors import kneighbors_graph
+
+    Y = _as2d(Y, "Y")
+    n = Y.shape[0]
+    k = int(n_neighbors)
+    if not 1 <= k < n:
+        raise ValueError(f"n_neighbors must be in [1, N) = [1, {n}), got {n_neighbors}; use fewer neighbours")
+    G = kneighbors_graph(Y, k, mode="distance", include_self=False)
+    G = G.maximum(G.T).tolil()
+    ncomp, lab = connected_components(G, directed=False)
+    if ncomp > 1:
+        D = squareform(pdist(Y))
+        while ncomp > 1:
+            # closest pair between component 0 and the rest
+            a, b = np.flatnonzero(lab == 0), np.flatnonzero(lab != 0)
+            sub = D[np.ix_(a, b)]
+            i, j = np.unravel_index(np.argmin(sub), sub.shape)
+            w = max(sub[i, j], np.finfo(float).tiny)  # a zero weight would read as "no edge"
+            G[a[i], b[j]] = G[b[j], a[i]] = w
+            ncomp, lab = connected_components(G, directed=False)
+    return shortest_path(csr_matrix(G), method="D", directed=False)
+
+
+def coranking_qnx(D_high, D_low) -> np.ndarray:
+    """Q_NX(K), K = 1..N-1 (Lee & Verleysen 2009), from two (N, N) distance matrices: the share of
+    K-nearest neighbourhoods kept, Q_NX(K) = #{(i, j): rank_high(i, j) <= K and rank_low(i, j) <= K}
+    / (K N), ranks as in :func:`neighbour_ranks` (1 = nearest, self excluded). The co-ranking matrix
+    is counted with one bincount and summed by two cumulative sums: O(N^2) time and memory."""
+    Rh = neighbour_ranks(D_high)
+    Rl = neighbour_ranks(D_low)
+    n = Rh.shape[0]
+    if Rl.shape != Rh.shape:
+        raise ValueError(f"D_high is {Rh.shape} but D_low is {Rl.shape}; both must cover the same points")
+    off = ~np.eye(n, dtype=bool)
+    flat = (Rh[off].astype(np.int64) - 1) * (n - 1) + (Rl[off].astype(np.int64) - 1)
+    Q = np.bincount(flat, minlength=(n - 1) ** 2).reshape(n - 1, n - 1)
+    C = np.cumsum(np.cumsum(Q, axis=0), axis=1)
+    K = np.arange(1, n)
+    return np.diagonal(C) / (K * float(n))
+
+
+def quality_scores(Y, X, metric_x: str = "euclidean", n_neighbors: int = 20, data_distances=None):
+    """Qlocal, Qglobal and K_max of Poincare maps (Klimovskaia et al. 2020, supplement eqs. 2-8).
+
+    Data distances are :func:`manifold_distances` of Y (or ``data_distances``, an (N, N) matrix,
+    when many embeddings share one data set); embedding distances are Euclidean, or X is an (N, N)
+    precomputed matrix (``metric_x="precomputed"``, e.g. hyperbolic distances). With
+    LCMC(K) = Q_NX(K) - K / (N - 1), K_max is the first argmax (0-based index into K = 1..N-1);
+    Qlocal is the mean of Q_NX over indices 0..K_max and Qglobal over K_max..N-2 (both include
+    K_max). Returns (qlocal, qglobal, k_max)."""
+    Dh = data_distances if data_distances is not None else manifold_distances(Y, n_neighbors)
+    Dh = pairwise_distances(Dh, "precomputed")
+    Dl = pairwise_distances(X, metric_x)
+    if Dl.shape != Dh.shape:
+        raise ValueError(f"the data have {Dh.shape[0]} points but the embedding has {Dl.shape[0]}")
+    if not np.all(np.isfinite(Dh)):
+        raise ValueError("data distances contain inf or NaN; pass finite geodesic distances")
+    qnx = coranking_qnx(Dh, Dl)
+    m = len(qnx)
+    k_max = int(np.argmax(qnx - np.arange(1, m + 1) / m))
+    return float(np.mean(qnx[: k_max + 1])), float(np.mean(qnx[k_max:])), k_max

@@ -50,6 +50,13 @@ def _reference(data_path: str, fingerprint, seed: int):
     return sel, DY, nranks_y, iu, rank_y, DT
 
 
+@functools.lru_cache(maxsize=2)
+def _geodesics(data_path: str, seed: int) -> np.ndarray:
+    """Data-side distances of Qlocal / Qglobal: 20-NN graph geodesics of the evaluation subset."""
+    sel = _reference(data_path, seed)[0]
+    return metrics.manifold_distances(load_data(data_path)["Y"][sel], min(20, len(sel) - 1))
+
+
 def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResult:
     if res.status != "done":
         return res
@@ -66,6 +73,9 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResu
         m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
         # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
         m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
+        m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
+            None, DX, metric_x="precomputed", data_distances=_geodesics(str(data_path), seed)
+        )
         if data["label"] is not None:
             m["knn_accuracy"] = metrics.knn_accuracy(
                 DX, data["label"][sel], n_neighbors=1, metric="precomputed"

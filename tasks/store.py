@@ -41,6 +41,8 @@ METRICS = (
     "pearson_distance_correlation",
     "shepard_goodness",
     "procrustes_disparity",
+    "qlocal",
+    "qglobal",
 )
 SCALARS = ("elbo", "fit_seconds", "n_iter") + METRICS
 MAX_TRACE = 2000

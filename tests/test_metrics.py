@@ -203,3 +203,89 @@ def test_unfolding_is_rotation_invariant_and_matches_a_direction_search():
         metrics.unfolding(X, t[:-1])
     with pytest.raises(ValueError, match="n_angles must be a positive integer"):
         metrics.unfolding(X, t, n_angles=0)
+
+
+# ---------------------------------------------------------------- Qlocal / Qglobal (Poincare maps)
+def _slow_qnx(Dh, Dl):
+    """Loop reference: ranks by a per-row stable argsort (self first), co-ranking counts, Q_NX."""
+    n = len(Dh)
+
+    def ranks(D):
+        R = np.zeros((n, n), dtype=int)
+        for i in range(n):
+            row = np.array(D[i], dtype=float)
+            row[i] = -np.inf
+            for pos, j in enumerate(np.argsort(row, kind="stable")):
+                R[i, j] = pos
+        return R
+
+    Rh, Rl = ranks(Dh), ranks(Dl)
+    Q = np.zeros((n - 1, n - 1))
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                Q[Rh[i, j] - 1, Rl[i, j] - 1] += 1
+    return np.array([Q[:K, :K].sum() / (K * n) for K in range(1, n)])
+
+
+def _slow_geodesic(Y, k):
+    """Loop reference for the 20-NN graph geodesics: dense max-symmetrised graph, Floyd-Warshall."""
+    n = len(Y)
+    D = squareform(pdist(Y))
+    W = np.full((n, n), np.inf)
+    np.fill_diagonal(W, 0.0)
+    for i in range(n):
+        order = [j for j in np.argsort(D[i], kind="stable") if j != i][:k]
+        for j in order:
+            W[i, j] = W[j, i] = D[i, j]
+    for m in range(n):
+        W = np.minimum(W, W[:, m : m + 1] + W[m : m + 1, :])
+    return W
+
+
+def test_coranking_qnx_matches_loop():
+    rng = np.random.default_rng(3)
+    Y = rng.normal(size=(40, 5))
+    X = Y[:, :2] + 0.5 * rng.normal(size=(40, 2))
+    Dh, Dl = squareform(pdist(Y)), squareform(pdist(X))
+    ref = _slow_qnx(Dh, Dl)
+    np.testing.assert_allclose(metrics.coranking_qnx(Dh, Dl), ref, rtol=0, atol=1e-12)
+    assert ref[-1] == pytest.approx(1.0) and ref[0] < 0.9  # Q_NX(N-1) = 1; a noisy map loses neighbours
+    ql, qg, k_max = metrics.quality_scores(Dh, Dl, metric_x="precomputed", data_distances=Dh)
+    lcmc = ref - np.arange(1, 40) / 39
+    k_ref = int(np.argmax(lcmc))
+    assert k_max == k_ref
+    assert ql == pytest.approx(ref[: k_ref + 1].mean()) and qg == pytest.approx(ref[k_ref:].mean())
+
+
+def test_manifold_distances_match_floyd_warshall_and_join_components():
+    rng = np.random.default_rng(1)
+    Y = rng.normal(size=(60, 3))
+    np.testing.assert_allclose(metrics.manifold_distances(Y, 6), _slow_geodesic(Y, 6), atol=1e-12)
+    # two far clusters: the 5-NN graph splits; joined at the closest pair, distances stay finite
+    Y2 = np.vstack([rng.normal(size=(20, 2)), rng.normal(size=(20, 2)) + 50.0])
+    D = metrics.manifold_distances(Y2, 5)
+    assert np.all(np.isfinite(D))
+    gap = squareform(pdist(Y2))[:20, 20:].min()
+    assert D[:20, 20:].min() == pytest.approx(gap)
+
+
+def test_quality_scores_reproduce_published_pca_on_myeloid():
+    """Poincare maps' table: 2-D PCA of the (centred) myeloid progenitors, Qlocal 0.73, Qglobal 0.91,
+    K_max 29 (data: scanpy's krumsiek11, 640 x 11)."""
+    from pathlib import Path
+
+    Y = np.loadtxt(Path(__file__).parent / "data" / "krumsiek11.txt")[:, 1:]
+    assert Y.shape == (640, 11)
+    Yc = Y - Y.mean(0)
+    U, s, _ = np.linalg.svd(Yc, full_matrices=False)
+    ql, qg, k_max = metrics.quality_scores(Y, U[:, :2] * s[:2])
+    assert round(ql, 2) == 0.73 and round(qg, 2) == 0.91 and k_max == 29
+
+
+def test_quality_scores_bad_input():
+    Y = np.random.default_rng(0).normal(size=(30, 3))
+    with pytest.raises(ValueError, match="n_neighbors"):
+        metrics.quality_scores(Y, Y[:, :2], n_neighbors=30)
+    with pytest.raises(ValueError, match="points"):
+        metrics.quality_scores(Y, Y[:20, :2])

@@ -348,3 +348,4 @@ def test_evaluation_equals_the_reference_metrics(tmp_path):
         assert m["trustworthiness"] == pytest.approx(metrics.trustworthiness(Y, X, EVAL_NEIGHBORS), abs=1e-12)
         assert m["continuity"] == pytest.approx(metrics.continuity(Y, X, EVAL_NEIGHBORS), abs=1e-12)
         assert m["shepard_goodness"] == pytest.approx(spearmanr(pdist(Y), pdist(X))[0], abs=1e-12)
+        assert (m["qlocal"], m["qglobal"]) == pytest.approx(metrics.quality_scores(Y, X)[:2], abs=1e-12)

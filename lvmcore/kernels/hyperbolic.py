@@ -7,10 +7,17 @@ The geodesic exponential kernel (Feragen et al., 2015) on the Lorentz model L^Q:
 with variance sigma and length scale kappa.  It is positive definite because the hyperbolic
 metric is conditionally negative definite (Istas, 2012).  The paper treats kappa as a fixed
 hyper-parameter (kappa = 100 in its experiments).
+
+This module is the kernel's one home: the hyperboloid GP-LVM (:mod:`lvmcore.models.hgplvm`) and
+its Monte-Carlo psi statistics (:mod:`lvmcore.psi.monte_carlo`) both evaluate it through
+:func:`he_kernel` (any points) or :func:`he_kernel_chords` (from squared chord lengths, with the
+derivative the hand-written point-variant gradient needs).  Everything is float64 under a scoped
+``jax.enable_x64(True)`` (:func:`x64`): importing this module changes no global JAX setting.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
@@ -18,7 +25,18 @@ import jax.numpy as jnp
 
 from lvmcore.manifolds.lorentz import pairwise_dist
 
-__all__ = ["he_kernel", "he_kernel_diag"]
+__all__ = ["he_kernel", "he_kernel_diag", "he_kernel_chords", "x64"]
+
+
+def x64(fn):
+    """Run ``fn`` under ``jax.enable_x64(True)`` (scoped, not a global switch)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.enable_x64(True):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _check_params(variance, kappa) -> None:
@@ -35,26 +53,39 @@ def _check_params(variance, kappa) -> None:
         )
 
 
+@x64
 def he_kernel(X, Z, variance, kappa):
-    """HE kernel matrix K[i, j] = variance * exp(-d_L(X[i], Z[j]) / kappa) (eq. 10).
+    """HE kernel matrix K[..., i, j] = variance * exp(-d_L(X[..., i], Z[..., j]) / kappa) (eq. 10).
 
-    X: (N, Q+1) and Z: (M, Q+1) points on the hyperboloid (last axis = ambient coordinate);
-    returns (N, M) float64.  Differentiable in X, Z, variance and kappa; the distance uses the
-    stable form of :func:`lvmcore.manifolds.lorentz.dist`, so gradients stay finite where
-    X[i] == Z[j] (the kernel has a kink there; the zero sub-gradient of d is used).
-
-    Raises ValueError if kappa is a Python number <= 0 (or variance a Python number < 0).
+    X: (..., N, Q+1) and Z: (..., M, Q+1) points on the hyperboloid (last axis = ambient
+    coordinate, leading axes broadcast); returns (..., N, M) float64.  Differentiable in X, Z,
+    variance and kappa; the distance uses the stable form of :func:`lvmcore.manifolds.lorentz.dist`,
+    so gradients stay finite where X[i] == Z[j] (the kink of the kernel gets the zero sub-gradient).
+    Usable inside traced code.  Raises ValueError if kappa is a Python number <= 0 (or variance a
+    Python number < 0).
     """
     _check_params(variance, kappa)
-    return _he_kernel(X, Z, variance, kappa)
-
-
-@jax.jit
-def _he_kernel(X, Z, variance, kappa):
-    # variance and kappa are traced (not static): no recompilation when they change
     return variance * jnp.exp(-pairwise_dist(X, Z) / kappa)
 
 
+@x64
+def he_kernel_chords(sq, variance, kappa):
+    """HE kernel from squared Lorentz chords sq = <x - x', x - x'>_L = 4 sinh^2(d / 2) >= 0.
+
+    Returns (K, dK/dsq): d = 2 asinh(sqrt(sq) / 2), K = variance exp(-d / kappa) and
+    dK/dsq = -K / (kappa sqrt(sq) sqrt(4 + sq)), set to 0 at sq = 0 (the kink's zero sub-gradient).
+    """
+    _check_params(variance, kappa)
+    pos = sq > 1e-24
+    h = 0.5 * jnp.sqrt(jnp.where(pos, sq, 1.0))
+    s1 = jnp.sqrt(1.0 + h * h)
+    d = jnp.where(pos, 2.0 * jnp.log(h + s1), 0.0)
+    K = variance * jnp.exp(-d / kappa)
+    dK = jnp.where(pos, -K / (kappa * 4.0 * h * s1), 0.0)
+    return K, dK
+
+
+@x64
 def he_kernel_diag(X, variance):
     """Diagonal of he_kernel(X, X, variance, kappa): variance at every point (d(x, x) = 0), (N,)."""
     _check_params(variance, 1.0)

@@ -26,23 +26,23 @@ are Monte Carlo.
 
 Everything is a sum over data points, so :func:`mc_psi_chunk` works on a chunk of rows and returns the
 partial sums ``(psi0_sum, Psi1^T Y_chunk, Psi2_sum, KL_sum)``; the sums over chunks are the full-data
-statistics (for a Dask map-reduce).
+statistics (for a Dask map-reduce).  The kernel is :func:`lvmcore.kernels.hyperbolic.he_kernel`; every
+public function runs under a scoped ``jax.enable_x64(True)`` (importing changes no global setting).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from lvmcore.manifolds.lorentz import expmap, logmap0, origin, pairwise_dist, transp
-
-jax.config.update("jax_enable_x64", True)
+from lvmcore.kernels.hyperbolic import he_kernel, x64
+from lvmcore.manifolds.lorentz import expmap, logmap0, origin, transp
 
 __all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk", "mc_psi"]
 
-_LOG2PI = float(jnp.log(2.0 * jnp.pi))
+_LOG2PI = 1.8378770664093453  # log(2 pi)
 
 
+@x64
 def log_sinhc(r):
     """log(sinh(r) / r) for r >= 0, stable for small r (series) and large r (no overflow)."""
     r = jnp.asarray(r, dtype=jnp.float64)
@@ -57,6 +57,7 @@ def log_sinhc(r):
     return jnp.where(small, series, jnp.where(big, large, mid))
 
 
+@x64
 def sample_wrapped(mu, S, eps):
     """Reparameterised wrapped-Gaussian samples.
 
@@ -73,27 +74,30 @@ def sample_wrapped(mu, S, eps):
     return x, r
 
 
-def wrapped_log_density_origin(x):
-    """log N^w(x | mu0, I) for points x (..., Q+1)."""
+@x64
+def wrapped_log_density_origin(x, log_var=0.0):
+    """log N^w(x | mu0, s^2 I) for points x (..., Q+1), log_var = log s^2 (0: the paper's prior)."""
     q = x.shape[-1] - 1
     w = logmap0(x)
     sq = jnp.sum(w * w, axis=-1)
     r = jnp.sqrt(jnp.where(sq > 0, sq, 1.0))
     r = jnp.where(sq > 0, r, 0.0)
-    return -0.5 * q * _LOG2PI - 0.5 * sq - (q - 1) * log_sinhc(r)
+    return -0.5 * q * (_LOG2PI + log_var) - 0.5 * sq * jnp.exp(-log_var) - (q - 1) * log_sinhc(r)
 
 
-def mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa):
+@x64
+def mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa, prior_log_var=0.0):
     """Monte-Carlo partial sums over a chunk of rows.
 
-    mu (B, Q+1), S (B, Q), eps (H, B, Q), Y (B, D), Z (M, Q+1), variance and kappa scalars.
+    mu (B, Q+1), S (B, Q), eps (H, B, Q), Y (B, D), Z (M, Q+1), variance and kappa scalars;
+    prior_log_var = log s^2 of the prior N^w(mu0, s^2 I) (0 = the paper's unit prior).
     Returns (psi0_sum (), Psi1^T Y (M, D), Psi2_sum (M, M), KL_sum ()) for these rows.
     """
     S = jnp.asarray(S, dtype=jnp.float64)
     Y = jnp.asarray(Y, dtype=jnp.float64)
     h, b, q = eps.shape
     x, r = sample_wrapped(mu, S, eps)  # (H, B, Q+1)
-    K = variance * jnp.exp(-pairwise_dist(x, Z[None]) / kappa)  # (H, B, M)
+    K = he_kernel(x, Z[None], variance, kappa)  # (H, B, M)
     psi1 = jnp.mean(K, axis=0)  # (B, M)
     psi1ty = psi1.T @ Y
     psi2 = jnp.einsum("hbm,hbn->mn", K, K) / h
@@ -104,18 +108,19 @@ def mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa):
         - 0.5 * jnp.sum(jnp.log(S))
         - (q - 1) * jnp.sum(jnp.mean(log_sinhc(r), axis=0))
     )
-    e_log_p = jnp.sum(jnp.mean(wrapped_log_density_origin(x), axis=0))
+    e_log_p = jnp.sum(jnp.mean(wrapped_log_density_origin(x, prior_log_var), axis=0))
     return psi0, psi1ty, psi2, e_log_q - e_log_p
 
 
-def mc_psi(mu, S, eps, Y, Z, variance, kappa, chunk_size=None):
+@x64
+def mc_psi(mu, S, eps, Y, Z, variance, kappa, chunk_size=None, prior_log_var=0.0):
     """Full-data statistics by summing :func:`mc_psi_chunk` over row chunks (plain loop)."""
     n = mu.shape[0]
     if chunk_size is None or chunk_size >= n:
-        return mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa)
+        return mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa, prior_log_var)
     out = None
     for s in range(0, n, chunk_size):
         sl = slice(s, s + chunk_size)
-        part = mc_psi_chunk(mu[sl], S[sl], eps[:, sl], Y[sl], Z, variance, kappa)
+        part = mc_psi_chunk(mu[sl], S[sl], eps[:, sl], Y[sl], Z, variance, kappa, prior_log_var)
         out = part if out is None else tuple(a + p for a, p in zip(out, part))
     return out
