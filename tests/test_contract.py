@@ -51,6 +51,7 @@ CASES = [
         needs_fit=("segment",),
     ),
     Case("LLLVM", {"n_components": 2, "n_neighbors": 6, "max_iter": 3}, uses_graph=True),
+    Case("HyperboloidGPLVM", {"n_components": 2, "variant": "sparse", "max_iter": 5, "random_state": 0}),
 ]
 
 
@@ -213,11 +214,6 @@ def test_transform_does_not_change_the_fitted_state(fitted):
     assert not changed, changed
 
 
-#: modules that still switch jax_enable_x64 on at import; they belong to the hyperboloid GP-LVM's
-#: rewrite, which moves them onto lvmcore.precision (remove them here when it lands)
-_X64_AT_IMPORT = {"lvmcore.models.hgplvm", "lvmcore.psi.monte_carlo"}
-
-
 def test_importing_and_fitting_leaves_jax_x64_flag_alone():
     """In a fresh interpreter: import every lvmcore module, then fit a Bayesian GP-LVM (jax work on
     the bound and its gradient); the process-wide flag stays off, jax's default dtype stays float32,
@@ -227,12 +223,11 @@ def test_importing_and_fitting_leaves_jax_x64_flag_alone():
     import textwrap
 
     code = textwrap.dedent(
-        f"""
+        """
         import importlib, pkgutil
         import jax, jax.numpy as jnp, numpy as np
         import lvmcore
-        skip = {sorted(_X64_AT_IMPORT)!r}
-        names = [m.name for m in pkgutil.walk_packages(lvmcore.__path__, "lvmcore.") if m.name not in skip]
+        names = [m.name for m in pkgutil.walk_packages(lvmcore.__path__, "lvmcore.")]
         for name in names:
             importlib.import_module(name)
             assert not jax.config.jax_enable_x64, name
@@ -242,6 +237,10 @@ def test_importing_and_fitting_leaves_jax_x64_flag_alone():
         assert not jax.config.jax_enable_x64
         assert jnp.ones(1).dtype == jnp.float32
         assert m.embedding_.dtype == np.float64 and np.asarray(m.glob_["Z"]).dtype == np.float64
+        from lvmcore.models import HyperboloidGPLVM
+        h = HyperboloidGPLVM(n_components=2, variant="bayesian", max_iter=3, random_state=0).fit(Y)
+        assert not jax.config.jax_enable_x64
+        assert h.embedding_.dtype == np.float64 and h.lorentz_embedding_.dtype == np.float64
         print(len(names), "modules")
         """
     )
