@@ -45,3 +45,23 @@ def prefect_server(home: Path, extra_env: dict | None = None):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@contextlib.contextmanager
+def serving(home: Path, keys=("PREFECT_API_URL", "PREFECT_HOME")):
+    """A server as above, with this process pointed at it: the variables in ``keys`` set in
+    ``os.environ`` (and restored afterwards) and Prefect's settings switched to its API."""
+    from flows.server import use_api
+
+    with prefect_server(home) as env:
+        old = {k: os.environ.get(k) for k in keys}
+        os.environ.update({k: env[k] for k in keys})
+        try:
+            with use_api(env["PREFECT_API_URL"]):
+                yield env
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

@@ -11,26 +11,17 @@ from pathlib import Path
 import pytest
 
 from flows.progress import Progress
-from flows.server import use_api
 from flows.sweep import embed_sweep
 from tasks.artifacts import artifact_key
-from tests.prefect_server import prefect_server
+from tests.prefect_server import serving
 
 TINY = {"name": "swiss_roll", "n": 120, "seed": 2}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
-        old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-        os.environ.update({k: env[k] for k in old})
-        with use_api(env["PREFECT_API_URL"]):
-            yield env
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
 
 
 def _artifacts(key: str) -> list:

@@ -17,10 +17,9 @@ import psutil
 import pytest
 import xarray as xr
 
-from flows.server import use_api
 from flows.sweep import embed_sweep
 from tasks.store import read_status
-from tests.prefect_server import prefect_server
+from tests.prefect_server import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = {"name": "swiss_roll", "n": 1200, "seed": 2}
@@ -32,15 +31,8 @@ COMPARE = ["embedding", "elbo", "trustworthiness", "continuity", "shepard_goodne
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
-        with use_api(env["PREFECT_API_URL"]):
-            old = os.environ.get("PREFECT_API_URL")
-            os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
-            yield env
-            if old is None:
-                os.environ.pop("PREFECT_API_URL", None)
-            else:
-                os.environ["PREFECT_API_URL"] = old
+    with serving(tmp_path_factory.mktemp("prefect-home"), keys=("PREFECT_API_URL",)) as env:
+        yield env
 
 
 def _sweep(store, **kw):

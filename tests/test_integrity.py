@@ -19,28 +19,19 @@ import xarray as xr
 import zarr
 
 from flows.cli import main as cli_main
-from flows.server import use_api
 from flows.sweep import embed_sweep, input_paths
 from lvmcore.data import ingest, load
 from lvmcore.graph import knn
 from tasks.store import inputs_dir, lock_path, read_status, store_path
-from tests.prefect_server import prefect_server
+from tests.prefect_server import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
-        old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-        os.environ.update({k: env[k] for k in old})
-        with use_api(env["PREFECT_API_URL"]):
-            yield env
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
 
 
 # ---------------------------------------------------------------- 1. inputs tied to their data

@@ -4,7 +4,6 @@ stores on disk. Bad input is refused before any work; re-runs resume; failures a
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +11,10 @@ import pytest
 import xarray as xr
 
 from flows.cli import main as cli_main
-from flows.server import use_api
 from flows.sweep import check_store, embed_sweep, plan_sweep
 from tasks.registry import MODELS, resolve_models
 from tasks.report import make_report, summary_table
-from tests.prefect_server import prefect_server
+from tests.prefect_server import serving
 
 TINY = {"name": "swiss_roll", "n": 150, "seed": 1}
 OPTS = {"lllvm": {"max_iter": 4}}
@@ -24,16 +22,8 @@ OPTS = {"lllvm": {"max_iter": 4}}
 
 @pytest.fixture(scope="module", autouse=True)
 def server(tmp_path_factory):
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
-        old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-        os.environ.update({k: env[k] for k in old})
-        with use_api(env["PREFECT_API_URL"]):
-            yield env
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
 
 
 def _tree_digest(path: Path) -> str:
