@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from scipy.spatial.distance import pdist, squareform
 
 from lvmcore import metrics
@@ -88,8 +86,3 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResu
     except Exception as e:  # a metric that cannot be computed is recorded, the fit is kept
         res.error = f"evaluation: {type(e).__name__}: {e}"
     return res
-
-
-@task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(res: PointResult, data_path: str) -> PointResult:
-    return evaluate_point(res, data_path)

@@ -7,8 +7,6 @@ import time
 import traceback
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.inputs import load_data, load_graph
 from tasks.registry import COV_SCALES, MODELS
@@ -87,16 +85,3 @@ def fit_point(
         res.error = f"{type(e).__name__}: {e} [{last.filename.rsplit('/', 1)[-1]}:{last.lineno}]"
         res.status = "failed"
     return res
-
-
-@task(name="fit", cache_policy=NO_CACHE, task_run_name="fit-{key}-{point}")
-def fit_task(
-    key: str,
-    options: dict,
-    data_path: str,
-    graph_path: str | None,
-    index: tuple,
-    point: dict,
-    n_generations: int = 0,
-) -> PointResult:
-    return fit_point(key, options, data_path, graph_path, index, point, n_generations)

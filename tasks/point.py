@@ -1,8 +1,8 @@
 """Grid points as Prefect tasks: each point is fitted, evaluated and written as plain calls inside
 one task, and a task runs a small batch of points.
 
-The three steps also exist as separate tasks (tasks.fit, tasks.evaluate, tasks.write). Running
-them as plain calls keeps a point's arrays on the worker that computed them, and batching
+The three steps run as plain calls, not separate tasks: that keeps a point's arrays on the
+worker that computed them, and batching
 points per task divides Prefect's per-task-run cost (about 0.25 worker-seconds here: state
 changes through the API server) among them (see :func:`batch_sizes`). Every point still
 writes its own cell as soon as it finishes, and a batch skips points already marked done, so a
@@ -12,6 +12,7 @@ killed worker or flow loses at most the point in flight (bench/sweep.py measures
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 from prefect import task
@@ -22,6 +23,9 @@ from tasks.fit import fit_point
 from tasks.registry import MODELS
 from tasks.store import STATUS_FAILED, STATUS_PENDING, Layout, read_status, write_point
 
+#: a region write that fails with an I/O error is tried this many times, WRITE_RETRY_S apart
+WRITE_ATTEMPTS = 3
+WRITE_RETRY_S = 1.0
 #: at most this many grid points per task run
 MAX_POINTS_PER_TASK = 8
 #: guided batch sizes: each batch takes 1 / (GUIDED_SHARE * workers) of the points still unassigned
@@ -78,7 +82,14 @@ def run_point(
     """Fit, evaluate and write one grid point; returns ``done`` or ``failed``."""
     n_gen = layout.n_generations if "generations" in MODELS[key].extras else 0
     res = evaluate_point(fit_point(key, options, data_path, graph_path, index, point, n_gen), data_path)
-    write_point(store, MODELS[key], res, layout)
+    for attempt in range(WRITE_ATTEMPTS):  # retries only on I/O (a transient file-system error)
+        try:
+            write_point(store, MODELS[key], res, layout)
+            break
+        except OSError:
+            if attempt == WRITE_ATTEMPTS - 1:
+                raise
+            time.sleep(WRITE_RETRY_S)
     return res.status
 
 

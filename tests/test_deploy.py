@@ -74,10 +74,8 @@ def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
     assert dict(lllvm["status"].sizes) == {"k": 2, "latent_dim": 2, "seed": 1}
     for ds in (ppca, lllvm):
         assert ds.sizes["point"] == 200
-        # no grid point left pending: each is done or recorded as failed with its reason
+        # every grid point done (a failed one would carry its reason in `error`)
         st = ds["status"].values
-        assert np.all(st > 0)
-        assert all(e for e in ds["error"].values[st == 2])
-    assert np.all(ppca["status"].values == 1)
-    assert np.isfinite(ppca["elbo"].values).all()
+        assert np.all(st == 1), ds["error"].values[st != 1]
+        assert np.isfinite(ds["elbo"].values).all()
     assert json.loads(tree.attrs["identity"])["grid"]["k"] == [6, 8]
