@@ -391,15 +391,16 @@ def scatter(n, ei, ej, vi, vj):
 
 def edge_reduce(g: LLGraph, fn, *args):
     """sum over edge chunks of fn(*args, slice) (a tuple of arrays). ``g.chunks`` None: one call in
-    process; else one dask.delayed task per chunk of points, run by dask.compute."""
+    process; else one task per chunk of points through lvmcore.chunks.map_chunks, the row-chunk
+    engine the GLLE and psi computations use (edges are sorted by their first point)."""
+    from lvmcore.chunks import map_chunks
+
     E = len(g.ei)
     if g.chunks is None or g.chunks >= g.n:
         return fn(*args, slice(0, E))
-    import dask
-
     starts = np.searchsorted(g.ei, np.arange(0, g.n, int(g.chunks)))
     ends = np.append(starts[1:], E)
-    parts = dask.compute(*[dask.delayed(fn)(*args, slice(int(a), int(b))) for a, b in zip(starts, ends)])
+    parts = map_chunks(fn, [(int(a), int(b)) for a, b in zip(starts, ends)], shared=args)
     return tuple(np.sum([p[t] for p in parts], axis=0) for t in range(len(parts[0])))
 
 
