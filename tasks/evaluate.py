@@ -49,9 +49,9 @@ def _reference(data_path: str, fingerprint, seed: int):
 
 
 @functools.lru_cache(maxsize=2)
-def _geodesics(data_path: str, seed: int) -> np.ndarray:
+def _geodesics(data_path: str, fingerprint, seed: int) -> np.ndarray:
     """Data-side distances of Qlocal / Qglobal: 20-NN graph geodesics of the evaluation subset."""
-    sel = _reference(data_path, seed)[0]
+    sel = _reference(data_path, fingerprint, seed)[0]
     return metrics.manifold_distances(load_data(data_path)["Y"][sel], min(20, len(sel) - 1))
 
 
@@ -71,8 +71,9 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResu
         m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
         # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
         m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
+        geo = _geodesics(str(data_path), data["fingerprint"], seed)
         m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
-            None, DX, metric_x="precomputed", data_distances=_geodesics(str(data_path), seed)
+            None, DX, metric_x="precomputed", data_distances=geo
         )
         if data["label"] is not None:
             m["knn_accuracy"] = metrics.knn_accuracy(
