@@ -5,7 +5,7 @@ Objectives (section 2.1, eqs. 4-6), maximised:
 
 * ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)          (eq. 4);
                 value and gradients by hand (:func:`point_value_and_grad`): one Cholesky and the
-                inverse from it (host LAPACK dpotrf + dpotri) per step, the latent gradient as one
+                inverse from it (in XLA) per step, the latent gradient as one
                 (N x N) @ (N x (Q+1)) product; beta is by default fixed at the Q-dimensional PPCA
                 noise level (``noise``), since a learned beta grows without settling (see below).
 * ``sparse``:   collapsed Titsias bound (eq. 5) with M inducing inputs Z on the hyperboloid.
@@ -47,7 +47,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data
@@ -95,20 +94,6 @@ def point_objective(X, log_sigma, log_beta, Y, kappa):
     return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
 
 
-def _chol_inv(K):
-    """Host LAPACK: Cholesky of K (dpotrf) and K^-1 from it (dpotri), i.e. one factorisation and
-    about n^3 flops in all; returns (K^-1, log|K|), NaNs if K is not positive definite."""
-    K = np.asarray(K, dtype=np.float64)
-    L, info = scipy.linalg.lapack.dpotrf(K, lower=1, clean=1)
-    if info != 0:
-        nan = np.full(K.shape, np.nan)
-        return nan, np.float64(np.nan)
-    logdet = 2.0 * np.sum(np.log(np.diag(L)))
-    Ki, info = scipy.linalg.lapack.dpotri(L, lower=1)
-    Ki = np.tril(Ki) + np.tril(Ki, -1).T
-    return Ki, np.float64(logdet)
-
-
 def _sq_lorentz_chords(X):
     """Squared Lorentz norms <x_i - x_j, x_i - x_j>_L (N, N) = 4 sinh^2(d_ij / 2), built one ambient
     coordinate at a time (no (N, N, Q+1) temporaries); clipped at 0 against rounding."""
@@ -134,11 +119,11 @@ def point_value_and_grad(X, log_sigma, log_beta, Y, kappa):
     beta = jnp.exp(log_beta)
     E, dE = he_kernel_chords(_sq_lorentz_chords(X), 1.0, kappa)  # unit-variance kernel, dE/dsq
     K = sigma * E + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
-    Ki, logdet = jax.pure_callback(
-        _chol_inv,
-        (jax.ShapeDtypeStruct((n, n), jnp.float64), jax.ShapeDtypeStruct((), jnp.float64)),
-        K,
-    )
+    # one Cholesky, K^-1 from it (in XLA: a host callback's results are canonicalised outside the
+    # float64 scope, on XLA's thread, and would come back float32)
+    L = jnp.linalg.cholesky(K)
+    Ki = jax.scipy.linalg.cho_solve((L, True), jnp.eye(n))
+    logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
     alpha = Ki @ Y
     F = -0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * jnp.sum(alpha * Y)
     G = 0.5 * (alpha @ alpha.T - d * Ki)
