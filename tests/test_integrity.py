@@ -193,7 +193,8 @@ def _bad_inputs(tmp_path):
         (["--models", "ppca", "--grid", G1, "--options", '{"ppca": {"bogus": 1}}'], "has no option 'bogus'"),
         (["--models", "ppca", "--grid", G1, "--options", '{"ppca": [1, 2]}'], "must be a mapping"),
         (
-            ["--models", "ppca", "--grid", G1, "--options", '{"ppca": {"max_iter": "ten"}}'],
+            ["--models", "glle", "--grid", '{"k": [6], "latent_dim": [2]}']
+            + ["--options", '{"glle": {"max_iter": "ten"}}'],
             "must be an integer",
         ),
         (["--models", "ppca", "--grid", G1, "--options", '{"ppca": {"n_components": 3}}'], "set by the grid"),
