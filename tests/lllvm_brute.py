@@ -187,3 +187,25 @@ def gauss_expected_log_joint(Y, Wd, th, mx, Sx_full, mC, SC_full, form="identity
         c = mC[:, d, :].ravel()
         val -= 0.5 * th.beta * np.sum(Ac * (SC_full + np.outer(c, c)))
     return val + gauss_expected_log_lik(Y, Wd, th, mx, Sx_full, mC, SC_full, form)
+
+
+def check_mstep_stationary(s: dict, name: str) -> None:
+    """The M-step's value of hyperparameter ``name`` (alpha, beta or gamma) in state ``s`` zeroes
+    the bound's derivative in log space (central differences), while 0.3 away it clearly does not,
+    and the bound is lower on both sides."""
+    Y, g, qx, qc, th = s["Y"], s["g"], s["qx"], s["qc"], s["th"]
+
+    def F(log_v):
+        t = ll.Theta(**vars(th))
+        setattr(t, name, float(np.exp(log_v)))
+        return ll.elbo(Y, g, qx, qc, t)
+
+    v0, h = np.log(getattr(th, name)), 1e-4
+
+    def dF(v):
+        return (F(v + h) - F(v - h)) / (2 * h)
+
+    curvature = abs(F(v0 + h) - 2 * F(v0) + F(v0 - h)) / h**2
+    assert abs(dF(v0)) < 1e-6 * max(curvature, 1.0)
+    assert abs(dF(v0 + 0.3)) > 1e-2 * curvature  # away from the update it is clearly not zero
+    assert F(v0) > max(F(v0 + 0.05), F(v0 - 0.05))
