@@ -119,21 +119,22 @@ def _sweeps_from_args(a) -> list[dict]:
 
 def _plan_all(sweeps, stores, replace: bool) -> list[dict]:
     """Every sweep's refusals before any server or cluster starts: models, options, grid, data,
-    an existing store's identity, a writable location. Returns each sweep's identity."""
+    an existing store's identity, a writable location. Returns each sweep's plan (a dict, handed
+    to the flow: the data is loaded and the options checked once per run)."""
     from flows.sweep import check_store, check_writable, plan_sweep
 
     if len(set(stores)) != len(stores):
         raise ValueError(f"two sweeps write the same store: {stores}; give each its own 'store'")
-    identities = []
+    plans = []
     for sw, store in zip(sweeps, stores):
         plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
-        n, d = plan["size"]
-        print(f"data {plan['dataset'][0]}: {n} rows x {d} columns -> {store}")
-        identities.append(plan["identity"])
+        n, d = plan.size
+        print(f"data {plan.dataset[0]}: {n} rows x {d} columns -> {store}")
+        plans.append(plan.to_dict())
         if not replace:
-            check_store(store, plan["identity"])
+            check_store(store, plan.identity)
         check_writable(store)
-    return identities
+    return plans
 
 
 def _failure_summary(store: str, limit: int = 5) -> list[str]:
@@ -188,7 +189,7 @@ def cmd_run(a) -> int:
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
         for sw in sweeps
     ]
-    identities = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
+    plans = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
     failed = {}
     with contextlib.ExitStack() as stack:
         for store in stores:  # held from here to the end: a second run on a store is refused now
@@ -207,10 +208,10 @@ def cmd_run(a) -> int:
             address, dashboard, _ = stack.enter_context(start_cluster(spec))
             print(f"Dask dashboard: {dashboard}")
             cluster = address
-        for sw, store, identity in zip(sweeps, stores, identities):
+        for sw, store, plan in zip(sweeps, stores, plans):
             print(f"\n== sweep {sw['dataset']} -> {store}")
             if a.replace:
-                _set_aside_if_different(store, identity)
+                _set_aside_if_different(store, plan["identity"])
             res = embed_sweep(
                 dataset=sw["dataset"],
                 models=sw["models"],
@@ -220,6 +221,7 @@ def cmd_run(a) -> int:
                 cluster=cluster,
                 report=not a.no_report,
                 retry_failed=a.retry_failed,
+                plan=plan,
             )
             print(summary_table(store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
             if res.get("report"):

@@ -10,6 +10,7 @@ import math
 import numbers
 import os
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -185,8 +186,9 @@ def check_writable(store) -> None:
         ) from e
 
 
-def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method) -> dict:
-    """Validate everything a sweep needs before any work; raises ValueError with the fix."""
+def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method) -> SweepPlan:
+    """Validate everything a sweep needs before any work (once per run); raises ValueError with
+    the fix."""
     specs = resolve_models(models)
     if grid is not None:
         _check_grid_input(grid)
@@ -255,16 +257,61 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "n_generations": int(n_generations),
         "knn_method": knn_method,
     }
-    return {
-        "specs": specs,
-        "grid": grid,
-        "options": model_options,
-        "layout": layout,
-        "identity": identity,
-        "dataset": [src, opts],
-        "provenance": dict(ds.attrs),
-        "size": (n, D),
-    }
+    return SweepPlan(identity=identity, layout=asdict(layout), provenance=dict(ds.attrs), size=[n, D])
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A validated sweep, made once per run by :func:`plan_sweep` and handed on (the CLI to the
+    flow, the flow to its subflow) as plain JSON (:meth:`to_dict`): models, grid and options live
+    in ``identity`` (what the store records), the store's sizes in ``layout``."""
+
+    identity: dict
+    layout: dict
+    provenance: dict
+    size: list
+
+    @property
+    def specs(self) -> list[ModelSpec]:
+        return [MODELS[k] for k in self.identity["models"]]
+
+    @property
+    def grid(self) -> dict:
+        return self.identity["grid"]
+
+    @property
+    def options(self) -> dict:
+        return self.identity["options"]
+
+    @property
+    def dataset(self) -> list:
+        """[name or path, options]"""
+        return self.identity["dataset"]
+
+    def store_layout(self) -> Layout:
+        return Layout(**self.layout)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepPlan:
+        return cls(**d)
+
+    def check_request(self, dataset, models, grid, model_options, n_generations, knn_method) -> None:
+        """Refuse a plan made for other arguments than the flow was called with (cheap: no data
+        is loaded; the arguments were validated when the plan was made)."""
+        asked = {
+            "dataset": list(dataset_spec(dataset)),
+            "models": [s.key for s in resolve_models(models)],
+            "grid": normalise_grid(grid if grid is not None else DEFAULT_GRID),
+            "options": dict(model_options or {}),
+            "n_generations": int(n_generations),
+            "knn_method": knn_method,
+        }
+        differ = [k for k, v in asked.items() if self.identity[k] != v]
+        if differ:
+            raise ValueError(f"the sweep plan was made for other {', '.join(differ)}; plan this sweep again")
 
 
 def check_store(store: str, identity: dict) -> None:
@@ -336,39 +383,35 @@ def _progress(store: str, todo: int, already: int) -> Progress:
 
 @flow(name="embed-sweep-grid", log_prints=True)
 def sweep_grid(
-    dataset: str | dict,
-    models: list[str] | str,
-    grid: dict | None,
+    plan: dict,
     store: str,
-    model_options: dict | None,
-    knn_method: str,
-    n_generations: int,
     make_report: bool,
     dashboard: str = "",
     points_per_task: int | None = None,
     retry_failed: bool = False,
 ) -> dict:
-    """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster."""
+    """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster.
+    ``plan``: the outer flow's :class:`SweepPlan`, as a dict."""
     logger = get_run_logger()
     store = str(store_path(store))
     _note_flow_run(store)
-    plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
-    specs, grid, layout = plan["specs"], plan["grid"], plan["layout"]
+    plan = SweepPlan.from_dict(plan)
+    specs, grid, layout, knn_method = plan.specs, plan.grid, plan.store_layout(), plan.identity["knn_method"]
     data_path, graph_path = input_paths(store)
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
-    src, opts = plan["dataset"]
-    fp = plan["identity"]["data_fingerprint"]
+    src, opts = plan.dataset
+    fp = plan.identity["data_fingerprint"]
     data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path, fp).result()
     ks = [max(model_grid(s, grid)["k"]) for s in specs if "k" in s.dims]
     graph = knn_task.submit(data_path, max(ks) if ks else 0, graph_path, knn_method).result() if ks else None
     if graph and not graph_matches(graph, data_path, max(ks), knn_method):
         raise RuntimeError(f"the kNN graph {graph} does not match the data {data_path} (fingerprint); re-run")
     attrs = {
-        "dataset": json.dumps(plan["dataset"]),
-        "flow_parameters": json.dumps(plan["identity"]),
-        **{f"data_{k}": v for k, v in plan["provenance"].items()},
+        "dataset": json.dumps(plan.dataset),
+        "flow_parameters": json.dumps(plan.identity),
+        **{f"data_{k}": v for k, v in plan.provenance.items()},
     }
-    prepare_store(store, plan["identity"], specs, grid, layout, attrs)
+    prepare_store(store, plan.identity, specs, grid, layout, attrs)
 
     todo = []
     finished = (STATUS_DONE,) if retry_failed else (STATUS_DONE, STATUS_FAILED)
@@ -395,7 +438,7 @@ def sweep_grid(
     for s, items in work:
         fut = grid_points_task.submit(
             s.key,
-            _options_for(s, plan["options"]),
+            _options_for(s, plan.options),
             data_path,
             graph or None,
             items,
@@ -449,6 +492,7 @@ def embed_sweep(
     report: bool = True,
     points_per_task: int | None = None,
     retry_failed: bool = False,
+    plan: dict | None = None,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -465,11 +509,17 @@ def embed_sweep(
         finishes either way.
     cluster: None (local processes), "tcp://host:8786", {"type": "local", "n_workers": 4},
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
+    plan: this sweep's ``plan_sweep(...).to_dict()`` when the caller planned it already (the CLI
+        plans every sweep before it starts anything); refused if made for other arguments.
     """
     spec = normalise_cluster(cluster)
     store = str(store_path(store))
-    plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
-    check_store(store, plan["identity"])
+    if plan is None:
+        plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
+    else:
+        plan = SweepPlan.from_dict(plan)
+        plan.check_request(dataset, models, grid, model_options, n_generations, knn_method)
+    check_store(store, plan.identity)
     check_writable(store)
     if os.environ.get("PREFECT_API_URL") is None:
         from prefect.settings import PREFECT_API_URL
@@ -484,13 +534,8 @@ def embed_sweep(
             print(f"Dask dashboard: {dashboard}")
         runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
         return sweep_grid.with_options(task_runner=runner)(
-            dataset,
-            models,
-            grid,
+            plan.to_dict(),
             store,
-            model_options,
-            knn_method,
-            n_generations,
             report,
             dashboard,
             points_per_task,

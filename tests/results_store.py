@@ -19,14 +19,15 @@ def build_store(store: Path, dataset, models, grid, options=None, n_generations:
     plan = plan_sweep(dataset, models, grid, str(store), options, n_generations, "exact")
     data_path, graph_path = input_paths(str(store))
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
-    src, opts = plan["dataset"]
+    src, opts = plan.dataset
     ingest_dataset({"name": src, **opts}, data_path)
-    ks = [max(model_grid(s, plan["grid"])["k"]) for s in plan["specs"] if "k" in s.dims]
+    ks = [max(model_grid(s, plan.grid)["k"]) for s in plan.specs if "k" in s.dims]
     graph = build_graph(data_path, max(ks), graph_path) if ks else None
-    attrs = {"dataset": str(plan["dataset"]), **{f"data_{k}": v for k, v in plan["provenance"].items()}}
-    prepare_store(str(store), plan["identity"], plan["specs"], plan["grid"], plan["layout"], attrs)
-    for s in plan["specs"]:
-        opts = {**plan["options"].get(s.family, {}), **plan["options"].get(s.key, {})}
-        for idx, point in grid_points(s, plan["grid"]):
-            run_point(s.key, opts, data_path, graph, idx, point, str(store), plan["layout"])
+    attrs = {"dataset": str(plan.dataset), **{f"data_{k}": v for k, v in plan.provenance.items()}}
+    layout = plan.store_layout()
+    prepare_store(str(store), plan.identity, plan.specs, plan.grid, layout, attrs)
+    for s in plan.specs:
+        opts = {**plan.options.get(s.family, {}), **plan.options.get(s.key, {})}
+        for idx, point in grid_points(s, plan.grid):
+            run_point(s.key, opts, data_path, graph, idx, point, str(store), layout)
     return store

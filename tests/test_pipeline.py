@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import flows.sweep
 from flows.cli import main as cli_main
 from flows.sweep import check_store, embed_sweep, plan_sweep
 from tasks.registry import MODELS, resolve_models
@@ -93,9 +94,11 @@ def test_unknown_cluster_type_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "s.zarr").exists()
 
 
-def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(tmp_path):
+def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(tmp_path, monkeypatch):
     store = tmp_path / "sweep.zarr"
     grid = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
+    plans = []  # the flow and its subflow plan once between them (the data loaded once)
+    monkeypatch.setattr(flows.sweep, "plan_sweep", lambda *a: plans.append(a) or plan_sweep(*a))
     res = embed_sweep(
         dataset=TINY,
         models=["ppca", "lllvm"],
@@ -106,6 +109,7 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
         model_options=OPTS,
     )
     assert res["ran"] == res["total"] == 4 + 8
+    assert len(plans) == 1
     tree = xr.open_datatree(store, engine="zarr", consolidated=False)
     ppca = tree["ppca"].ds
     assert ppca["embedding"].dims == ("latent_dim", "seed", "point", "component")
@@ -128,16 +132,12 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     assert (store.parent / "sweep.report" / "embeddings.png").stat().st_size > 1000
 
     before = _tree_digest(store)
-    again = embed_sweep(
-        dataset=TINY,
-        models=["ppca", "lllvm"],
-        grid=grid,
-        store=str(store),
-        report=False,
-        n_generations=2,
-        model_options=OPTS,
-    )
-    assert again["ran"] == 0 and again["total"] == 12
+    args = {"dataset": TINY, "models": ["ppca", "lllvm"], "grid": grid, "model_options": OPTS}
+    plan = plan_sweep(TINY, ["ppca", "lllvm"], grid, str(store), OPTS, 2, "auto").to_dict()
+    with pytest.raises(ValueError, match="plan was made for other grid"):  # a plan for other arguments
+        embed_sweep(**{**args, "grid": {**grid, "seed": [0]}}, store=str(store), n_generations=2, plan=plan)
+    again = embed_sweep(**args, store=str(store), report=False, n_generations=2, plan=plan)
+    assert again["ran"] == 0 and again["total"] == 12 and len(plans) == 1  # the caller's plan is used
     assert _tree_digest(store) == before
 
     with pytest.raises(ValueError, match="holds a different sweep"):
@@ -155,7 +155,7 @@ def test_store_that_is_not_a_sweep_is_refused(tmp_path):
     bogus = tmp_path / "other.zarr"
     bogus.mkdir()
     (bogus / "zarr.json").write_text("{not json")
-    ident = plan_sweep(TINY, ["ppca"], {"latent_dim": [1]}, str(bogus), None, 0, "exact")["identity"]
+    ident = plan_sweep(TINY, ["ppca"], {"latent_dim": [1]}, str(bogus), None, 0, "exact").identity
     with pytest.raises(ValueError, match="not a readable zarr store"):
         check_store(str(bogus), ident)
     assert (bogus / "zarr.json").read_text() == "{not json"
