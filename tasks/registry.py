@@ -70,7 +70,7 @@ MODELS: dict[str, ModelSpec] = {
             "ppca",
             "lvmcore.models.ppca:PPCA",
             ("latent_dim", "seed"),
-            has_variance=False,
+            has_variance=True,
             description="probabilistic PCA baseline (closed form)",
         ),
         _spec(

@@ -86,7 +86,7 @@ def test_report_renders_in_chromium_with_every_image_and_no_console_error(report
         caption = re.search(r"<figcaption>(.+?)</figcaption>", fig, re.S)
         assert caption and ("=" in caption.group(1) or "setting" in caption.group(1)), fig
     assert "Red ellipses: one posterior standard deviation (embedding_var) of 40 points" in html
-    assert "points (bgplvm_linear)." in html
+    assert "points (ppca, bgplvm_linear)." in html  # the models with posterior variances
     assert "chosen by" in html and "geodesic_agreement across k, latent_dim" in html
 
     seen = render(f"file://{index}", screenshot=tmp_path / "report.png")
