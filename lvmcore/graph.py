@@ -77,45 +77,34 @@ def _kernel():
     if _KERNEL is None:
         from numba import njit
 
+        @njit(nogil=True, cache=True, inline="always")
+        def replace_worst(vals, idx, slot, v, i):  # pragma: no cover - jitted
+            # (v, i) takes the slot of the worst of a kept set; returns the new worst and its slot
+            vals[slot] = v
+            idx[slot] = i
+            w, slot = vals[0], 0
+            for m in range(1, vals.shape[0]):
+                if vals[m] > w:
+                    w, slot = vals[m], m
+            return w, slot
+
         @njit(nogil=True, cache=True)
         def tile_select(G, sqa, sqb, diag, row_i, row_v, col_i, col_v):  # pragma: no cover - jitted
             # approximate squared distances v = |a|^2 + |b|^2 - 2 a.b of one tile (float32); keep
             # the kk smallest per row (over columns) and, off the diagonal, per column (over rows)
             na, nb = G.shape
-            kk = row_i.shape[1]
-            col_w = np.empty(nb, np.float32)
+            col_w = np.full(nb, np.inf, np.float32)
             col_p = np.zeros(nb, np.int64)
-            for c in range(nb):
-                col_w[c] = np.inf
             for r in range(na):
-                w = np.float32(np.inf)
-                p = 0
-                sa = sqa[r]
+                w, p, sa = np.float32(np.inf), 0, sqa[r]
                 for c in range(nb):
                     if diag and c == r:
                         continue
                     v = sa + sqb[c] - np.float32(2.0) * G[r, c]
                     if v < w:
-                        row_v[r, p] = v
-                        row_i[r, p] = c
-                        w = row_v[r, 0]
-                        p = 0
-                        for m in range(1, kk):
-                            if row_v[r, m] > w:
-                                w = row_v[r, m]
-                                p = m
+                        w, p = replace_worst(row_v[r], row_i[r], p, v, c)
                     if not diag and v < col_w[c]:
-                        q = col_p[c]
-                        col_v[c, q] = v
-                        col_i[c, q] = r
-                        wc = col_v[c, 0]
-                        q = 0
-                        for m in range(1, kk):
-                            if col_v[c, m] > wc:
-                                wc = col_v[c, m]
-                                q = m
-                        col_w[c] = wc
-                        col_p[c] = q
+                        col_w[c], col_p[c] = replace_worst(col_v[c], col_i[c], col_p[c], v, r)
 
         _KERNEL = tile_select
     return _KERNEL
