@@ -46,22 +46,24 @@ def gaussian_blob(n: int = 800, seed=0):
     return np.column_stack([y12, y3]), y12.copy()
 
 
+def _sklearn_sheet(make, n, seed):
+    """(Y, latent) of a scikit-learn 2-D sheet generator (no noise), latent = (t, height)."""
+    Y, t = make(_check_n(n), random_state=np.random.RandomState(_rng(seed).integers(2**31)))
+    return Y.astype(np.float64), np.column_stack([t, Y[:, 1]])
+
+
 def s_curve(n: int = 5000, seed=0):
     """scikit-learn's S-curve (no noise). Returns (Y, latent) with latent = (t, height)."""
     from sklearn.datasets import make_s_curve
 
-    n = _check_n(n)
-    Y, t = make_s_curve(n, random_state=np.random.RandomState(_rng(seed).integers(2**31)))
-    return Y.astype(np.float64), np.column_stack([t, Y[:, 1]])
+    return _sklearn_sheet(make_s_curve, n, seed)
 
 
 def swiss_roll(n: int = 5000, seed=0):
     """scikit-learn's Swiss roll (no noise). Returns (Y, latent) with latent = (t, height)."""
     from sklearn.datasets import make_swiss_roll
 
-    n = _check_n(n)
-    Y, t = make_swiss_roll(n, random_state=np.random.RandomState(_rng(seed).integers(2**31)))
-    return Y.astype(np.float64), np.column_stack([t, Y[:, 1]])
+    return _sklearn_sheet(make_swiss_roll, n, seed)
 
 
 def swiss_hole(n: int = 5000, seed=0):
