@@ -11,6 +11,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components as _cc
 
+from lvmcore.checks import check_data
+
 __all__ = [
     "knn",
     "choose_knn_method",
@@ -49,16 +51,13 @@ EXACT_MAX_WORK = 2.0e11
 
 
 def _validate(Y, k):
-    if hasattr(Y, "chunks") and hasattr(Y, "compute"):  # dask array: check shape only
-        shape = Y.shape
-    else:
-        Y = np.asarray(Y)
-        shape = Y.shape
-        if Y.dtype == object:
-            raise ValueError("Y must be a numeric array, got dtype=object")
-    if len(shape) != 2:
-        raise ValueError(f"Y must be 2-D (points x features), got shape {shape}; reshape it to (N, D)")
-    n = shape[0]
+    """Y as a finite float64 array (a dask array: its shape only; its values are checked once
+    computed), and k."""
+    if not (hasattr(Y, "chunks") and hasattr(Y, "compute")):
+        Y = check_data(Y)
+    elif len(Y.shape) != 2:
+        raise ValueError(f"Y must be 2-D (points x features), got shape {Y.shape}; reshape it to (N, D)")
+    n = Y.shape[0]
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if n < k + 1:
@@ -173,13 +172,7 @@ def _exact_knn(Y, k, block_rows):
         Y = Y.compute()
     else:
         bounds = None
-    Y = np.asarray(Y, dtype=np.float64)
-    if not np.all(np.isfinite(Y)):
-        bad = np.argwhere(~np.isfinite(Y))[0]
-        raise ValueError(
-            f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
-            "remove or impute those values first"
-        )
+    Y = check_data(Y)
     n, dim = Y.shape
     if bounds is None:
         b = DEFAULT_BLOCK_ROWS if block_rows is None else int(block_rows)
@@ -343,25 +336,11 @@ def knn(
         isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows < 1
     ):
         raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
-    if not hasattr(Y, "compute"):
-        Y = np.asarray(Y, dtype=np.float64)
-        if not np.all(np.isfinite(Y)):
-            bad = np.argwhere(~np.isfinite(Y))[0]
-            raise ValueError(
-                f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
-                "remove or impute those values first"
-            )
     if method == "auto":
         method = choose_knn_method(Y.shape[0], Y.shape[1], int(k))
     if method == "exact":
         return _exact_knn(Y, int(k), block_rows)
-    Yn = np.asarray(Y.compute() if hasattr(Y, "compute") else Y, dtype=np.float64)
-    if not np.all(np.isfinite(Yn)):
-        bad = np.argwhere(~np.isfinite(Yn))[0]
-        raise ValueError(
-            f"Y contains NaN or inf (first at row {bad[0]}, column {bad[1]}); "
-            "remove or impute those values first"
-        )
+    Yn = check_data(Y.compute()) if hasattr(Y, "compute") else Y
     if method == "tree":
         return _tree_knn(Yn, int(k), n_jobs)
     from pynndescent import NNDescent
