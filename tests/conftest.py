@@ -38,3 +38,15 @@ def cluster_client():
     ) as lc:
         with Client(lc) as client:
             yield client
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One real Prefect API server for the modules that sweep in this process (its start costs
+    10-35 s on the test machine); each module points itself at it with
+    ``tests.prefect_server.pointed_at``. Their flow runs and artifacts are told apart by store
+    path. test_deploy and test_slurm start their own (work pools and deployments of one name)."""
+    from tests.prefect_server import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env

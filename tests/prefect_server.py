@@ -1,4 +1,5 @@
-"""A real Prefect API server on 127.0.0.1 for the pipeline tests (started once per module)."""
+"""A real Prefect API server on 127.0.0.1 for the pipeline tests: one per test run
+(``prefect_api`` in tests/conftest.py), each module pointed at it in turn."""
 
 from __future__ import annotations
 
@@ -48,20 +49,21 @@ def prefect_server(home: Path, extra_env: dict | None = None):
 
 
 @contextlib.contextmanager
-def serving(home: Path, keys=("PREFECT_API_URL", "PREFECT_HOME")):
-    """A server as above, with this process pointed at it: the variables in ``keys`` set in
-    ``os.environ`` (and restored afterwards) and Prefect's settings switched to its API."""
+def pointed_at(env: dict, keys=("PREFECT_API_URL", "PREFECT_HOME")):
+    """This process pointed at a running server (``env`` from :func:`prefect_server`): the
+    variables in ``keys`` set in ``os.environ`` (restored afterwards) and Prefect's settings
+    switched to its API; buffered run logs are sent before switching back."""
     from flows.server import use_api
 
-    with prefect_server(home) as env:
-        old = {k: os.environ.get(k) for k in keys}
-        os.environ.update({k: env[k] for k in keys})
-        try:
-            with use_api(env["PREFECT_API_URL"]):
-                yield env
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: env[k] for k in keys})
+    try:
+        with use_api(env["PREFECT_API_URL"]):
+            yield env
+            flush_prefect_logs()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -13,14 +13,14 @@ import pytest
 from flows.progress import Progress
 from flows.sweep import embed_sweep
 from tasks.artifacts import artifact_key
-from tests.prefect_server import serving
+from tests.prefect_server import pointed_at
 
 TINY = {"name": "swiss_roll", "n": 120, "seed": 2}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+def server(prefect_api):
+    with pointed_at(prefect_api) as env:
         yield env
 
 

@@ -19,7 +19,7 @@ import xarray as xr
 
 from flows.sweep import embed_sweep
 from tasks.store import read_status
-from tests.prefect_server import serving
+from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = {"name": "swiss_roll", "n": 1200, "seed": 2}
@@ -30,8 +30,8 @@ COMPARE = ["embedding", "elbo", "trustworthiness", "continuity", "shepard_goodne
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("prefect-home"), keys=("PREFECT_API_URL",)) as env:
+def env(prefect_api):
+    with pointed_at(prefect_api, keys=("PREFECT_API_URL",)) as env:
         yield env
 
 

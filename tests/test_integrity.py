@@ -23,14 +23,14 @@ from flows.sweep import embed_sweep, input_paths
 from lvmcore.data import ingest, load
 from lvmcore.graph import knn
 from tasks.store import inputs_dir, lock_path, read_status, store_path
-from tests.prefect_server import serving
+from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+def server(prefect_api):
+    with pointed_at(prefect_api) as env:
         yield env
 
 

@@ -21,7 +21,7 @@ import xarray as xr
 from flows.server import free_port
 from flows.sweep import embed_sweep
 from tasks.store import read_status
-from tests.prefect_server import serving
+from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -35,8 +35,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("prefect-home"), keys=("PREFECT_API_URL",)) as env:
+def env(prefect_api):
+    with pointed_at(prefect_api, keys=("PREFECT_API_URL",)) as env:
         yield env
 
 

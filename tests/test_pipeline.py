@@ -15,15 +15,15 @@ from flows.cli import main as cli_main
 from flows.sweep import check_store, embed_sweep, plan_sweep
 from tasks.registry import MODELS, resolve_models
 from tasks.report import make_report, summary_table
-from tests.prefect_server import serving
+from tests.prefect_server import pointed_at
 
 TINY = {"name": "swiss_roll", "n": 150, "seed": 1}
 OPTS = {"lllvm": {"max_iter": 4}}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+def server(prefect_api):
+    with pointed_at(prefect_api) as env:
         yield env
 
 
