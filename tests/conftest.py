@@ -50,3 +50,17 @@ def prefect_api(tmp_path_factory):
 
     with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
         yield env
+
+
+@pytest.fixture(scope="module")
+def sweep_cluster(prefect_api):
+    """The flow's own default local cluster (``flows.cluster.start_cluster``: two worker
+    processes), started once for a module whose sweeps are not about the cluster; they reach it
+    by address, as a user's scheduler, instead of each starting and stopping one (5-20 s here).
+    Its workers point at the test run's Prefect server."""
+    from flows.cluster import normalise_cluster, start_cluster
+    from tests.prefect_server import pointed_at
+
+    with pointed_at(prefect_api, keys=("PREFECT_API_URL",)):
+        with start_cluster(normalise_cluster(None)) as (address, _, _):
+            yield address

@@ -38,20 +38,19 @@ def server(prefect_api):
 
 
 @pytest.mark.slow
-def test_a_leftover_graph_of_other_data_is_never_fitted_on(server, tmp_path):
+def test_a_leftover_graph_of_other_data_is_never_fitted_on(server, sweep_cluster, tmp_path):
     """The reproduction: a Swiss-roll sweep into x.zarr, x.zarr deleted, an S-curve sweep into
     x.zarr. The S-curve's graph must be the S-curve's kNN graph (main reused the roll's)."""
     store = tmp_path / "x.zarr"
     grid = {"k": [8], "latent_dim": [2], "seed": [0]}
     roll = {"name": "swiss_roll", "n": 300, "seed": 0}
     curve = {"name": "s_curve", "n": 300, "seed": 0}
-    embed_sweep(dataset=roll, models=["glle_em"], grid=grid, store=str(store), report=False, n_generations=0)
+    kw = {"models": ["glle_em"], "grid": grid, "store": str(store), "report": False, "n_generations": 0}
+    embed_sweep(dataset=roll, cluster=sweep_cluster, **kw)
     import shutil
 
     shutil.rmtree(store)
-    res = embed_sweep(
-        dataset=curve, models=["glle_em"], grid=grid, store=str(store), report=False, n_generations=0
-    )
+    res = embed_sweep(dataset=curve, cluster=sweep_cluster, **kw)  # the same workers, other data
     assert res["done"] == 1
     data_path, graph_path = input_paths(str(store))
     Y = load("s_curve", n=300, seed=0)["Y"].values
@@ -99,7 +98,7 @@ def test_evaluation_references_follow_the_data_not_the_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, tmp_path):
+def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, sweep_cluster, tmp_path):
     assert store_path(tmp_path / "x") == store_path(tmp_path / "x.zarr") == (tmp_path / "x.zarr").absolute()
     assert inputs_dir(tmp_path / "x") == inputs_dir(tmp_path / "x.zarr")
     assert input_paths(str(tmp_path / "x")) == input_paths(str(tmp_path / "x.zarr"))
@@ -110,6 +109,7 @@ def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, t
         grid=grid,
         store=str(tmp_path / "x"),
         report=False,
+        cluster=sweep_cluster,
     )
     assert (tmp_path / "x.zarr").is_dir() and not (tmp_path / "x").exists()
     before = (inputs_dir(tmp_path / "x") / "data.zarr" / "zarr.json").read_bytes()
@@ -125,11 +125,12 @@ def test_store_x_and_store_x_zarr_are_one_store_with_one_inputs_folder(server, t
 
 
 @pytest.mark.slow
-def test_a_changed_data_file_is_a_different_sweep(server, tmp_path):
+def test_a_changed_data_file_is_a_different_sweep(server, sweep_cluster, tmp_path):
     """Same path, same options, other content: the store must not be resumed with it."""
     f = tmp_path / "d.npy"
     np.save(f, load("swiss_roll", n=100, seed=0)["Y"].values)
     kw = {"models": "ppca", "grid": {"latent_dim": [1], "seed": [0]}, "store": str(tmp_path / "s.zarr")}
+    kw["cluster"] = sweep_cluster
     embed_sweep(dataset=str(f), report=False, **kw)
     np.save(f, load("s_curve", n=100, seed=0)["Y"].values)
     with pytest.raises(ValueError, match="different sweep"):
@@ -239,9 +240,12 @@ def _plane_csv(path, n=60):
 
 
 @pytest.mark.slow
-def test_failed_points_give_exit_3_with_reasons_and_retry_failed_reruns_them(server, tmp_path, capsys):
+def test_failed_points_give_exit_3_with_reasons_and_retry_failed_reruns_them(
+    server, sweep_cluster, tmp_path, capsys
+):
     data = _plane_csv(tmp_path / "plane.csv")
-    argv = ["run", "--out", str(tmp_path), "--no-report", "--dataset", data, "--models", "ppca"]
+    argv = ["run", "--out", str(tmp_path), "--no-report", "--cluster", sweep_cluster, "--dataset", data]
+    argv += ["--models", "ppca"]
     argv += ["--grid", '{"latent_dim": [1, 2], "seed": [0]}', "--store", "s.zarr"]
     assert cli_main(argv) == 3
     err = capsys.readouterr().err
@@ -268,13 +272,14 @@ def test_failed_points_give_exit_3_with_reasons_and_retry_failed_reruns_them(ser
 
 
 @pytest.mark.slow
-def test_an_interrupted_set_up_is_resumable_and_replace_always_works(server, tmp_path, capsys):
+def test_an_interrupted_set_up_is_resumable_and_replace_always_works(server, sweep_cluster, tmp_path, capsys):
     store = tmp_path / "s.zarr"
     # what main left after a set-up interrupted before the root attributes: groups, no sweep_id
     zarr.open_group(str(store), mode="w", zarr_format=3).create_group("ppca")
     leftover = tmp_path / ".s.zarr.setup-999999-abcdef"  # this code's interrupted set-up
     zarr.open_group(str(leftover), mode="w", zarr_format=3)
-    argv = ["run", "--out", str(tmp_path), "--no-report", "--dataset", '{"name": "swiss_roll", "n": 100}']
+    argv = ["run", "--out", str(tmp_path), "--no-report", "--cluster", sweep_cluster]
+    argv += ["--dataset", '{"name": "swiss_roll", "n": 100}']
     argv += ["--models", "ppca", "--grid", '{"latent_dim": [1], "seed": [0]}', "--store", "s.zarr"]
     assert cli_main(argv) == 2
     assert "--replace" in capsys.readouterr().err
@@ -297,11 +302,14 @@ def _hold_lock(store):
 
 
 @pytest.mark.slow
-def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_over(server, tmp_path, capsys):
+def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_over(
+    server, sweep_cluster, tmp_path, capsys
+):
     import socket
 
     store = tmp_path / "s.zarr"
-    argv = ["run", "--out", str(tmp_path), "--no-report", "--dataset", '{"name": "swiss_roll", "n": 100}']
+    argv = ["run", "--out", str(tmp_path), "--no-report", "--cluster", sweep_cluster]
+    argv += ["--dataset", '{"name": "swiss_roll", "n": 100}']
     argv += ["--models", "ppca", "--grid", '{"latent_dim": [1], "seed": [0]}', "--store", "s"]
     holder = _hold_lock(store)
     try:
@@ -321,18 +329,22 @@ def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_o
 
 
 @pytest.mark.slow
-def test_two_sweeps_started_together_on_one_store_run_each_point_once(server, tmp_path):
+def test_two_sweeps_started_together_on_one_store_run_each_point_once(server, sweep_cluster, tmp_path):
     store = tmp_path / "s.zarr"
     code = (
         "import sys; from flows.cli import main; "
-        "sys.exit(main(['run', '--out', sys.argv[1], '--no-report', '--dataset', "
+        "sys.exit(main(['run', '--out', sys.argv[1], '--no-report', '--cluster', sys.argv[2], '--dataset', "
         "'{\"name\": \"swiss_roll\", \"n\": 100}', '--models', 'ppca', '--grid', "
         "'{\"latent_dim\": [1, 2], \"seed\": [0, 1, 2]}', '--store', 's']))"
     )
     env = dict(os.environ)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", code, str(tmp_path), sweep_cluster],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -353,10 +365,12 @@ def _points(store, key):
 
 
 @pytest.mark.slow
-def test_a_sweep_grown_by_a_seed_and_a_k_runs_only_the_new_points_and_equals_one_run_whole(server, tmp_path):
+def test_a_sweep_grown_by_a_seed_and_a_k_runs_only_the_new_points_and_equals_one_run_whole(
+    server, sweep_cluster, tmp_path
+):
     data = {"name": "swiss_roll", "n": 200, "seed": 3}
     models = ["glle_em", "ppca"]
-    kw = {"dataset": data, "models": models, "report": False, "n_generations": 0}
+    kw = {"dataset": data, "models": models, "report": False, "n_generations": 0, "cluster": sweep_cluster}
     small = {"k": [8], "latent_dim": [2], "seed": [0]}
     grown = {"k": [6, 8], "latent_dim": [2], "seed": [0, 1]}  # a k below the first and one more seed
     store = tmp_path / "grown.zarr"
