@@ -47,10 +47,11 @@ def test_export_writes_every_model_with_provenance_and_reads_back(store, tmp_pat
         assert info["elbo"] == float(cell["elbo"])
         assert info["metrics"]["trustworthiness"] == float(cell["trustworthiness"])
         assert info["criterion"] == select(store, key)["criterion"]
-    # posterior variances only where the model has them (LL-LVM), same shape, positive
-    assert "X_ppca_var" not in a.obsm and "X_glle_em_var" not in a.obsm
-    assert a.obsm["X_lllvm_var"].shape == a.obsm["X_lllvm"].shape
-    assert (a.obsm["X_lllvm_var"] > 0).all()
+    # posterior variances only where the model has them (PPCA, LL-LVM), same shape, positive
+    assert "X_glle_em_var" not in a.obsm
+    for key in ("ppca", "lllvm"):
+        assert a.obsm[f"X_{key}_var"].shape == a.obsm[f"X_{key}"].shape
+        assert (a.obsm[f"X_{key}_var"] > 0).all()
 
 
 def test_export_of_a_named_setting_and_one_model(store, tmp_path):
