@@ -22,7 +22,7 @@ from tasks.store import read_status
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
     "--dataset",
-    '{"name": "swiss_roll", "n": 1500, "seed": 0}',
+    '{"name": "swiss_roll", "n": 1000, "seed": 0}',
     "--models",
     "ppca",
     "--grid",
