@@ -257,7 +257,8 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "n_generations": int(n_generations),
         "knn_method": knn_method,
     }
-    return SweepPlan(identity=identity, layout=asdict(layout), provenance=dict(ds.attrs), size=[n, D])
+    provenance = json.loads(json.dumps(dict(ds.attrs), default=str))  # plain JSON, a flow parameter
+    return SweepPlan(identity=identity, layout=asdict(layout), provenance=provenance, size=[n, D])
 
 
 @dataclass(frozen=True)

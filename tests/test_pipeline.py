@@ -4,6 +4,7 @@ stores on disk. Bad input is refused before any work; re-runs resume; failures a
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,7 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     before = _tree_digest(store)
     args = {"dataset": TINY, "models": ["ppca", "lllvm"], "grid": grid, "model_options": OPTS}
     plan = plan_sweep(TINY, ["ppca", "lllvm"], grid, str(store), OPTS, 2, "auto").to_dict()
+    assert json.loads(json.dumps(plan)) == plan  # plain JSON: it travels as a flow parameter
     with pytest.raises(ValueError, match="plan was made for other grid"):  # a plan for other arguments
         embed_sweep(**{**args, "grid": {**grid, "seed": [0]}}, store=str(store), n_generations=2, plan=plan)
     again = embed_sweep(**args, store=str(store), report=False, n_generations=2, plan=plan)
@@ -213,8 +215,6 @@ def test_batches_mix_the_grid_and_shrink_towards_the_end():
 def test_cli_runs_several_sweeps_on_one_local_cluster(tmp_path, capsys):
     """`run --config` with a "sweeps" list: every sweep is validated before any work, then all of
     them run on one LocalCluster (one dashboard line), each store complete."""
-    import json
-
     from tasks.store import STATUS_DONE, read_status
 
     out = tmp_path / "out"
