@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.prefect_server import PREFECT, prefect_server
+from tests.prefect_server import PREFECT
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with prefect_server(tmp_path_factory.mktemp("prefect-home"), {"EMBED_SWEEP_HOME": str(ROOT)}) as env:
-        yield env
+def server(prefect_api):
+    """The test run's Prefect server (tests/conftest.py), with the project's path for the
+    deployment's pull step."""
+    return dict(prefect_api, EMBED_SWEEP_HOME=str(ROOT))
 
 
 def _run(args, env, timeout=300):
@@ -33,7 +34,7 @@ def _run(args, env, timeout=300):
 def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
     env = server
     for pool in ("local-pool", "slurm-pool", "k8s-pool"):
-        _run(["work-pool", "create", pool, "--type", "process"], env)
+        _run(["work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     out = _run(["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"], env)
     assert "embed-sweep/local" in out
     store = tmp_path / "deployed.zarr"

@@ -18,7 +18,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from tests.prefect_server import PREFECT, prefect_server
+from tests.prefect_server import PREFECT
 from tests.slurm_local import missing, one_node_slurm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,90 +43,88 @@ def _run(cmd, env, timeout=300):
     return r.stdout + r.stderr
 
 
-def test_slurm_deployment_runs_jobs_in_squeue_and_completes_the_store(slurm, tmp_path):
-    home = tmp_path / "prefect-home"
-    home.mkdir()
+def test_slurm_deployment_runs_jobs_in_squeue_and_completes_the_store(slurm, prefect_api, tmp_path):
     extra = {
         "EMBED_SWEEP_HOME": str(ROOT),
         "SLURM_CONF": slurm["SLURM_CONF"],
         "XDG_CACHE_HOME": str(tmp_path / "cache"),  # the run's TLS certificates go here
     }
-    with prefect_server(home, extra) as env:
-        _run([PREFECT, "work-pool", "create", "slurm-pool", "--type", "process"], env)
-        out = _run(
-            [PREFECT, "--no-prompt", "deploy", "--name", "slurm", "--prefect-file", "deploy/prefect.yaml"],
-            env,
-        )
-        assert "embed-sweep/slurm" in out
-        # the deployment's cluster spec, with job sizes that fit this 1-node, 2-core "cluster"
-        deployed = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())["deployments"]
-        cluster = dict(next(d for d in deployed if d["name"] == "slurm")["parameters"]["cluster"])
-        assert cluster["type"] == "slurm" and "security" not in cluster  # TLS by default
-        cluster.update(
-            cores=1,
-            processes=1,
-            memory="2GB",
-            walltime="00:20:00",
-            job_name="embed-sweep-test",
-            log_directory=str(tmp_path / "slurm-logs"),
-            adapt={"minimum_jobs": 2, "maximum_jobs": 2},
-        )
-        store = tmp_path / "slurm.zarr"
-        grid = {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]}
-        out = _run(
-            [
-                PREFECT,
-                "deployment",
-                "run",
-                "embed-sweep/slurm",
-                "--param",
-                f"store={store}",
-                "--param",
-                'models=["ppca", "glle_em"]',
-                "--param",
-                f"grid={json.dumps(grid)}",
-                "--param",
-                'dataset={"name": "swiss_roll", "n": 300, "seed": 5}',
-                "--param",
-                f"cluster={json.dumps(cluster)}",
-                "--param",
-                "report=false",
-            ],
-            env,
-        )
-        run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
-        wlog = open(tmp_path / "worker.log", "w")  # noqa: SIM115
-        worker = subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "slurm-pool", "--type", "process", "--run-once"],
-            env=env,
-            cwd=ROOT,
-            stdout=wlog,
-            stderr=subprocess.STDOUT,
-        )
-        seen = set()
-        try:
-            t0 = time.time()
-            while worker.poll() is None and time.time() - t0 < 900:
-                q = subprocess.run(
-                    ["squeue", "-h", "-o", "%i %j %T"], env=env, capture_output=True, text=True
-                ).stdout
-                seen |= {line for line in q.splitlines() if "embed-sweep-test" in line}
-                time.sleep(0.5)
-            assert worker.poll() is not None, "the Prefect worker did not finish in 900 s"
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-            wlog.close()
-        wout = (tmp_path / "worker.log").read_text()
-        info = _run([PREFECT, "flow-run", "inspect", run_id], env)
-        assert "COMPLETED" in info, wout[-4000:]
-        jobs = {line.split()[0] for line in seen}
-        assert len(jobs) >= 2, seen  # the two dask-jobqueue jobs, seen by squeue
-        assert any(line.endswith("RUNNING") for line in seen), seen
-        scripts = list((tmp_path / "slurm-logs").glob("*"))
-        assert scripts, "no Slurm job log: the jobs did not run"
-        assert "tls://" in "".join(p.read_text() for p in scripts)  # the workers connected with TLS
+    env = dict(prefect_api, **extra)  # the test run's Prefect server (tests/conftest.py)
+    _run([PREFECT, "work-pool", "create", "slurm-pool", "--type", "process", "--overwrite"], env)
+    out = _run(
+        [PREFECT, "--no-prompt", "deploy", "--name", "slurm", "--prefect-file", "deploy/prefect.yaml"],
+        env,
+    )
+    assert "embed-sweep/slurm" in out
+    # the deployment's cluster spec, with job sizes that fit this 1-node, 2-core "cluster"
+    deployed = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())["deployments"]
+    cluster = dict(next(d for d in deployed if d["name"] == "slurm")["parameters"]["cluster"])
+    assert cluster["type"] == "slurm" and "security" not in cluster  # TLS by default
+    cluster.update(
+        cores=1,
+        processes=1,
+        memory="2GB",
+        walltime="00:20:00",
+        job_name="embed-sweep-test",
+        log_directory=str(tmp_path / "slurm-logs"),
+        adapt={"minimum_jobs": 2, "maximum_jobs": 2},
+    )
+    store = tmp_path / "slurm.zarr"
+    grid = {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]}
+    out = _run(
+        [
+            PREFECT,
+            "deployment",
+            "run",
+            "embed-sweep/slurm",
+            "--param",
+            f"store={store}",
+            "--param",
+            'models=["ppca", "glle_em"]',
+            "--param",
+            f"grid={json.dumps(grid)}",
+            "--param",
+            'dataset={"name": "swiss_roll", "n": 300, "seed": 5}',
+            "--param",
+            f"cluster={json.dumps(cluster)}",
+            "--param",
+            "report=false",
+        ],
+        env,
+    )
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    wlog = open(tmp_path / "worker.log", "w")  # noqa: SIM115
+    worker = subprocess.Popen(
+        [PREFECT, "worker", "start", "--pool", "slurm-pool", "--type", "process", "--run-once"],
+        env=env,
+        cwd=ROOT,
+        stdout=wlog,
+        stderr=subprocess.STDOUT,
+    )
+    seen = set()
+    try:
+        t0 = time.time()
+        while worker.poll() is None and time.time() - t0 < 900:
+            q = subprocess.run(
+                ["squeue", "-h", "-o", "%i %j %T"], env=env, capture_output=True, text=True
+            ).stdout
+            seen |= {line for line in q.splitlines() if "embed-sweep-test" in line}
+            time.sleep(0.5)
+        assert worker.poll() is not None, "the Prefect worker did not finish in 900 s"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        wlog.close()
+    wout = (tmp_path / "worker.log").read_text()
+    info = _run([PREFECT, "flow-run", "inspect", run_id], env)
+    assert "COMPLETED" in info, wout[-4000:]
+    jobs = {line.split()[0] for line in seen}
+    assert len(jobs) >= 2, seen  # the two dask-jobqueue jobs, seen by squeue
+    assert any(line.endswith("RUNNING") for line in seen), seen
+    scripts = list((tmp_path / "slurm-logs").glob("*"))
+    assert scripts, "no Slurm job log: the jobs did not run"
+    assert "tls://" in "".join(p.read_text() for p in scripts)  # the workers connected with TLS
 
     tree = xr.open_datatree(store, engine="zarr", consolidated=False)
     assert set(tree.children) == {"ppca", "glle_em"}
