@@ -36,7 +36,9 @@ def _artifacts(key: str) -> list:
 
 
 @pytest.mark.slow  # two real sweeps on a local cluster and a Prefect server
-def test_a_sweep_leaves_progress_summary_and_links_in_the_prefect_ui_versioned_per_run(server, tmp_path):
+def test_a_sweep_leaves_progress_summary_and_links_in_the_prefect_ui_versioned_per_run(
+    server, sweep_cluster, tmp_path
+):
     store = tmp_path / "roll.zarr"
     args = dict(
         dataset=TINY,
@@ -44,7 +46,7 @@ def test_a_sweep_leaves_progress_summary_and_links_in_the_prefect_ui_versioned_p
         grid={"k": [6, 9], "latent_dim": [1, 2], "seed": [0]},
         store=str(store),
         n_generations=0,
-        cluster={"type": "local", "n_workers": 1},
+        cluster=sweep_cluster,
     )
     res = embed_sweep(**args)
     assert res["done"] == 6 and res["report"]
@@ -102,8 +104,8 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise(capsys):
     assert capsys.readouterr().out.startswith("[1/2] ppca {'latent_dim': 1} done (")
 
 
-@pytest.mark.slow  # a whole `embed-sweep run` (its own Prefect server and local cluster) on a terminal
-def test_cli_on_a_terminal_draws_the_bar_instead_of_lines(tmp_path):
+@pytest.mark.slow  # a whole `embed-sweep run` (a subprocess on the module's server and cluster) on a terminal
+def test_cli_on_a_terminal_draws_the_bar_instead_of_lines(server, sweep_cluster, tmp_path):
     """`embed-sweep run` attached to a pseudo-terminal: the bar is redrawn in place with counts
     and the final line says every point is done; no plain per-point lines."""
     import pty
@@ -111,8 +113,7 @@ def test_cli_on_a_terminal_draws_the_bar_instead_of_lines(tmp_path):
     import sys
 
     main, child = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",)}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env = dict(os.environ)  # the test run's Prefect server: PREFECT_API_URL (server fixture)
     cmd = [
         str(Path(sys.executable).with_name("embed-sweep")),
         "run",
@@ -126,7 +127,7 @@ def test_cli_on_a_terminal_draws_the_bar_instead_of_lines(tmp_path):
         str(tmp_path / "out"),
         "--no-report",
         "--cluster",
-        "1",
+        sweep_cluster,
     ]
     proc = subprocess.Popen(cmd, stdin=child, stdout=child, stderr=child, env=env, close_fds=True)
     os.close(child)
