@@ -42,10 +42,10 @@ def cluster_client():
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
-    """One real Prefect API server for the modules that sweep in this process (its start costs
-    10-35 s on the test machine); each module points itself at it with
-    ``tests.prefect_server.pointed_at``. Their flow runs and artifacts are told apart by store
-    path. test_deploy and test_slurm start their own (work pools and deployments of one name)."""
+    """One real Prefect API server for every module that needs one (its start costs 10-35 s on
+    the test machine); a module points itself at it with ``tests.prefect_server.pointed_at``, or
+    passes its environment to the commands it starts. Flow runs and artifacts are told apart by
+    store path; work pools are created with ``--overwrite``."""
     from tests.prefect_server import prefect_server
 
     with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
