@@ -14,7 +14,7 @@
    above the process's RSS after loading M, the eigenvalues, max_j ||M v_j - lambda_j v_j|| (unit
    v_j) and the largest principal angle of its subspace to the first solver's.
 
-       python bench/glle_scale.py eigen 10000 100000 1000000
+       python bench/glle_scale.py eigen 10000 100000 1000000 [solver ...]
 """
 
 import json
@@ -54,8 +54,8 @@ def main():
 #: solvers compared: lvmcore.lle.embed's names, plus the variant with SuperLU ordering the
 #: symmetric pattern (MMD on M + M^T) in place of eigsh's default column ordering (COLAMD)
 SOLVERS = ("arpack", "arpack_mmd", "lobpcg")
-CAP_GB = 10
-CAP_S = 900
+CAP_GB = 6
+CAP_S = 600
 
 
 def _solve(path, solver, out):
@@ -95,7 +95,7 @@ def _solve(path, solver, out):
                       "residual": float(res.max())}))
 
 
-def eigen(ns):
+def eigen(ns, solvers=SOLVERS):
     from scipy.linalg import subspace_angles
     from scipy.spatial import cKDTree
     from sklearn.datasets import make_swiss_roll
@@ -112,7 +112,7 @@ def eigen(ns):
         np.savez(path, data=M.data, indices=M.indices, indptr=M.indptr, shape=M.shape)
         del M, Y, idx
         first = None
-        for solver in SOLVERS:
+        for solver in solvers:
             out = os.path.join(tmp, f"v{n}_{solver}.npy")
             try:
                 r = subprocess.run(
@@ -138,6 +138,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_solve":
         _solve(*sys.argv[2:5])
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
-        eigen([int(a) for a in sys.argv[2:]])
+        args = sys.argv[2:]
+        picked = tuple(a for a in args if not a.isdigit()) or SOLVERS
+        eigen([int(a) for a in args if a.isdigit()], picked)
     else:
         main()
