@@ -13,7 +13,7 @@ elbo_ / n:
   equal to the collapsed bound there) and elbo_uncollapsed_ the full bound with q(u) as trained;
 * the SVI fit again at n / 10 and the same settings, for the growth of its peak RSS with n.
 
-    python bench/svi.py [--n 100000] [--batch 1000] [--epochs 40]
+    python bench/svi.py [--n 100000] [--batch 1000] [--epochs 100]
 """
 
 import argparse
@@ -56,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--only", choices=["anchor", "svi", "svi_small"], default=None)
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")

@@ -223,7 +223,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         n_inducing: int = 30,
         kernel: str = "rbf",
         batch_size: int = 1000,
-        max_iter: int = 50,
+        max_iter: int = 100,
         init_epochs: int = 2,
         learning_rate: float = 0.05,
         local_learning_rate: float = 0.1,
