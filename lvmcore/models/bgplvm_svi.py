@@ -94,26 +94,36 @@ def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0):
     return expected - kl_u
 
 
-@x64
 def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0):
     """The q(v) that maximises :func:`uncollapsed_bound` for these statistics: precision
     I + beta C and mean beta (I + beta C)^-1 c, C and c from the statistics scaled by ``scale``
     (the natural-gradient step of size one). Returns {"m", "P"} as numpy arrays."""
-    import jax.numpy as jnp
-    from jax.scipy.linalg import cho_solve, solve_triangular
-
-    from lvmcore.linalg import cholesky_jax
-
-    _, p1y, p2, _ = stats
-    Z, kp = glob["Z"][0], glob["kern"][0]
-    beta = jnp.exp(glob["log_beta"][0])
-    Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
-    c = scale * solve_triangular(Lm, p1y, lower=True)
-    C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
-    P = jnp.eye(C.shape[0]) + beta * C
-    P = 0.5 * (P + P.T)
-    m = beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+    P, m = _optimal_qu_jit(kind)(stats, glob, scale, rel_jitter)
     return {"m": np.asarray(m), "P": np.asarray(P)}
+
+
+@functools.lru_cache(maxsize=16)
+def _optimal_qu_jit(kind: str):
+    """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
+    from lvmcore.precision import jit64
+
+    def f(stats, glob, scale, rel_jitter):
+        import jax.numpy as jnp
+        from jax.scipy.linalg import cho_solve, solve_triangular
+
+        from lvmcore.linalg import cholesky_jax
+
+        _, p1y, p2, _ = stats
+        Z, kp = glob["Z"][0], glob["kern"][0]
+        beta = jnp.exp(glob["log_beta"][0])
+        Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
+        c = scale * solve_triangular(Lm, p1y, lower=True)
+        C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
+        P = jnp.eye(C.shape[0]) + beta * C
+        P = 0.5 * (P + P.T)
+        return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+
+    return jit64(f)
 
 
 @x64
