@@ -347,7 +347,19 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                     )
                 est += float(F) / nb
                 # natural-gradient step on q(u) toward the batch's optimum
-                target = optimal_qu(kind, stats, glob, scale, jitter)
+                # (its precision I + beta (N / B) C_B can lose definiteness to K_mm's conditioning
+                # when N / B is large: escalate the jitter as for the bound)
+                for j in [jitter] + [j for j in JITTERS if j > jitter]:
+                    target = optimal_qu(kind, stats, glob, scale, j)
+                    if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
+                        jitter = j
+                        break
+                else:
+                    raise NumericalError(
+                        f"the optimal q(u) of a minibatch is not finite (epoch {epoch}) even with "
+                        f"jitter {JITTERS[-1]:g} x mean diag(K_mm)",
+                        name="K_mm",
+                    )
                 r = self.ng_step
                 eta = (1 - r) * (qu["P"] @ qu["m"]) + r * (target["P"] @ target["m"])
                 P = (1 - r) * qu["P"] + r * target["P"]
