@@ -18,6 +18,13 @@ DENSE_MAX_N = 500
 #: ARPACK settings of the sparse eigensolver (shift-invert about 0, as scikit-learn's LLE)
 ARPACK_TOL = 1e-6
 ARPACK_MAXITER = 1000
+#: LOBPCG settings: relative residual tolerance, iteration cap and extra block vectors (a block
+#: wider than the Q wanted vectors converges in fewer iterations when the bottom spectrum is tight)
+LOBPCG_TOL = 1e-8
+LOBPCG_MAXITER = 500
+LOBPCG_EXTRA = 4
+#: the sparse solver "auto" uses above DENSE_MAX_N points (bench/README.md, GLLE eigensolver)
+AUTO_SPARSE = "arpack"
 
 
 def neighbour_differences(Y: np.ndarray, idx: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -70,19 +77,45 @@ def embedding_matrix(W: sp.spmatrix) -> sp.csr_matrix:
     return (A.T @ A).tocsr()
 
 
+def _lobpcg(M: sp.csr_matrix, q: int, random_state):
+    """Bottom ``q`` eigenpairs of M orthogonal to the constant vector (M's null vector) by LOBPCG
+    with a smoothed-aggregation algebraic-multigrid V-cycle as preconditioner (pyamg; the constant
+    vector is its near-null space). The constraint deflates the null vector exactly, so no shift
+    or factorisation of the singular M is needed; memory is O(nnz(M) + n (q + extra))."""
+    import pyamg
+    from scipy.sparse.linalg import lobpcg
+
+    n = M.shape[0]
+    ml = pyamg.smoothed_aggregation_solver(M, B=np.ones((n, 1)), symmetry="symmetric", coarse_solver="pinv")
+    P = ml.aspreconditioner(cycle="V")
+    const = np.full((n, 1), 1.0 / np.sqrt(n))
+    b = min(q + LOBPCG_EXTRA, n - 2)
+    X0 = np.random.default_rng(random_state).standard_normal((n, b))
+    vals, vecs = lobpcg(M, X0, M=P, Y=const, tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER, largest=False)
+    order = np.argsort(vals)[:q]
+    return vals[order], vecs[:, order]
+
+
 def embed(W: sp.spmatrix, n_components: int, *, solver: str = "auto", random_state=0):
     """Bottom eigenvectors of M = (I - W)^T (I - W) without the constant one, scaled so that
     (1/n) Y^T Y = I (paper 001 eq. 42). Rows of W must sum to one (then M 1 = 0).
 
     ``solver``: "dense" (eigh of M), "arpack" (sparse shift-invert Lanczos about 0 with a seeded
-    start vector; M is never densified, so n = 100,000 fits in memory) or "auto" (dense up to
-    ``DENSE_MAX_N`` points). Returns (Y (n, Q), eigenvalues (Q,))."""
+    start vector and SuperLU's factorisation of M), "lobpcg" (LOBPCG orthogonal to the constant
+    vector, preconditioned by algebraic multigrid: ``_lobpcg``) or "auto" (dense up to
+    ``DENSE_MAX_N`` points). M is never densified by the sparse solvers. Returns (Y (n, Q),
+    eigenvalues (Q,))."""
     n = W.shape[0]
     if n_components + 1 >= n:
         raise ValueError(f"n_components + 1 must be < n_points ({n}), got n_components={n_components}")
     M = embedding_matrix(W)
     if solver == "auto":
-        solver = "dense" if n <= DENSE_MAX_N else "arpack"
+        solver = "dense" if n <= DENSE_MAX_N else AUTO_SPARSE
+    if solver == "lobpcg":
+        vals, vecs = _lobpcg(M, n_components, random_state)
+        Yemb = vecs - vecs.mean(axis=0)
+        Yemb /= np.sqrt(np.mean(Yemb**2, axis=0))
+        return Yemb, vals
     if solver == "dense":
         vals, vecs = np.linalg.eigh(M.toarray())
         vals, vecs = vals[: n_components + 1], vecs[:, : n_components + 1]
@@ -94,7 +127,7 @@ def embed(W: sp.spmatrix, n_components: int, *, solver: str = "auto", random_sta
         order = np.argsort(vals)
         vals, vecs = vals[order], vecs[:, order]
     else:
-        raise ValueError(f"unknown eigen solver {solver!r}; use 'auto', 'dense' or 'arpack'")
+        raise ValueError(f"unknown eigen solver {solver!r}; use 'auto', 'dense', 'arpack' or 'lobpcg'")
     # the constant vector is M's null vector (rows of W sum to one); drop the eigenvector most
     # aligned with it rather than trusting the order when eigenvalues are nearly tied
     const = np.abs(vecs.sum(axis=0)) / np.sqrt(n)

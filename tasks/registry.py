@@ -118,6 +118,17 @@ MODELS: dict[str, ModelSpec] = {
             description="Bayesian GP-LVM, RBF-ARD kernel (paper 004)",
         ),
         _spec(
+            "bgplvm_svi",
+            "bgplvm_svi",
+            "lvmcore.models.bgplvm_svi:StochasticBayesianGPLVM",
+            ("latent_dim", "seed"),
+            fixed={"kernel": "rbf"},
+            has_variance=True,
+            extras={"ard_weights": ("component",)},
+            bound_comparable=("latent_dim", "seed"),
+            description="Bayesian GP-LVM, RBF-ARD, minibatch stochastic variational training (paper 004)",
+        ),
+        _spec(
             "bgplvm_linear",
             "bgplvm",
             "lvmcore.models.bgplvm:BayesianGPLVM",

@@ -50,6 +50,11 @@ CASES = [
         data="views",
         needs_fit=("segment",),
     ),
+    Case(
+        "StochasticBayesianGPLVM",
+        {"n_components": 2, "n_inducing": 5, "batch_size": 10, "max_iter": 3, "init_epochs": 1,
+         "random_state": 0},
+    ),
     Case("LLLVM", {"n_components": 2, "n_neighbors": 6, "max_iter": 3}, uses_graph=True),
     Case("HyperboloidGPLVM", {"n_components": 2, "variant": "sparse", "max_iter": 5, "random_state": 0}),
 ]

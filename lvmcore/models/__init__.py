@@ -9,6 +9,7 @@ _MODELS = {
     "MRD": "lvmcore.models.mrd",
     "HyperboloidGPLVM": "lvmcore.models.hgplvm",
     "PPCA": "lvmcore.models.ppca",
+    "StochasticBayesianGPLVM": "lvmcore.models.bgplvm_svi",
 }
 
 __all__ = list(_MODELS)

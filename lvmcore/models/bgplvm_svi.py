@@ -1,0 +1,411 @@
+"""Stochastic variational Bayesian GP-LVM: the uncollapsed bound of paper 004's model trained on
+minibatches of points (the GPflow #1749 request), so one step costs O(B M^2 Q) whatever N is.
+
+Model and bound. As ``lvmcore.models.bgplvm`` (paper 004 section 3): q(X) = prod_n N(mu_n, diag S_n)
+and an RBF-ARD or linear-ARD kernel with M inducing inputs Z, but the inducing outputs keep an
+explicit q(u) instead of being collapsed. Whitened, u = L_m v with K_mm = L_m L_m^T and
+q(v) = N(m, S_v) shared by the D output columns (m: M x D). Then (paper 004 eq. 13 before
+Titsias' collapse, with the expectations of appendix A)
+
+    F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || N(0, I))
+
+and with c = L_m^-1 Psi1^T Y (M x D) and C = L_m^-1 Psi2 L_m^-T (M x M) from the psi statistics
+summed over the points,
+
+    sum_n E[...] = -N D/2 log 2 pi + N D/2 log beta - beta/2 tr(Y^T Y) + beta tr(c^T m)
+                   - beta/2 tr(m^T C m) - beta D/2 psi0 + beta D/2 tr(C) - beta D/2 tr(S_v C)
+    KL(q(v))     = 1/2 (D tr(S_v) + ||m||^2 - D M - D log|S_v|).
+
+The data enter through the same row sums as the collapsed bound (``lvmcore.chunks``' statistics),
+so a batch of B points scaled by N / B gives an unbiased estimate of F. At the optimal q(v),
+S_v = (I + beta C)^-1 and m = beta S_v c, F equals the collapsed bound (``lvmcore.collapsed``)
+exactly: :func:`optimal_qu` and the tests check that identity.
+
+Training (Hensman, Fusi and Lawrence 2013's SVI for GPs, applied to the GP-LVM): per batch,
+(1) the statistics and the gradient of the batch estimate at the current parameters; (2) a
+natural-gradient step of size ``ng_step`` on q(v) in its natural parameters (S_v^-1, S_v^-1 m):
+the bound is conjugate in q(v), so that step moves them toward the batch's optimum
+(I + beta C_B, beta c_B) (the first step is of size one); (3) Adam steps on the kernel
+parameters, Z and log beta (``learning_rate``) and on the batch's own mu_n and log S_n
+(``local_learning_rate``; per-point Adam moments, so a point's step count is its own). The first
+``init_epochs`` hold beta at ``snr`` / var(Y) as the collapsed model's first phase does. Memory:
+q(X), its Adam moments (four more N x Q arrays) and the centred data; everything else is
+O(B M^2 + M D). The last act of ``fit`` is one pass over all points for the exact statistics:
+``elbo_uncollapsed_`` is F with q(v) as trained, then q(v) is set to its optimum for those
+statistics (a natural-gradient step of size one with the full data) and ``elbo_`` is F there,
+which equals the collapsed bound at the fitted q(X) and hyperparameters.
+
+Estimator, not a BayesianGPLVM option: the optimiser's parameters (batch size, steps, epochs) and
+its loop have nothing in common with the collapsed L-BFGS fit; the fitted state is the same
+(``local_``, ``glob_``, the training statistics), so prediction and ``transform`` are
+BayesianGPLVM's own (``_CollapsedGPLVM``).
+"""
+
+from __future__ import annotations
+
+import functools
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from lvmcore.checks import check_data
+from lvmcore.kernels.euclidean import KERNELS, get_kernel
+from lvmcore.models.bgplvm import JITTERS, _CollapsedGPLVM, kmm
+from lvmcore.precision import x64
+
+__all__ = ["StochasticBayesianGPLVM", "uncollapsed_bound", "optimal_qu", "batch_statistics"]
+
+
+# --------------------------------------------------------------------------- plain functions
+@x64
+def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0):
+    """sum_n E[log p(y_n | f_n)] - KL(q(v)) of the module docstring, from statistics
+    (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a set of points scaled by ``scale`` (N / B for a batch of B
+    of the N points; 1 for all of them). ``qu`` = {"m": (M, D), "P": (M, M)}: q(v)'s mean and
+    precision S_v^-1. The KL of q(X) is the caller's."""
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    from lvmcore.linalg import cholesky_jax
+
+    psi0, p1y, p2, tryy = stats
+    Z, kp, log_beta = glob["Z"][0], glob["kern"][0], glob["log_beta"][0]
+    beta = jnp.exp(log_beta)
+    D = p1y.shape[1]
+    Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
+    c = solve_triangular(Lm, p1y, lower=True)
+    C = solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
+    m = qu["m"]
+    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
+    Rinv = solve_triangular(R, jnp.eye(R.shape[0]), lower=True)
+    tr_S = jnp.sum(Rinv * Rinv)
+    tr_SC = jnp.sum(Rinv * (Rinv @ C))  # tr(R^-T R^-1 C) = <R^-1, R^-1 C>
+    logdet_S = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
+    expected = -0.5 * N * D * jnp.log(2 * jnp.pi) + 0.5 * N * D * log_beta + scale * (
+        -0.5 * beta * tryy
+        + beta * jnp.sum(c * m)
+        - 0.5 * beta * jnp.sum(m * (C @ m))
+        - 0.5 * beta * D * psi0
+        + 0.5 * beta * D * jnp.trace(C)
+        - 0.5 * beta * D * tr_SC
+    )
+    kl_u = 0.5 * (D * tr_S + jnp.sum(m * m) - D * m.shape[0] - D * logdet_S)
+    return expected - kl_u
+
+
+def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0):
+    """The q(v) that maximises :func:`uncollapsed_bound` for these statistics: precision
+    I + beta C and mean beta (I + beta C)^-1 c, C and c from the statistics scaled by ``scale``
+    (the natural-gradient step of size one). Returns {"m", "P"} as numpy arrays."""
+    P, m = _optimal_qu_jit(kind)(stats, glob, scale, rel_jitter)
+    return {"m": np.asarray(m), "P": np.asarray(P)}
+
+
+@functools.lru_cache(maxsize=16)
+def _optimal_qu_jit(kind: str):
+    """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
+    from lvmcore.precision import jit64
+
+    def f(stats, glob, scale, rel_jitter):
+        import jax.numpy as jnp
+        from jax.scipy.linalg import cho_solve, solve_triangular
+
+        from lvmcore.linalg import cholesky_jax
+
+        _, p1y, p2, _ = stats
+        Z, kp = glob["Z"][0], glob["kern"][0]
+        beta = jnp.exp(glob["log_beta"][0])
+        Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
+        c = scale * solve_triangular(Lm, p1y, lower=True)
+        C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
+        P = jnp.eye(C.shape[0]) + beta * C
+        P = 0.5 * (P + P.T)
+        return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+
+    return jit64(f)
+
+
+@x64
+def batch_statistics(kind, mu, S, Y, glob):
+    """(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) summed over the given points (the kernel's psi statistics)."""
+    import jax.numpy as jnp
+
+    p0, p1y, p2 = get_kernel(kind).psi(mu, S, glob["Z"][0], glob["kern"][0], Y)
+    return (p0, p1y, p2, jnp.sum(jnp.asarray(Y) ** 2))
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_step(kind: str):
+    """Jitted (local_B, glob, qu, Y_B, N, scale, rel_jitter) -> ((batch estimate of F, statistics
+    of the batch), (d/d local_B, d/d glob)); q(v) is held fixed."""
+    import jax
+
+    from lvmcore.precision import jit64
+    from lvmcore.psi.closed_form import kl_diag_gaussian
+
+    def objective(local, glob, qu, Y, N, scale, rel_jitter):
+        import jax.numpy as jnp
+
+        mu, S = local["mu"], jnp.exp(local["logS"])
+        stats = batch_statistics(kind, mu, S, Y, glob)
+        F = uncollapsed_bound(kind, stats, glob, qu, N, scale, rel_jitter) - scale * kl_diag_gaussian(mu, S)
+        return F, stats
+
+    return jit64(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+
+
+class _Adam:
+    """Adam (Kingma and Ba) ascent on a pytree of numpy arrays; ``rows`` restricts a step to some
+    rows of every leaf (then each row keeps its own step count in ``t``, of shape (N,))."""
+
+    def __init__(self, params, lr, n_rows=None, b1=0.9, b2=0.999, eps=1e-8):
+        import jax
+
+        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
+        self.m = jax.tree_util.tree_map(np.zeros_like, params)
+        self.v = jax.tree_util.tree_map(np.zeros_like, params)
+        self.t = np.zeros(n_rows) if n_rows is not None else 0
+
+    def step(self, params, grads, rows=None, mask=None):
+        import jax
+
+        if rows is None:
+            self.t += 1
+            t = self.t
+        else:
+            self.t[rows] += 1
+            t = self.t[rows][:, None]
+        c1, c2 = 1.0 - self.b1**t, 1.0 - self.b2**t
+
+        def upd(p, g, m, v, mk):
+            g = np.asarray(g) * mk
+            if rows is None:
+                m[...] = self.b1 * m + (1 - self.b1) * g
+                v[...] = self.b2 * v + (1 - self.b2) * g * g
+                p[...] += self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+            else:
+                m[rows] = self.b1 * m[rows] + (1 - self.b1) * g
+                v[rows] = self.b2 * v[rows] + (1 - self.b2) * g * g
+                p[rows] += self.lr * (m[rows] / c1) / (np.sqrt(v[rows] / c2) + self.eps)
+
+        if mask is None:
+            mask = jax.tree_util.tree_map(lambda _: 1.0, params)
+        jax.tree_util.tree_map(upd, params, grads, self.m, self.v, mask)
+
+
+# --------------------------------------------------------------------------- estimator
+class StochasticBayesianGPLVM(_CollapsedGPLVM):
+    """Bayesian GP-LVM (one view) trained by stochastic variational inference on minibatches of
+    points (module docstring). ``embedding_`` / ``embedding_var_`` are q(X)'s means and variances;
+    ``elbo_`` the full bound at the fitted state with q(u) at its optimum (= the collapsed bound);
+    ``elbo_uncollapsed_`` the full bound with q(u) as trained; ``elbo_trace_`` one entry per
+    epoch: the mean of that epoch's minibatch estimates of the bound (an estimate, not the bound
+    at one point).
+
+    Parameters: ``n_components`` Q, ``n_inducing`` M, ``kernel`` ("rbf" or "linear"),
+    ``batch_size`` B (points per step), ``max_iter`` epochs (passes over the points),
+    ``init_epochs`` epochs with the noise held at ``snr``, ``learning_rate`` (Adam, globals),
+    ``local_learning_rate`` (Adam, the batch's q(x_n)), ``ng_step`` (natural-gradient step on
+    q(u)), ``tol`` (stop when an epoch's estimate improves on the previous one by less than
+    ``tol`` times its magnitude, after ``init_epochs``; 0: run all epochs), ``random_state``."""
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "n_inducing": [Interval(Integral, 1, None, closed="left")],
+        "kernel": [StrOptions(set(KERNELS))],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "init_epochs": [Interval(Integral, 0, None, closed="left")],
+        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "local_learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "ng_step": [Interval(Real, 0, 1, closed="right")],
+        "snr": [Interval(Real, 0, None, closed="neither")],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+    }
+    shared_inducing = True
+
+    def __init__(
+        self,
+        *,
+        n_components: int = 5,
+        n_inducing: int = 30,
+        kernel: str = "rbf",
+        batch_size: int = 1000,
+        max_iter: int = 100,
+        init_epochs: int = 2,
+        learning_rate: float = 0.05,
+        local_learning_rate: float = 0.1,
+        ng_step: float = 0.5,
+        snr: float = 100.0,
+        tol: float = 0.0,
+        random_state: int | None = None,
+    ):
+        self.n_components = n_components
+        self.n_inducing = n_inducing
+        self.kernel = kernel
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.init_epochs = init_epochs
+        self.learning_rate = learning_rate
+        self.local_learning_rate = local_learning_rate
+        self.ng_step = ng_step
+        self.snr = snr
+        self.tol = tol
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ setup
+    def _init_state(self, Yc, q, m):
+        """The collapsed model's start (``_CollapsedGPLVM._init_params``: principal components of
+        the standardised data scaled to unit spread, S in [0.05, 0.15], Z on data points) from the
+        D x D covariance, so no N x D factor is formed."""
+        rng = np.random.default_rng(self.random_state)
+        N, D = Yc.shape
+        sd = Yc.std(0) + 1e-12
+        evals, evecs = np.linalg.eigh((Yc / sd).T @ (Yc / sd))
+        order = np.argsort(evals)[::-1]
+        r = min(q, D)
+        V = evecs[:, order[:r]] / np.sqrt(np.maximum(evals[order[:r]], 1e-300))
+        mu = np.zeros((N, q))
+        mu[:, :r] = (Yc / sd) @ V * np.sqrt(N)
+        if r < q:
+            mu[:, r:] = 1e-2 * rng.standard_normal((N, q - r))
+        mu /= mu[:, :r].std(0).max()
+        logS = np.log(rng.uniform(0.05, 0.15, size=(N, q)))
+        Z = (mu[rng.permutation(N)[:m]] + 1e-3 * rng.standard_normal((m, q)))[None]
+        var = float(np.var(Yc))
+        kern = [get_kernel(self.kernel).init(var, q)]
+        log_beta = np.array([np.log(self.snr / max(var, 1e-300))])
+        return {"mu": mu, "logS": logS}, {"Z": Z, "kern": kern, "log_beta": log_beta}
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, Y, graph=None):
+        self._validate_params()
+        self._refuse_graph(graph)
+        Y = check_data(Y)
+        q, m = int(self.n_components), int(self.n_inducing)
+        N = Y.shape[0]
+        if m > N:
+            raise ValueError(
+                f"Expected n_inducing <= n_samples, but n_samples = {N}, n_inducing = {m}; "
+                f"use n_inducing <= {N}"
+            )
+        if self.batch_size > N:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) exceeds the number of points ({N}); use batch_size <= {N}"
+            )
+        self._fit(Y, q, m)
+        self.ard_weights_ = self._view_ard()[0]
+        return self
+
+    @x64
+    def _fit(self, Y, q, m):
+        import jax
+
+        from lvmcore.linalg import NumericalError
+        from lvmcore.psi.closed_form import kl_diag_gaussian
+
+        kind = self.kernel
+        self.kinds_ = (kind,)
+        self.view_means_ = [Y.mean(0)]
+        Yc = Y - self.view_means_[0]
+        N = Yc.shape[0]
+        local, glob = self._init_state(Yc, q, m)
+        glob = jax.tree_util.tree_map(lambda a: np.array(a, dtype=np.float64), glob)
+        step = _batch_step(kind)
+        rng = np.random.default_rng(self.random_state)
+        adam_g = _Adam(glob, self.learning_rate)
+        adam_l = _Adam(local, self.local_learning_rate, n_rows=N)
+        hold_beta = jax.tree_util.tree_map(lambda _: 1.0, glob)
+        hold_beta["log_beta"] = 0.0
+        nb = max(1, int(round(N / self.batch_size)))
+        qu, jitter, trace = None, 0.0, []
+        for epoch in range(int(self.max_iter)):
+            est = 0.0
+            for rows in np.array_split(rng.permutation(N), nb):
+                rows = np.sort(rows)
+                lb = {"mu": local["mu"][rows], "logS": local["logS"][rows]}
+                scale = N / len(rows)
+                for j in [jitter] + [j for j in JITTERS if j > jitter]:
+                    if qu is None:  # start q(u) at the first batch's optimum
+                        S = np.exp(lb["logS"])
+                        stats = batch_statistics(kind, lb["mu"], S, Yc[rows], glob)
+                        qu = optimal_qu(kind, stats, glob, scale, j)
+                        if not np.all(np.isfinite(qu["P"])):
+                            qu = None
+                            continue
+                    (F, stats), (g_lo, g_gl) = step(lb, glob, qu, Yc[rows], float(N), scale, j)
+                    if np.isfinite(float(F)):
+                        jitter = j
+                        break
+                else:
+                    raise NumericalError(
+                        f"the minibatch bound is not finite (epoch {epoch}) even with jitter "
+                        f"{JITTERS[-1]:g} x mean diag(K_mm)",
+                        name="K_mm",
+                    )
+                est += float(F) / nb
+                # natural-gradient step on q(u) toward the batch's optimum
+                # (its precision I + beta (N / B) C_B can lose definiteness to K_mm's conditioning
+                # when N / B is large: escalate the jitter as for the bound)
+                for j in [jitter] + [j for j in JITTERS if j > jitter]:
+                    target = optimal_qu(kind, stats, glob, scale, j)
+                    if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
+                        jitter = j
+                        break
+                else:
+                    raise NumericalError(
+                        f"the optimal q(u) of a minibatch is not finite (epoch {epoch}) even with "
+                        f"jitter {JITTERS[-1]:g} x mean diag(K_mm)",
+                        name="K_mm",
+                    )
+                r = self.ng_step
+                eta = (1 - r) * (qu["P"] @ qu["m"]) + r * (target["P"] @ target["m"])
+                P = (1 - r) * qu["P"] + r * target["P"]
+                qu = {"m": np.linalg.solve(P, eta), "P": P}
+                # Adam on the globals (beta held during the first epochs) and the batch's q(x_n):
+                # d F / d local_B is the full bound's gradient for those points times N / B
+                adam_g.step(glob, g_gl, mask=hold_beta if epoch < self.init_epochs else None)
+                g_lo = jax.tree_util.tree_map(lambda g, s=scale: np.asarray(g) / s, g_lo)
+                adam_l.step(local, g_lo, rows=rows)
+            trace.append(est)
+            if (
+                self.tol > 0
+                and epoch > self.init_epochs
+                and len(trace) > 1
+                and trace[-1] - trace[-2] < self.tol * abs(trace[-1])
+            ):
+                break
+        # the exact statistics of all points, in batches: the bound with q(u) as trained, then
+        # q(u) at its optimum for them (a natural-gradient step of size one on the full data)
+        S_all = np.exp(local["logS"])
+        stats = None
+        for rows in np.array_split(np.arange(N), nb):
+            s = batch_statistics(kind, local["mu"][rows], S_all[rows], Yc[rows], glob)
+            stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
+        stats = tuple(np.asarray(s) for s in stats)
+        kl_x = float(kl_diag_gaussian(local["mu"], S_all))
+        self.elbo_uncollapsed_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter)) - kl_x
+        qu = optimal_qu(kind, stats, glob, 1.0, jitter)
+        self.elbo_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter)) - kl_x
+        self.qu_ = qu
+        self.local_ = local
+        self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
+        self.elbo_trace_ = np.asarray(trace, dtype=np.float64)
+        self.n_iter_ = len(trace)
+        self.extra_jitter_ = jitter
+        self.Y_train_ = [Yc]
+        self._train_stats = {"views": [stats], "kl": kl_x}
+        self.embedding_ = local["mu"]
+        self.embedding_var_ = S_all
+
+    def transform(self, Y_new, max_iter: int = 300):
+        """Posterior means of q(x*) for new rows (BayesianGPLVM's: the fitted statistics held)."""
+        return self.infer({0: Y_new}, max_iter=max_iter)[0]
+
+    def inverse_transform(self, X):
+        """Predictive mean in data space at latent points X."""
+        self._check_fitted()
+        X = np.atleast_2d(np.asarray(X, float))
+        return self.predict_view(X, np.zeros_like(X), 0)[0]
