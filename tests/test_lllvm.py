@@ -224,10 +224,11 @@ def test_bound_monotone_default_and_refusals():
         LLLVM(solver="sparse").fit(Y)
     with pytest.raises(ValueError, match="likelihood"):
         LLLVM(likelihood="student").fit(Y)
-    # solver="auto" refuses the dense model beyond its size, naming N and the way out, before work
+    # solver="auto" refuses the dense-only eps 1 1^T form beyond its size, naming N and the way out,
+    # before work (the paper's eps I form goes to the factorised solver there: test_lllvm_factorised)
     big = np.random.default_rng(0).normal(size=(ll.GAUSSIAN_DENSE_MAX_N + 1, 3))
     with pytest.raises(ValueError, match=f"N = {ll.GAUSSIAN_DENSE_MAX_N + 1}.*subsample"):
-        LLLVM().fit(big)
+        LLLVM(epsilon_form="ones").fit(big)
 
 
 def test_transform_and_inverse_transform_default():
