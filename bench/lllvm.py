@@ -5,7 +5,8 @@
     .venv/bin/python bench/lllvm.py --study short    # short-circuit protocol (paper 003 fig. 4)
     .venv/bin/python bench/lllvm.py --study digits   # 5-fold 1-NN error, digits 0-4, 60 / 120 per class
     .venv/bin/python bench/lllvm.py --study unroll   # the main job's roll: best-direction |Spearman| with t
-    (studies take --seeds N, --iters N, --alpha A|learned, --beta B|learned, --likelihood)
+    .venv/bin/python bench/lllvm.py --study approx   # dense vs factorised at n = 400, 1000, 2000
+    (studies take --seeds N, --iters N, --alpha A|learned, --beta B|learned, --likelihood, --solver S)
 
 Timing: each size runs in its own process (``--one``) so the peak resident memory (ru_maxrss) is that
 size's; seconds per EM iteration are the mean after the first iteration. The default model runs on the
@@ -176,6 +177,34 @@ def study_unroll(iters=30, **kw):
         )
 
 
+def study_approx(sizes=(400, 1000, 2000), k=9, iters=30, seed=0, **kw):
+    """The factorised solver's approximation cost: the same fit (authors' roll n, our k, ``iters``
+    iterations, seed, default settings) with solver='dense' and solver='factorised'; bound gap per
+    point, Procrustes disparity of the embeddings (scipy: both standardised, optimal rotation,
+    scaling and reflection; 0 = identical, 1 = unrelated), unrolling of each, time of each."""
+    from scipy.spatial import procrustes
+
+    print(f"dense vs factorised, authors' roll, our k = {k}, {iters} iterations, seed {seed}, {kw}")
+    for n in sizes:
+        Y, lat, _ = lllvm_swiss_roll(n, 0)
+        idx, _ = knn(Y, k)
+        fits, secs = {}, {}
+        for solver in ("dense", "factorised"):
+            t0 = time.perf_counter()
+            fits[solver] = _fit(Y, idx, k, seed, iters, solver=solver, **kw)
+            secs[solver] = time.perf_counter() - t0
+        d, f = fits["dense"], fits["factorised"]
+        _, _, disp = procrustes(d.embedding_, f.embedding_)
+        print(
+            f"n = {n:>5}: bound dense {d.elbo_:.2f}, factorised {f.elbo_:.2f}, gap per point "
+            f"{(d.elbo_ - f.elbo_) / n:.4f}; gamma {d.gamma_:.3f} / {f.gamma_:.3f}; Procrustes disparity "
+            f"{disp:.4f}; unrolling |Spearman| {best_direction_spearman(d.embedding_, lat[:, 0]):.3f} / "
+            f"{best_direction_spearman(f.embedding_, lat[:, 0]):.3f}; fit s {secs['dense']:.0f} / "
+            f"{secs['factorised']:.0f}",
+            flush=True,
+        )
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--one":
@@ -188,7 +217,8 @@ def main(argv=None):
     ap.add_argument(
         "--k", type=int, default=None, help="timing: k (default 10); --study short: our k (default 9)"
     )
-    ap.add_argument("--study", choices=["roll", "short", "digits", "unroll"], default=None)
+    ap.add_argument("--study", choices=["roll", "short", "digits", "unroll", "approx"], default=None)
+    ap.add_argument("--solver", default=None, help="studies: the estimator's solver (default 'auto')")
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--likelihood", default="gaussian")
     ap.add_argument("--alpha", default=None, help="fixed alpha, or 'learned' (default: the estimator's)")
@@ -197,6 +227,8 @@ def main(argv=None):
     if args.study is None:
         return timing(args.sizes, args.k or 10, args.iters or 3)
     kw = {"likelihood": args.likelihood}
+    if args.solver is not None:
+        kw["solver"] = args.solver
     for name in ("alpha", "beta"):
         v = getattr(args, name)
         if v is not None:
@@ -210,11 +242,20 @@ def main(argv=None):
         extra["iters"] = args.iters
     if args.k and args.study == "short":
         extra["k"] = args.k
-    fn = {"roll": study_roll, "short": study_short, "digits": study_digits, "unroll": study_unroll}[
-        args.study
-    ]
-    if fn is study_unroll:
+    fn = {
+        "roll": study_roll,
+        "short": study_short,
+        "digits": study_digits,
+        "unroll": study_unroll,
+        "approx": study_approx,
+    }[args.study]
+    if fn in (study_unroll, study_approx):
         extra.pop("seeds", None)
+    if fn is study_approx:
+        if args.k:
+            extra["k"] = args.k
+        if args.sizes != ap.get_default("sizes"):
+            extra["sizes"] = tuple(args.sizes)
     return fn(**extra, **kw)
 
 

@@ -196,3 +196,50 @@ def test_refusals():
     W = adjacency(knn(Y, 5)[0])
     with pytest.raises(ValueError, match="solver='factorised'"):
         ll.prepare_graph(W, "factorised", likelihood="quadratic")
+
+
+def test_out_of_sample_matches_brute_force(state):
+    """transform's q(x*) under the factorised solver: the optimum of the enlarged model's expected
+    log joint in x* with the training factors and theta frozen and q(C*) at its returned value; and
+    q(C*) the optimum given q(x*) (brute force, N = 8 + 1)."""
+    Y, Wd, g, qx, qc = state["Y"], state["Wd"], state["g"], state["qx"], state["qc"]
+    th = _theta()
+    ystar = Y[:1] * 0.5 + 0.1
+    nbr = np.array([[0, 2, 5]])
+    mx, Sx, Cs, SC = fz.transform_points(Y, g, qx, qc, th, ystar, nbr, sweeps=300)
+    n1 = N8 + 1
+    Wa = np.zeros((n1, n1))
+    Wa[:N8, :N8] = Wd
+    Wa[N8, nbr[0]] = Wa[nbr[0], N8] = 1
+    Ya = np.vstack([Y, ystar])
+    Ca = np.concatenate([qc.mean, Cs])
+    SCa = block_diag_cov(np.concatenate([qc.cov, SC]))
+    Sxt = block_diag_cov(np.concatenate([qx.cov, np.zeros((1, Q2, Q2))]))
+
+    def f(v):
+        return gauss_expected_log_joint(Ya, Wa, th, np.vstack([qx.mean, v[None]]), Sxt, Ca, SCa)
+
+    P, h = identify_quadratic(f, Q2)
+    np.testing.assert_allclose(mx[0], np.linalg.solve(P, h), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(Sx[0], np.linalg.inv(P), rtol=1e-8, atol=1e-10)
+    Sxa = block_diag_cov(np.concatenate([qx.cov, Sx]))
+    SCt = block_diag_cov(np.concatenate([qc.cov, np.zeros((1, Q2, Q2))]))
+
+    def fc(v):
+        C = np.concatenate([qc.mean, v.reshape(1, D3, Q2)])
+        return gauss_expected_log_joint(Ya, Wa, th, np.vstack([qx.mean, mx]), Sxa, C, SCt)
+
+    Pc, hc = identify_quadratic(fc, D3 * Q2)
+    np.testing.assert_allclose(Cs[0], np.linalg.solve(Pc, hc).reshape(D3, Q2), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(SC[0], np.linalg.inv(Pc[:Q2, :Q2]), rtol=1e-6, atol=1e-10)
+
+
+def test_transform_factorised_fit():
+    Y, _, _ = lllvm_swiss_roll(200, 0)
+    m = LLLVM(n_neighbors=7, max_iter=15, tol=0, random_state=0, solver="factorised").fit(Y)
+    Ynew, _, _ = lllvm_swiss_roll(20, 7)
+    Xnew, Vnew = m.transform(Ynew, return_var=True)
+    assert Xnew.shape == (20, 2) and np.all(np.linalg.eigvalsh(Vnew) > 0)
+    d2 = ((Ynew[:, None, :] - Y[None]) ** 2).sum(-1)
+    spread = np.ptp(m.embedding_, axis=0).max()
+    assert np.median(np.linalg.norm(Xnew - m.embedding_[d2.argmin(1)], axis=1)) < 0.05 * spread

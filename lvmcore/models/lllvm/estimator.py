@@ -367,7 +367,8 @@ class LLLVM(LatentModel):
     def transform(self, Y_new, return_var: bool = False):
         """Posterior mean (and with ``return_var`` the (M, Q, Q) covariances) of x* for new points: each
         joins the training graph with edges to its n_neighbors nearest training points; E-step for
-        (x*, C*) with the training posterior and theta frozen (``oos``). Does not change the fit."""
+        (x*, C*) with the training posterior and theta frozen (``oos``; the factorised solver's in
+        ``factorised.transform_points``). Does not change the fit."""
         self._check_fitted()
         Ytr = self.Y_train_
         Y_new = _check_Y(Y_new, "Y_new")
@@ -376,7 +377,11 @@ class LLLVM(LatentModel):
         Y_new = (Y_new - self.center_) / self.scale_
         d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
         nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
-        if self.graph_.likelihood == "gaussian":
+        if self.graph_.solver == "factorised":
+            from .factorised import transform_points as fact_transform
+
+            mx, Sx, _, _ = fact_transform(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr)
+        elif self.graph_.likelihood == "gaussian":
             mx, Sx, _, _ = transform_points_gaussian(
                 Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr
             )

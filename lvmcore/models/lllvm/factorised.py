@@ -245,8 +245,8 @@ def _blocks_inv(P):
 
 
 # --------------------------------------------------------------------------- E-steps
-def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
-    """q(x) given q(C): means solve the full system, covariances the inverse diagonal blocks."""
+def x_system(Y, g: LLGraph, qc: QC, th: Theta):
+    """The x precision given q(C) as (apply, diagonal blocks (N, Q, Q), linear term b (N, Q))."""
     n, D, Q = qc.mean.shape
     M, V = qc.mean, qc.cov
     lt = lt_at(g, th.eps_y, th.gamma)
@@ -272,6 +272,14 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
             out += D * np.asarray(grp.scat @ loc.reshape(-1, Q))
         return gam2 * out + th.alpha * v + 2.0 * np.asarray(lap @ v)
 
+    return apply, diag, th.gamma * etilde_adj_x(g, M, Y)
+
+
+def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
+    """q(x) given q(C): means solve the full system, covariances the inverse diagonal blocks."""
+    n, D, Q = qc.mean.shape
+    M, V = qc.mean, qc.cov
+    apply, diag, b = x_system(Y, g, qc, th)
     cov, ld = _blocks_inv(diag)
     # preconditioner: the graph-sparse x precision of the f-term form (eq. 28) with <C_i'C_i>, plus the
     # prior: spectrally close to the likelihood term (both ~ gamma L <C'C>), factorised by SuperLU
@@ -286,7 +294,6 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
         "precision of q(x)",
         context,
     )
-    b = th.gamma * etilde_adj_x(g, M, Y)
     start = np.zeros((n, Q)) if x0 is None else x0
     mean, it = pcg(apply, b, start, lambda r: lu.solve(r.reshape(-1)).reshape(n, Q), _center)
     E = len(g.ei)
@@ -295,9 +302,8 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
     return qx
 
 
-def update_qc(Y, g: LLGraph, qx: QX, th: Theta, c0=None, context: str = ""):
-    """q(C) given q(x): row means solve the full system (one per output row), covariances the
-    inverse diagonal blocks (shared by the D rows)."""
+def c_system(Y, g: LLGraph, qx: QX, th: Theta):
+    """The C row precision given q(x) as (apply on (N, D, Q), diagonal blocks (N, Q, Q), b (N, D, Q))."""
     n, Q = qx.mean.shape
     D = Y.shape[1]
     m, S = qx.mean, qx.cov
@@ -325,6 +331,16 @@ def update_qc(Y, g: LLGraph, qx: QX, th: Theta, c0=None, context: str = ""):
         Lc = np.asarray(lap @ c.reshape(n, D * Q)).reshape(n, D, Q)
         return gam2 * out + th.beta * (th.eps_c * c + 2.0 * Lc)
 
+    return apply, diag, th.gamma * etilde_adj_c(g, m, Y)
+
+
+def update_qc(Y, g: LLGraph, qx: QX, th: Theta, c0=None, context: str = ""):
+    """q(C) given q(x): row means solve the full system (one per output row), covariances the
+    inverse diagonal blocks (shared by the D rows)."""
+    n, Q = qx.mean.shape
+    D = Y.shape[1]
+    m, S = qx.mean, qx.cov
+    apply, diag, b = c_system(Y, g, qx, th)
     cov, ld = _blocks_inv(diag)
     # preconditioner: the graph-sparse C precision of the f-term form (eq. 28) with <(x_j - x_i)(.)'>
     # (per-point covariances), plus the prior; one SuperLU factor shared by the D rows
@@ -347,12 +363,83 @@ def update_qc(Y, g: LLGraph, qx: QX, th: Theta, c0=None, context: str = ""):
         z = lu.solve(np.ascontiguousarray(np.swapaxes(r, 1, 2).reshape(n * Q, D)))
         return np.swapaxes(z.reshape(n, Q, D), 1, 2)
 
-    b = th.gamma * etilde_adj_c(g, m, Y)
     mean, it = pcg(apply, b, prec(b) if c0 is None else c0, prec)
     E = len(g.ei)
     qc = QC(mean=mean, cov=cov, cov_edge=np.zeros((E, Q, Q)), logdet_prec=ld)
     qc.cg_iters = it
     return qc
+
+
+# --------------------------------------------------------------------------- out of sample
+#: new points per enlarged graph in ``transform_points``
+OOS_BATCH = 2000
+
+
+def transform_points(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = 50):
+    """Out-of-sample E-step in the factorised family (paper 000 section 4.2): the new points of a
+    batch join the training graph with edges to their training neighbours ``nbr`` (M, k); the training
+    factors and theta stay frozen; q(x*_i) and q(C*_i) per new point by coordinate ascent (CG on the new
+    points' block of each system). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov."""
+    outs = [
+        _transform_batch(Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH], nbr[a : a + OOS_BATCH], sweeps)
+        for a in range(0, len(Ynew), OOS_BATCH)
+    ]
+    return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
+
+
+def _restricted_solve(apply, b, fixed, new, diag_inv, x0):
+    """Means of the new rows with the others held at ``fixed``: CG on Lambda_nn v = b_n - Lambda_nt f_t."""
+    full = fixed.copy()
+    full[new] = 0.0
+    rhs = (b - apply(full))[new]
+
+    def op(v):
+        z = np.zeros_like(fixed)
+        z[new] = v
+        return apply(z)[new]
+
+    def prec(r):
+        return np.einsum("nqr,n...r->n...q", diag_inv, r)
+
+    return pcg(op, rhs, x0, prec)[0]
+
+
+def _transform_batch(Y, g, qx, qc, th, Ynew, nbr, sweeps):
+    from .operators import prepare_graph
+
+    n, D, Q = qc.mean.shape
+    m, k = nbr.shape
+    N = n + m
+    extra = sp.csr_matrix((np.ones(m * k), (np.repeat(np.arange(n, N), k), nbr.ravel())), shape=(N, N))
+    W = (sp.block_diag([g.W, sp.csr_matrix((m, m))]).tocsr() + extra + extra.T).tocsr()
+    W.data[:] = 1.0
+    ga = prepare_graph(W, "factorised")
+    Ya = np.vstack([Y, Ynew])
+    new = np.arange(n, N)
+    mx = np.vstack([qx.mean, qx.mean[nbr].mean(axis=1)])
+    Sx = np.concatenate([qx.cov, np.zeros((m, Q, Q))])
+    Cm = np.concatenate([qc.mean, qc.mean[nbr].mean(axis=1)])
+    SC = np.concatenate([qc.cov, np.broadcast_to(np.eye(Q), (m, Q, Q))])
+    E = len(ga.ei)
+    for _ in range(int(sweeps)):
+        qxa = QX(mean=mx, cov=Sx, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
+        apply, diag, b = c_system(Ya, ga, qxa, th)
+        dinv = np.linalg.inv(diag[new])
+        Cm = Cm.copy()
+        Cm[new] = _restricted_solve(apply, b, Cm, new, dinv, Cm[new])
+        SC = np.concatenate([qc.cov, dinv])
+        qca = QC(mean=Cm, cov=SC, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
+        apply, diag, b = x_system(Ya, ga, qca, th)
+        dinv = np.linalg.inv(diag[new])
+        xn = _restricted_solve(apply, b, mx, new, dinv, mx[new])
+        done = np.max(np.abs(xn - mx[new])) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
+        mx = mx.copy()
+        mx[new] = xn
+        Sx = np.concatenate([qx.cov, dinv])
+        if done:
+            break
+    sym = lambda A: 0.5 * (A + np.swapaxes(A, 1, 2))  # noqa: E731
+    return mx[new], sym(Sx[new]), Cm[new], sym(SC[new])
 
 
 # --------------------------------------------------------------------------- likelihood and gamma
