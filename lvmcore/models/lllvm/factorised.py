@@ -62,7 +62,8 @@ class Group:
 @dataclass
 class Local:
     """Closed neighbourhoods grouped by size, the distance-<=2 pattern (``pr``, ``pc``) and where each
-    pattern entry lies in the level blocks of a selected inverse (``slices``)."""
+    pattern entry lies in the level blocks of a selected inverse (``slices``); ``memo``: Lt factors
+    per (eps, gamma); ``prec``: the E-steps' preconditioner factors."""
 
     groups: list
     pr: np.ndarray
@@ -71,6 +72,7 @@ class Local:
     sinc: sp.csr_matrix
     lap: sp.csr_matrix
     memo: dict
+    prec: dict
 
 
 def local_structure(g: LLGraph) -> Local:
@@ -122,7 +124,7 @@ def local_structure(g: LLGraph) -> Local:
         shape=(n, E),
     )
     lap = (sp.diags(g.deg) - W).tocsr()
-    return Local(groups=groups, pr=pr, pc=pc, slices=slices, sinc=sinc, lap=lap, memo={})
+    return Local(groups=groups, pr=pr, pc=pc, slices=slices, sinc=sinc, lap=lap, memo={}, prec={})
 
 
 # --------------------------------------------------------------------------- Lt = (eps I + 2 gamma L)^{-1}
@@ -221,9 +223,26 @@ def _graph_blocks_csc(g: LLGraph, point: np.ndarray, edge: np.ndarray) -> sp.csc
     return sp.csc_matrix((vals, (rows, cols)), shape=(n * Q, n * Q))
 
 
+#: a preconditioner factor is reused by later E-steps of the same factor until a CG solve needs more
+#: than this many iterations or it is this many E-steps old (staleness costs CG steps, not accuracy)
+PREC_MAX_CG = 25
+PREC_MAX_AGE = 5
+
+
+def _cached_lu(g: LLGraph, key: str, build, name: str, context: str):
+    """The cached SuperLU factor of the ``key`` preconditioner, rebuilt by ``build()`` when stale."""
+    hit = g.local.prec.get(key)
+    if hit is not None and hit["cg"] <= PREC_MAX_CG and hit["age"] < PREC_MAX_AGE:
+        hit["age"] += 1
+        return hit
+    hit = {"lu": _lu(build(), name, context), "cg": 0, "age": 0}
+    g.local.prec[key] = hit
+    return hit
+
+
 def _lu(A, name: str, context: str):
-    try:
-        return splu(A, permc_spec="MMD_AT_PLUS_A")
+    try:  # symmetric positive definite: symmetric ordering, no pivoting
+        return splu(A, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
     except RuntimeError as exc:  # exactly singular: cannot happen for these SPD matrices
         raise NumericalError(
             f"factorising the preconditioner of {name} failed: {exc}", name=name, context=context
@@ -283,19 +302,19 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, x0=None, context: str = ""):
     cov, ld = _blocks_inv(diag)
     # preconditioner: the graph-sparse x precision of the f-term form (eq. 28) with <C_i'C_i>, plus the
     # prior: spectrally close to the likelihood term (both ~ gamma L <C'C>), factorised by SuperLU
-    Mc = D * V + np.einsum("ndq,ndr->nqr", M, M)
-    Ms = Mc[g.ei] + Mc[g.ej]
-    pt = np.asarray(g.inc @ Ms.reshape(len(g.ei), -1)).reshape(n, Q, Q)
     eye = np.eye(Q)
-    lu = _lu(
-        _graph_blocks_csc(
-            g, th.gamma * pt + (th.alpha + 2.0 * g.deg)[:, None, None] * eye, -th.gamma * Ms - 2.0 * eye
-        ),
-        "precision of q(x)",
-        context,
-    )
+
+    def build():
+        Mc = D * V + np.einsum("ndq,ndr->nqr", M, M)
+        Ms = Mc[g.ei] + Mc[g.ej]
+        pt = np.asarray(g.inc @ Ms.reshape(len(g.ei), -1)).reshape(n, Q, Q)
+        point = th.gamma * pt + (th.alpha + 2.0 * g.deg)[:, None, None] * eye
+        return _graph_blocks_csc(g, point, -th.gamma * Ms - 2.0 * eye)
+
+    pre = _cached_lu(g, "x", build, "precision of q(x)", context)
     start = np.zeros((n, Q)) if x0 is None else x0
-    mean, it = pcg(apply, b, start, lambda r: lu.solve(r.reshape(-1)).reshape(n, Q), _center)
+    mean, it = pcg(apply, b, start, lambda r: pre["lu"].solve(r.reshape(-1)).reshape(n, Q), _center)
+    pre["cg"] = it
     E = len(g.ei)
     qx = QX(mean=mean, cov=cov, cov_edge=np.zeros((E, Q, Q)), logdet_prec=ld)
     qx.cg_iters = it
@@ -344,26 +363,24 @@ def update_qc(Y, g: LLGraph, qx: QX, th: Theta, c0=None, context: str = ""):
     cov, ld = _blocks_inv(diag)
     # preconditioner: the graph-sparse C precision of the f-term form (eq. 28) with <(x_j - x_i)(.)'>
     # (per-point covariances), plus the prior; one SuperLU factor shared by the D rows
-    i, j = g.ei, g.ej
-    dm = m[j] - m[i]
-    Exx = S[i] + S[j] + np.einsum("eq,er->eqr", dm, dm)
-    gam_pt = np.asarray(g.inc @ Exx.reshape(len(i), -1)).reshape(n, Q, Q)
     eye = np.eye(Q)
-    lu = _lu(
-        _graph_blocks_csc(
-            g,
-            th.gamma * gam_pt + (th.beta * (th.eps_c + 2.0 * g.deg))[:, None, None] * eye,
-            np.broadcast_to(-2.0 * th.beta * eye, (len(i), Q, Q)),
-        ),
-        "precision of q(C)",
-        context,
-    )
+
+    def build():
+        i, j = g.ei, g.ej
+        dm = m[j] - m[i]
+        Exx = S[i] + S[j] + np.einsum("eq,er->eqr", dm, dm)
+        gam_pt = np.asarray(g.inc @ Exx.reshape(len(i), -1)).reshape(n, Q, Q)
+        point = th.gamma * gam_pt + (th.beta * (th.eps_c + 2.0 * g.deg))[:, None, None] * eye
+        return _graph_blocks_csc(g, point, np.broadcast_to(-2.0 * th.beta * eye, (len(i), Q, Q)))
+
+    pre = _cached_lu(g, "c", build, "precision of q(C)", context)
 
     def prec(r):
-        z = lu.solve(np.ascontiguousarray(np.swapaxes(r, 1, 2).reshape(n * Q, D)))
+        z = pre["lu"].solve(np.ascontiguousarray(np.swapaxes(r, 1, 2).reshape(n * Q, D)))
         return np.swapaxes(z.reshape(n, Q, D), 1, 2)
 
     mean, it = pcg(apply, b, prec(b) if c0 is None else c0, prec)
+    pre["cg"] = it
     E = len(g.ei)
     qc = QC(mean=mean, cov=cov, cov_edge=np.zeros((E, Q, Q)), logdet_prec=ld)
     qc.cg_iters = it
