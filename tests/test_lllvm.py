@@ -265,7 +265,7 @@ def test_contract_clone_and_not_fitted():
         LLLVM(epsilon_form="diag").fit(np.random.default_rng(0).normal(size=(30, 3)))
 
 
-def _short_circuit(n_iter):
+def _short_circuit(n_iter, **kw):
     """Paper 003 fig. 4 protocol: the authors' roll, n = 400, k = 9 (self excluded), one wrong edge
     between positions 24 and -26 of argsort(t), default settings."""
     Y, lat, _ = lllvm_swiss_roll(400, 0)
@@ -276,7 +276,7 @@ def _short_circuit(n_iter):
     assert W[a, b] == 0
     Ws = W.tolil()
     Ws[a, b] = Ws[b, a] = 1.0
-    kw = dict(n_neighbors=9, max_iter=n_iter, tol=0, random_state=0)
+    kw = dict(n_neighbors=9, max_iter=n_iter, tol=0, random_state=0, **kw)
     return LLLVM(**kw).fit(Y, W).elbo_, LLLVM(**kw).fit(Y, Ws.tocsr()).elbo_
 
 

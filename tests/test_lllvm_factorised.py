@@ -243,3 +243,13 @@ def test_transform_factorised_fit():
     d2 = ((Ynew[:, None, :] - Y[None]) ** 2).sum(-1)
     spread = np.ptp(m.embedding_, axis=0).max()
     assert np.median(np.linalg.norm(Xnew - m.embedding_[d2.argmin(1)], axis=1)) < 0.05 * spread
+
+
+@pytest.mark.slow
+def test_short_circuit_lowers_the_factorised_bound():
+    """Paper 003 fig. 4 protocol (tests/test_lllvm.py::_short_circuit) under the factorised solver:
+    the wrong edge lowers the bound there too (bench/README.md: -50.2 here, -40.2 dense)."""
+    from tests.test_lllvm import _short_circuit
+
+    good, bad = _short_circuit(50, solver="factorised")
+    assert good > bad + 5.0, (good, bad)
