@@ -41,7 +41,7 @@ CG_RTOL = 1e-8
 #: CG iterations per E-step at most (each is one solve with eps_y I + 2 gamma L)
 CG_MAXITER = 1000
 #: Lt factorisations kept per graph (one per gamma visited by the gamma search)
-_LT_MEMO = 6
+_LT_MEMO = 3
 
 
 # --------------------------------------------------------------------------- graph structures
