@@ -76,7 +76,14 @@ def one_size(n, k, iters, likelihood, solver):
     kw = dict(solver=solver, max_iter=max(iters, 2), random_state=0, likelihood=likelihood)
     if likelihood == "gaussian":
         kw.update(learn_alpha=False, learn_beta=False)
-    *_, trace = lllvm_fit(Ys, W, callback=lambda *a: stamps.append(time.perf_counter()), **kw)
+
+    def progress(it, qx, qc, th, F):
+        stamps.append(time.perf_counter())
+        print(
+            f"  n = {n}, iteration {it}: {stamps[-1] - t0:.1f} s, bound {F:.2f}", file=sys.stderr, flush=True
+        )
+
+    *_, trace = lllvm_fit(Ys, W, callback=progress, **kw)
     total = time.perf_counter() - t0
     per = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # MiB
@@ -103,7 +110,9 @@ def timing(sizes, k, iters, solvers=("auto",)):
     for n in sizes:
         for solver in solvers:
             cmd = [sys.executable, __file__, "--one", str(n), str(k), str(iters), "gaussian", solver]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                cmd, stdout=subprocess.PIPE, text=True, check=True
+            ).stdout  # progress: stderr
             r = json.loads(out.strip().splitlines()[-1])
             name = r["solver"] + (" (auto)" if solver == "auto" else "")
             print(
