@@ -255,13 +255,18 @@ class BlockTridiagonal:
         out = self._from_levels(x)
         return out.ravel() if vec else out
 
-    def selected_inverse(self):
-        """Diagonal and sub-diagonal level blocks of A^{-1} (a BlockTridiagonal of the inverse)."""
+    def selected_inverse(self, *, second: bool = False):
+        """Diagonal and sub-diagonal level blocks of A^{-1} (a BlockTridiagonal of the inverse).
+
+        ``second``: also the second sub-diagonal blocks ``Z.sub2[l]`` = Z_{l+2,l} (s_{l+2} Q, s_l Q),
+        from the same recurrence Z_{jl} = -Z_{j,l+1} G_l (j > l): they hold every pair of points at
+        graph distance 2 whose BFS levels differ by 2."""
         Ld, Ls = self._factor
         nl = len(Ld)
         Z = BlockTridiagonal.__new__(BlockTridiagonal)
         Z.ls, Z.Q, Z._factor = self.ls, self.Q, None
         Z.diag, Z.sub = [None] * nl, [None] * (nl - 1)
+        Z.sub2 = [None] * max(nl - 2, 0) if second else None
 
         def inv_llt(L):  # (L L^T)^{-1} from the lower triangle potri fills (L's upper part is 0)
             Zi, _ = _potri(L, lower=1)
@@ -276,6 +281,8 @@ class BlockTridiagonal:
             G = Gt.T
             Zs = -Z.diag[lv + 1] @ G
             Z.sub[lv] = Zs
+            if second and lv + 2 < nl:
+                Z.sub2[lv] = -Z.sub[lv + 1] @ G
             Zd = inv_llt(Ld[lv]) - G.T @ Zs
             Z.diag[lv] = 0.5 * (Zd + Zd.T)
         return Z

@@ -209,3 +209,41 @@ def check_mstep_stationary(s: dict, name: str) -> None:
     assert abs(dF(v0)) < 1e-6 * max(curvature, 1.0)
     assert abs(dF(v0 + 0.3)) > 1e-2 * curvature  # away from the update it is clearly not zero
     assert F(v0) > max(F(v0 + 0.05), F(v0 - 0.05))
+
+
+# --------------------------------------------------------------------------- factorised family
+def ring8():
+    """8 points in 3-D on a ring with the chord (1, 5): degrees 2 and 3, BFS depth 4, and pairs at
+    graph distance 3 (so the distance-2 selections of the factorised solver are not everything)."""
+    rng = np.random.default_rng(11)
+    n = 8
+    Y = rng.normal(size=(n, D3))
+    Wd = np.zeros((n, n))
+    for i in range(n):
+        Wd[i, (i + 1) % n] = Wd[(i + 1) % n, i] = 1
+    Wd[1, 5] = Wd[5, 1] = 1
+    return Y - Y.mean(0), Wd
+
+
+def block_diag_cov(cov):
+    """The (N Q, N Q) block-diagonal covariance of a per-point factorised q from its (N, Q, Q) blocks."""
+    n, Q, _ = cov.shape
+    out = np.zeros((n * Q, n * Q))
+    for i in range(n):
+        out[i * Q : (i + 1) * Q, i * Q : (i + 1) * Q] = cov[i]
+    return out
+
+
+def factorised_entropy(qx, qc, D):
+    """Entropy of q(x) q(C) for per-point blocks (each of the D rows of C_i has covariance V_i)."""
+    Q = qx.mean.shape[1]
+
+    def ent(cov):
+        return float(np.sum(0.5 * Q * (1 + LOG2PI) + 0.5 * np.linalg.slogdet(cov)[1]))
+
+    return ent(qx.cov) + D * ent(qc.cov)
+
+
+def random_spd_blocks(rng, n, Q, scale=0.3):
+    A = rng.normal(size=(n, Q, Q)) * scale
+    return A @ np.swapaxes(A, 1, 2) + 0.05 * np.eye(Q)

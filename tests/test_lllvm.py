@@ -224,10 +224,11 @@ def test_bound_monotone_default_and_refusals():
         LLLVM(solver="sparse").fit(Y)
     with pytest.raises(ValueError, match="likelihood"):
         LLLVM(likelihood="student").fit(Y)
-    # solver="auto" refuses the dense model beyond its size, naming N and the way out, before work
+    # solver="auto" refuses the dense-only eps 1 1^T form beyond its size, naming N and the way out,
+    # before work (the paper's eps I form goes to the factorised solver there: test_lllvm_factorised)
     big = np.random.default_rng(0).normal(size=(ll.GAUSSIAN_DENSE_MAX_N + 1, 3))
     with pytest.raises(ValueError, match=f"N = {ll.GAUSSIAN_DENSE_MAX_N + 1}.*subsample"):
-        LLLVM().fit(big)
+        LLLVM(epsilon_form="ones").fit(big)
 
 
 def test_transform_and_inverse_transform_default():
@@ -264,7 +265,7 @@ def test_contract_clone_and_not_fitted():
         LLLVM(epsilon_form="diag").fit(np.random.default_rng(0).normal(size=(30, 3)))
 
 
-def _short_circuit(n_iter):
+def _short_circuit(n_iter, **kw):
     """Paper 003 fig. 4 protocol: the authors' roll, n = 400, k = 9 (self excluded), one wrong edge
     between positions 24 and -26 of argsort(t), default settings."""
     Y, lat, _ = lllvm_swiss_roll(400, 0)
@@ -275,7 +276,7 @@ def _short_circuit(n_iter):
     assert W[a, b] == 0
     Ws = W.tolil()
     Ws[a, b] = Ws[b, a] = 1.0
-    kw = dict(n_neighbors=9, max_iter=n_iter, tol=0, random_state=0)
+    kw = dict(n_neighbors=9, max_iter=n_iter, tol=0, random_state=0, **kw)
     return LLLVM(**kw).fit(Y, W).elbo_, LLLVM(**kw).fit(Y, Ws.tocsr()).elbo_
 
 

@@ -6,6 +6,8 @@ fitted by variational EM. One module per group of appendix-C equations:
 - ``estep_x``: q(x) (eqs. 50-57); ``estep_c``: q(C) (eqs. 64-71);
 - ``mstep``: gamma, beta, alpha (eqs. 72-80); ``bound``: the variational lower bound;
 - ``oos``: out-of-sample E-step and reconstruction (section 4.2);
+- ``factorised``: the same model with q(x), q(C) factorised per point (``solver="factorised"``): the
+  E-steps, bound, gamma step and out-of-sample E-step that need Lt only on distance-2 pairs;
 - ``estimator``: the EM driver ``lllvm_fit`` and the ``LLLVM`` estimator.
 
 The default likelihood is the paper's normalised N(y | Sigma_y e, Sigma_y) (eqs. 29-31); the f-term

@@ -48,7 +48,11 @@ class LikStats:
     rk: np.ndarray
 
 
-def lik_stats(Y, g: LLGraph, qx: QX, qc: QC) -> LikStats:
+def lik_stats(Y, g: LLGraph, qx: QX, qc: QC):
+    if g.solver == "factorised":
+        from .factorised import lik_stats as fact_stats
+
+        return fact_stats(Y, g, qx, qc)
     yy = float(np.sum(Y * Y)) if g.epsilon_form == "identity" else float(np.sum(Y.sum(axis=0) ** 2))
     trYLY = float(np.sum((Y[g.ei] - Y[g.ej]) ** 2))
     lin = float(np.sum(qx.mean * b_tilde(Y, g, qc.mean)))
@@ -60,6 +64,10 @@ def lik_stats(Y, g: LLGraph, qx: QX, qc: QC) -> LikStats:
 
 def gauss_loglik(Y, g: LLGraph, th: Theta, st: LikStats, gamma: float | None = None) -> float:
     """<log N(y | Sigma_y e, Sigma_y)> at ``gamma`` (default th.gamma)."""
+    if g.solver == "factorised":
+        from .factorised import gauss_loglik as fact_loglik
+
+        return fact_loglik(Y, g, th, st, gamma)
     n, D = Y.shape
     gam = th.gamma if gamma is None else gamma
     lam = g.offset(th.eps_y) + 2.0 * gam * g.omega

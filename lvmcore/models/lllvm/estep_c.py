@@ -35,8 +35,13 @@ def _qc_stats(Y, ei, ej, n, mean, cov, cov_edge, sl):
     return scatter(n, i, j, Exx, Exx), scatter(n, i, j, h, h)
 
 
-def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "") -> QC:
-    """q(C) given q(x) and theta (exact coordinate ascent of the bound in q(C))."""
+def update_qc(Y, g: LLGraph, qx: QX, th: Theta, context: str = "", c0=None) -> QC:
+    """q(C) given q(x) and theta (exact coordinate ascent of the bound in q(C)). ``c0``: the
+    previous means, where the factorised solver's CG starts (other solvers ignore it)."""
+    if g.solver == "factorised":
+        from .factorised import update_qc as fact_qc
+
+        return fact_qc(Y, g, qx, th, c0=c0, context=context)
     n, Q = qx.mean.shape
     D = Y.shape[1]
     name = "precision of q(C)"

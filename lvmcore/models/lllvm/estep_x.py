@@ -35,8 +35,13 @@ def _qx_stats(Y, ei, ej, n, M, Cmean, sl):
     return scatter(n, i, j, Msum, Msum), scatter(n, i, j, v, -v)
 
 
-def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "") -> QX:
-    """q(x) given q(C) and theta (exact coordinate ascent of the bound in q(x))."""
+def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "", x0=None) -> QX:
+    """q(x) given q(C) and theta (exact coordinate ascent of the bound in q(x)). ``x0``: the
+    previous means, where the factorised solver's CG starts (other solvers ignore it)."""
+    if g.solver == "factorised":
+        from .factorised import update_qx as fact_qx
+
+        return fact_qx(Y, g, qc, th, x0=x0, context=context)
     n, Q = qc.cov.shape[0], qc.cov.shape[-1]
     rhs_name = "precision of q(x)"
     if g.likelihood == "gaussian":

@@ -24,10 +24,11 @@ from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
 
 #: quadratic variant: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 200
-#: largest N the dense solver of the gaussian likelihood takes under solver="auto": it holds
-#: several dense (N Q)^2 matrices and factors them in O((N Q)^3) per iteration (bench/README.md)
+#: largest N the exact dense solver of the gaussian likelihood takes under solver="auto"; above it
+#: the factorised solver (``factorised.py``). The dense one holds several (N Q)^2 matrices and factors
+#: them in O((N Q)^3) per iteration (bench/README.md, issue 20 scale section)
 GAUSSIAN_DENSE_MAX_N = 2000
-_SOLVERS = ("auto", "dense", "sparse")
+_SOLVERS = ("auto", "dense", "sparse", "factorised")
 _INITS = ("random_c", "random_x", "spectral")
 
 
@@ -120,11 +121,13 @@ def lllvm_fit(
         qc = update_qc(Y, g, qx, th, "initialisation")
     else:
         raise ValueError(f"init must be one of {_INITS}, got {init!r}")
+    x0 = qx.mean if qc0 is None and init in ("random_x", "spectral") else None  # warm starts of CG
     trace = []
     for it in range(int(max_iter)):
         ctx = f"EM iteration {it}"
-        qx = update_qx(Y, g, qc, th, ctx)
-        qc = update_qc(Y, g, qx, th, ctx)
+        qx = update_qx(Y, g, qc, th, ctx, x0=x0)
+        x0 = qx.mean
+        qc = update_qc(Y, g, qx, th, ctx, c0=qc.mean)
         st = lik_stats(Y, g, qx, qc) if likelihood == "gaussian" else None
         th.gamma = update_gamma(Y, g, qx, qc, th, stats=st)
         if learn_beta:
@@ -154,9 +157,13 @@ class LLLVM(LatentModel):
         or "quadratic" (NOT the paper's model: the f-term form of eq. 28, a density that integrates to
         exp(-(f - e' Sigma_y e) / 2) < 1, a graph-dependent deficit, so its bound must not be used to
         compare graphs; kept because its precisions are graph-sparse and scale with solver="sparse")
-    solver : "dense" (exact reference), "sparse" (quadratic variant only: level-block Cholesky with
-        selected inversion) or "auto" (gaussian: dense up to GAUSSIAN_DENSE_MAX_N points, refused above;
-        quadratic: dense up to AUTO_DENSE_MAX_N points, else sparse)
+    solver : "dense" (exact reference: full-covariance q(x), q(C)), "factorised" (the paper's model with
+        eps I, q(x) and q(C) factorised per point: a smaller variational family, so a lower but true
+        bound; sparse factorisation of eps_y I + 2 gamma L, selected inversion on distance-2 pairs, CG
+        for the means; see ``factorised.py`` and bench/README.md for its measured cost), "sparse"
+        (quadratic variant only: level-block Cholesky with selected inversion) or "auto" (gaussian:
+        dense up to GAUSSIAN_DENSE_MAX_N points, factorised above, refused above for
+        epsilon_form="ones"; quadratic: dense up to AUTO_DENSE_MAX_N points, else sparse)
     max_iter, tol : EM iterations and relative bound change to stop at (0: run max_iter)
     epsilon_c, epsilon_y : the small fixed precisions of the C prior and of the y likelihood
     epsilon_form : "identity" (eps I, the paper) or "ones" (eps 1 1^T, the authors' code: it only
@@ -232,21 +239,30 @@ class LLLVM(LatentModel):
             raise ValueError(
                 f"solver='sparse' solves the graph-sparse precisions of likelihood='quadratic' only; "
                 f"likelihood={self.likelihood!r}, epsilon_form={self.epsilon_form!r} has dense precisions: "
-                "use solver='dense' or 'auto'"
+                "use solver='dense' (exact), 'factorised' (per-point factorised q, scales) or 'auto'"
+            )
+        if self.solver == "factorised" and (self.likelihood != "gaussian" or self.epsilon_form != "identity"):
+            raise ValueError(
+                f"solver='factorised' fits the paper's model (likelihood='gaussian', "
+                f"epsilon_form='identity') "
+                f"only, got likelihood={self.likelihood!r}, epsilon_form={self.epsilon_form!r}; use "
+                "solver='dense' for epsilon_form='ones', solver='sparse' or 'auto' for 'quadratic'"
             )
         if self.solver != "auto":
             return self.solver
         if not paper:
             return "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
-        if n > GAUSSIAN_DENSE_MAX_N:
+        if n <= GAUSSIAN_DENSE_MAX_N:
+            return "dense"
+        if self.epsilon_form == "ones":
             raise ValueError(
-                f"LL-LVM with likelihood='gaussian' (the paper's model) is fitted by the exact dense solver, "
+                f"LL-LVM with epsilon_form='ones' (the authors' eps 1 1^T) has only the exact dense solver, "
                 f"O((N Q)^3) time and O((N Q)^2) memory per iteration; solver='auto' takes it up to N = "
-                f"{GAUSSIAN_DENSE_MAX_N}, got N = {n}. Fit a subsample of at most {GAUSSIAN_DENSE_MAX_N} "
-                "points, pass solver='dense' to run it anyway, or pass likelihood='quadratic' for the "
-                "graph-sparse f-term variant (not the paper's model; its bound does not compare graphs)"
+                f"{GAUSSIAN_DENSE_MAX_N}, got N = {n}. Use epsilon_form='identity' (the paper's eps I; "
+                "solver='auto' then fits it with the factorised solver), fit a subsample, or pass "
+                "solver='dense' to run it anyway"
             )
-        return "dense"
+        return "factorised"
 
     def _check_shapes(self, n, D):
         if self.n_components >= D:
@@ -351,7 +367,8 @@ class LLLVM(LatentModel):
     def transform(self, Y_new, return_var: bool = False):
         """Posterior mean (and with ``return_var`` the (M, Q, Q) covariances) of x* for new points: each
         joins the training graph with edges to its n_neighbors nearest training points; E-step for
-        (x*, C*) with the training posterior and theta frozen (``oos``). Does not change the fit."""
+        (x*, C*) with the training posterior and theta frozen (``oos``; the factorised solver's in
+        ``factorised.transform_points``). Does not change the fit."""
         self._check_fitted()
         Ytr = self.Y_train_
         Y_new = _check_Y(Y_new, "Y_new")
@@ -360,7 +377,11 @@ class LLLVM(LatentModel):
         Y_new = (Y_new - self.center_) / self.scale_
         d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
         nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
-        if self.graph_.likelihood == "gaussian":
+        if self.graph_.solver == "factorised":
+            from .factorised import transform_points as fact_transform
+
+            mx, Sx, _, _ = fact_transform(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr)
+        elif self.graph_.likelihood == "gaussian":
             mx, Sx, _, _ = transform_points_gaussian(
                 Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr
             )

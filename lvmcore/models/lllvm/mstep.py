@@ -144,6 +144,10 @@ def _update_gamma_gaussian(Y, g: LLGraph, th: Theta, st: LikStats) -> float:
 def update_gamma(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, stats: LikStats | None = None) -> float:
     """argmax_gamma <log p(y | x, C)>. ``stats``: the gaussian likelihood statistics of (qx, qc) if
     already computed (they do not depend on gamma)."""
+    if g.solver == "factorised":
+        from .factorised import update_gamma as fact_gamma
+
+        return fact_gamma(Y, g, th, stats if stats is not None else lik_stats(Y, g, qx, qc))
     if g.likelihood == "gaussian":
         return _update_gamma_gaussian(Y, g, th, stats if stats is not None else lik_stats(Y, g, qx, qc))
     n, D = Y.shape

@@ -36,6 +36,7 @@ from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 LOG2PI = np.log(2.0 * np.pi)
 LIKELIHOODS = ("gaussian", "quadratic")
 EPSILON_FORMS = ("identity", "ones")
+SOLVERS = ("dense", "sparse", "factorised")
 _potri = sla.get_lapack_funcs("potri", dtype=np.float64)
 #: (a, b) -> (log-det, trace) results kept per graph on the sparse path
 _LAP_MEMO_SIZE = 8
@@ -47,7 +48,8 @@ class LLGraph:
     """Graph quantities shared by every update. ``ei, ej``: undirected edges i < j (E,);
     ``deg``: degrees (N,); ``inc``: (N, E) incidence; ``omega``, ``eigvec``: eigen-decomposition of L
     (dense solver); ``ls``, ``lap_eye``, ``lap_2L``: level structure and I, 2L in level-block form
-    (sparse solver); ``lap_memo``: (a, b) -> (log|aI + 2bL|, tr inverse) on the sparse path."""
+    (sparse and factorised solvers); ``lap_memo``: (a, b) -> (log|aI + 2bL|, tr inverse) on the level
+    path; ``local``: closed neighbourhoods and the distance-2 pattern (factorised solver)."""
 
     W: sp.csr_matrix
     ei: np.ndarray
@@ -64,6 +66,7 @@ class LLGraph:
     lap_2L: BlockTridiagonal | None = None
     chunks: int | None = None
     lap_memo: dict = field(default_factory=dict)
+    local: object | None = None
 
     @property
     def n(self) -> int:
@@ -125,7 +128,8 @@ class Theta:
 def prepare_graph(
     W, solver: str, chunks: int | None = None, likelihood: str = "gaussian", epsilon_form: str = "identity"
 ) -> LLGraph:
-    """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse';
+    """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse' |
+    'factorised' (the paper's likelihood with per-point factorised q, ``factorised.py``);
     ``chunks`` (points per chunk) runs the per-point edge sums of the quadratic variant as Dask tasks."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
@@ -135,10 +139,19 @@ def prepare_graph(
         raise ValueError(
             "likelihood='quadratic' is defined with epsilon_form='identity' only (paper 000 eq. 24)"
         )
-    if solver != "dense" and (likelihood == "gaussian" or epsilon_form == "ones"):
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if solver == "factorised" and (likelihood != "gaussian" or epsilon_form != "identity"):
+        raise ValueError(
+            f"solver='factorised' fits the paper's model (likelihood='gaussian', epsilon_form='identity') "
+            f"only, got likelihood={likelihood!r}, epsilon_form={epsilon_form!r}: eps 1 1^T is dense and "
+            "not a sparse factorisation; use solver='dense' for it (or solver='sparse' for 'quadratic')"
+        )
+    if solver == "sparse" and (likelihood == "gaussian" or epsilon_form == "ones"):
         raise ValueError(
             f"likelihood={likelihood!r}, epsilon_form={epsilon_form!r} couples every pair of points "
-            "through (eps_y O + 2 gamma L)^{-1}: its precisions are dense, so it needs solver='dense'"
+            "through (eps_y O + 2 gamma L)^{-1}: its full-covariance precisions are dense, so it needs "
+            "solver='dense' (exact) or solver='factorised' (per-point factorised q, gaussian/identity)"
         )
     W = sp.csr_matrix(W, dtype=np.float64)
     n = W.shape[0]
@@ -170,6 +183,10 @@ def prepare_graph(
             raise RuntimeError("edge order of the level structure differs from the graph's")
         g.lap_eye = BlockTridiagonal.assemble(g.ls, np.ones((n, 1, 1)), np.zeros((E, 1, 1)))
         g.lap_2L = BlockTridiagonal.assemble(g.ls, 2.0 * deg[:, None, None], np.full((E, 1, 1), -2.0))
+        if solver == "factorised":
+            from .factorised import local_structure
+
+            g.local = local_structure(g)
     return g
 
 
