@@ -94,3 +94,116 @@ def test_stream_refusals(tmp_path):
     (tmp_path / "bad.h5ad").write_bytes(b"not hdf5")
     with pytest.raises(ValueError, match="bad.h5ad is not a readable .h5ad file"):
         describe(str(tmp_path / "bad.h5ad"))
+
+
+# ---------------------------------------------------------------- the result store's point chunks
+
+
+def test_store_point_dimension_is_chunked(tmp_path, monkeypatch):
+    """A grid point's cell is several whole chunks along ``point`` (none shared with another cell),
+    and the cells read back as written."""
+    from tasks import store as st
+    from tasks.registry import MODELS
+
+    monkeypatch.setattr(st, "POINT_CHUNK", 100)
+    spec = MODELS["bgplvm_rbf"]
+    grid = {"latent_dim": [2], "seed": [0, 1]}
+    layout = st.Layout(n_points=250, q_max=2, trace_len={spec.key: 5})
+    path = tmp_path / "s.zarr"
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})
+    emb = json.loads((path / spec.key / "embedding" / "zarr.json").read_text())
+    assert emb["chunk_grid"]["configuration"]["chunk_shape"] == [1, 1, 100, 2]
+    rng = np.random.default_rng(0)
+    written = {}
+    for seed in (0, 1):
+        res = st.PointResult(spec.key, (0, seed), {"latent_dim": 2, "seed": seed}, "done")
+        res.embedding, res.embedding_var = rng.normal(size=(250, 2)), rng.random((250, 2))
+        res.elbo, res.elbo_trace, res.n_iter, res.fit_seconds = -1.0, np.arange(3.0), 3.0, 0.1
+        st.write_point(path, spec, res, layout)
+        written[seed] = res
+    chunks = sorted(
+        p.relative_to(path / spec.key / "embedding" / "c").as_posix()
+        for p in (path / spec.key / "embedding" / "c").rglob("*")
+        if p.is_file()
+    )
+    assert chunks == [f"0/{s}/{r}/0" for s in (0, 1) for r in (0, 1, 2)]  # 3 row chunks per cell
+    back = st.open_results(path)[spec.key].to_dataset()
+    for seed, res in written.items():
+        np.testing.assert_array_equal(back["embedding"].isel(latent_dim=0, seed=seed).values, res.embedding)
+        np.testing.assert_array_equal(
+            back["embedding_var"].isel(latent_dim=0, seed=seed).values, res.embedding_var
+        )
+    assert (back["status"].values == st.STATUS_DONE).all()
+
+
+# ---------------------------------------------------------------- task graphs without the data
+
+
+class _GraphSizes:
+    """Scheduler plugin: the pickled size of every task the scheduler is given (its run_spec)."""
+
+    name = "graph-sizes"
+
+    def __init__(self):
+        self.sizes = []
+
+    def update_graph(self, scheduler, *, tasks, **kwargs):
+        from distributed.protocol.pickle import dumps
+
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is not None and ts.run_spec is not None:
+                self.sizes.append((len(dumps(ts.run_spec)), str(key)[:80]))
+
+
+@pytest.fixture(scope="module")
+def prefect_env(tmp_path_factory):
+    from tests.prefect_server import serving
+
+    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
+
+
+@pytest.mark.slow  # a Prefect server and a cluster: about 40 s on the shared 2-core machine
+def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
+    """A sweep on a 2-process cluster (a user's .npy file, exact blocked kNN, GLLE chunked over the
+    cluster, PPCA): no task the scheduler receives, from the flow or from
+    the fits' and kNN's own computations on the workers, comes near the data's size."""
+    from distributed import LocalCluster
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from flows.sweep import embed_sweep
+    from lvmcore.data.synthetic import swiss_roll
+
+    class Plugin(_GraphSizes, SchedulerPlugin):
+        pass
+
+    Y, _ = swiss_roll(12000, 0)
+    np.save(tmp_path / "roll.npy", Y)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
+        plugin = Plugin()
+        lc.scheduler.add_plugin(plugin)
+        res = embed_sweep(
+            dataset={"path": str(tmp_path / "roll.npy")},
+            models=["ppca", "glle_em"],
+            grid={"k": [6], "latent_dim": [2], "seed": [0]},
+            store=str(tmp_path / "s.zarr"),
+            model_options={
+                "glle_em": {"chunks": 4000, "max_iter": 2},
+            },
+            cluster=lc.scheduler_address,
+            knn_method="exact",
+            report=False,
+            n_generations=0,
+        )
+    assert res["done"] == 2 and res["failed"] == 0
+    attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
+    assert attrs["eval_points"] == 2000 and attrs["eval_subset"] == "uniform without replacement, seed 0"
+    assert len(plugin.sizes) > 10  # the flow's tasks and the kNN tiles and merges at least
+    biggest = max(plugin.sizes)
+    # Prefect task calls are about 25 kB whatever the data; the data here are 288 kB
+    assert biggest[0] < Y.nbytes / 4, (
+        f"a task of {biggest[0]} bytes ({biggest[1]}) for {Y.nbytes} bytes of data"
+    )
