@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -107,7 +106,7 @@ def _role(p) -> str:
     return "other: " + cmd[:60]
 
 
-def run_sweep(dataset, models: str, tmp: Path, timeout: float) -> dict:
+def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
     """The real CLI as a child process, its process tree's RSS sampled until it ends."""
     import psutil
 
@@ -125,6 +124,7 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float) -> dict:
         "--store",
         "scale.zarr",
         "--no-report",
+        *(["--options", json.dumps(options)] if options else []),
     ]
     log = open(tmp / "sweep.log", "w")  # noqa: SIM115
     t0 = time.perf_counter()
@@ -182,9 +182,9 @@ def _hwm_mb() -> float:
     return float("nan")
 
 
-def stages_child(dataset, models: str, tmp: Path) -> None:
+def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
     """Runs in its own process: the sweep's stages as the tasks call them; one JSON line each."""
-    from flows.sweep import input_paths, plan_sweep
+    from flows.sweep import _options_for, input_paths, plan_sweep
     from tasks.evaluate import evaluate_point
     from tasks.fit import fit_point
     from tasks.ingest import ingest_dataset
@@ -193,17 +193,20 @@ def stages_child(dataset, models: str, tmp: Path) -> None:
     from tasks.registry import MODELS as REG
     from tasks.store import prepare_store, write_point
 
-    def stage(name, fn):
+    def stage(name, fn, *args):
         _hwm_reset()
         t0 = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         print(json.dumps({"stage": name, "s": time.perf_counter() - t0, "peak_mb": _hwm_mb()}), flush=True)
         return out
 
     store = str(tmp / "stages.zarr")
     data_path, graph_path = input_paths(store)
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
-    plan = stage("plan (flow process)", lambda: plan_sweep(dataset, models.split(","), GRID, store, None, 3, "auto"))
+    plan = stage(
+        "plan (flow process)",
+        lambda: plan_sweep(dataset, models.split(","), GRID, store, options or None, 3, "auto"),
+    )
     stage("ingest", lambda: ingest_dataset(dataset, data_path, plan["identity"]["data_fingerprint"]))
     stage("kNN (k = 10)", lambda: build_graph(data_path, 10, graph_path, "auto"))
     load_data.cache_clear() if hasattr(load_data, "cache_clear") else None
@@ -218,15 +221,26 @@ def stages_child(dataset, models: str, tmp: Path) -> None:
         pt = {d: point[d] for d in spec.dims}
         idx = (0,) * len(spec.dims)
         n_gen = plan["layout"].n_generations if "generations" in spec.extras else 0
-        res = stage(f"fit {key}", lambda: fit_point(key, {}, data_path, graph_path, idx, pt, n_gen))
+        opts = _options_for(spec, options)
+        res = stage(f"fit {key}", fit_point, key, opts, data_path, graph_path, idx, pt, n_gen)
         if res.status != "done":
             print(json.dumps({"stage": f"fit {key}", "error": res.error}), flush=True)
-        res = stage(f"evaluate {key}", lambda: evaluate_point(res, data_path))
-        stage(f"write {key}", lambda: write_point(store, spec, res, plan["layout"]))
+        res = stage(f"evaluate {key}", evaluate_point, res, data_path)
+        stage(f"write {key}", write_point, store, spec, res, plan["layout"])
 
 
-def run_stages(dataset, models: str, tmp: Path, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--stages-child", json.dumps(dataset), "--models", models, "--tmp", str(tmp)]
+def run_stages(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--stages-child",
+        json.dumps(dataset),
+        "--models",
+        models,
+        "--tmp",
+        str(tmp),
+    ]
+    cmd += ["--options", json.dumps(options)]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -246,12 +260,13 @@ def main():
     ap.add_argument("--what", default="sweep,stages", help="sweep, stages or both (comma-separated)")
     ap.add_argument("--timeout", type=float, default=570.0, help="seconds per measurement")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--options", default="{}", help='model options, JSON: {"bgplvm": {"max_iter": 30}}')
     ap.add_argument("--stages-child")
     ap.add_argument("--tmp")
     a = ap.parse_args()
     if a.stages_child:
         sys.path.insert(0, str(ROOT))
-        stages_child(json.loads(a.stages_child), a.models, Path(a.tmp))
+        stages_child(json.loads(a.stages_child), a.models, Path(a.tmp), json.loads(a.options))
         return
     sys.path.insert(0, str(ROOT))
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("SCALE_TMP")))
@@ -259,12 +274,13 @@ def main():
     anc = anchors(npy)
     mb = anc["data_mb"]
     print(f"data {a.data}: {anc['shape'][0]:,} x {anc['shape'][1]} float64 = {mb:.1f} MiB; models {a.models}")
+    print(f"grid {json.dumps(GRID)}; options {a.options}")
     print(f"anchors: np.load {anc['np_load_s']:.3f} s; cKDTree build + query k=11 {anc['ckdtree_s']:.2f} s")
     print(f"load average at start: {open('/proc/loadavg').read().strip()}")
     result = {"n": a.n, "data": a.data, "models": a.models, "anchors": anc}
     whats = a.what.split(",")
     if "stages" in whats:
-        st = run_stages(dataset, a.models, tmp, a.timeout)
+        st = run_stages(dataset, a.models, tmp, a.timeout, json.loads(a.options))
         result["stages"] = st
         print(f"\nstages (one process; rc {st['rc']}, {st['wall_s']:.1f} s):")
         print(f"{'stage':32s} {'wall s':>9s} {'/ np.load':>10s} {'peak RSS MiB':>13s} {'/ data':>7s}")
@@ -279,7 +295,7 @@ def main():
         if st["rc"] != 0:
             print("stderr:", st["stderr_tail"])
     if "sweep" in whats:
-        sw = run_sweep(dataset, a.models, tmp, a.timeout)
+        sw = run_sweep(dataset, a.models, tmp, a.timeout, json.loads(a.options))
         result["sweep"] = sw
         state = "TIMED OUT" if sw["timed_out"] else f"rc {sw['rc']}"
         print(
