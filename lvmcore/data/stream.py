@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger("lvmcore.data")
 
 #: rows read and written per block (a multiple of the store's chunk rows is written per call)
 BLOCK_ROWS = 65536
@@ -220,6 +223,8 @@ def describe(src, **options) -> dict:
     source = open_source(src, **options)
     try:
         fp = _pass(source, BLOCK_ROWS)
+        sizes = source.sizes()
+        log.info("%s: read %d rows x %d columns (in blocks)", src, sizes["point"], sizes["feature"])
         return {"sizes": source.sizes(), "attrs": dict(source.attrs), "fingerprint": fp}
     finally:
         source.close()
