@@ -108,6 +108,7 @@ def _role(p) -> str:
 
 def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
     """The real CLI as a child process, its process tree's RSS sampled until it ends."""
+    import numpy as np
     import psutil
 
     cmd = [
@@ -156,7 +157,22 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
     proc.wait()
     log.close()
     tail = (tmp / "sweep.log").read_text()[-3000:]
+    points = {}  # how far it got: each model's grid points by status, read from the store
+    try:
+        import zarr
+
+        root = zarr.open_group(str(tmp / "out" / "scale.zarr"), mode="r")
+        for key in root.group_keys():
+            st = np.asarray(root[key]["status"][...]).ravel()
+            points[key] = {
+                "done": int((st == 1).sum()),
+                "failed": int((st == 2).sum()),
+                "pending": int((st == 0).sum()),
+            }
+    except Exception as e:  # no store yet: it stopped before the store was set up
+        points = {"store": f"not readable ({type(e).__name__})"}
     return {
+        "points": points,
         "wall_s": wall,
         "rc": proc.returncode,
         "timed_out": wall > timeout,
@@ -302,6 +318,7 @@ def main():
             f"\nsweep (embed-sweep run, 2 local workers): {sw['wall_s']:.1f} s ({state}); "
             f"{sw['wall_s'] / anc['ckdtree_s']:.0f}x the cKDTree anchor"
         )
+        print(f"grid points by status: {json.dumps(sw['points'])}")
         print(f"{'process':34s} {'peak RSS MiB':>13s} {'/ data':>7s} {'alive s':>12s}")
         for role, rss, t_a, t_b in sw["processes"]:
             if rss < 20:
