@@ -10,7 +10,8 @@ latent_dim = 2, seed = 0) on one data set:
 * ``stages``: the sweep's stages as the same plain calls the tasks make, in order, in one child
   process (ingest_dataset, build_graph, plan_sweep + prepare_store, then per model fit_point,
   evaluate_point, write_point), each timed, and its peak RSS read from VmHWM after resetting it
-  (``/proc/self/clear_refs``) at the start of the stage.
+  (``/proc/self/clear_refs``) at the start of the stage; "above start" is that peak less the RSS
+  the stage began with, and "/ data" that rise in copies of the data set.
 
 Anchors measured in the same run, on the same data: ``np.load`` of the data as a .npy file (the
 least a process can do to hold the data) and scipy's ``cKDTree(Y).query(Y, k=11, workers=2)``.
@@ -191,9 +192,9 @@ def _hwm_reset() -> None:
         f.write("5")
 
 
-def _hwm_mb() -> float:
+def _hwm_mb(field: str = "VmHWM") -> float:
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -211,9 +212,11 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
 
     def stage(name, fn, *args):
         _hwm_reset()
+        start = _hwm_mb("VmRSS")
         t0 = time.perf_counter()
         out = fn(*args)
-        print(json.dumps({"stage": name, "s": time.perf_counter() - t0, "peak_mb": _hwm_mb()}), flush=True)
+        row = {"stage": name, "s": time.perf_counter() - t0, "peak_mb": _hwm_mb(), "start_mb": start}
+        print(json.dumps(row), flush=True)
         return out
 
     store = str(tmp / "stages.zarr")
@@ -299,14 +302,18 @@ def main():
         st = run_stages(dataset, a.models, tmp, a.timeout, json.loads(a.options))
         result["stages"] = st
         print(f"\nstages (one process; rc {st['rc']}, {st['wall_s']:.1f} s):")
-        print(f"{'stage':32s} {'wall s':>9s} {'/ cKDTree':>10s} {'peak RSS MiB':>13s} {'/ data':>7s}")
+        print(
+            f"{'stage':32s} {'wall s':>9s} {'/ cKDTree':>10s} {'peak RSS MiB':>13s} "
+            f"{'above start':>12s} {'/ data':>7s}"
+        )
         for r in st["rows"]:
             if "error" in r:
                 print(f"  error: {r['error']}")
                 continue
             print(
                 f"{r['stage']:32s} {r['s']:9.2f} {r['s'] / anc['ckdtree_s']:9.2f}x "
-                f"{r['peak_mb']:13.0f} {r['peak_mb'] / mb:6.1f}x"
+                f"{r['peak_mb']:13.0f} {r['peak_mb'] - r['start_mb']:12.0f} "
+                f"{(r['peak_mb'] - r['start_mb']) / mb:6.1f}x"
             )
         if st["rc"] != 0:
             print("stderr:", st["stderr_tail"])
