@@ -109,6 +109,15 @@ def _role(p) -> str:
     return "other: " + cmd[:60]
 
 
+def _anon_bytes(pid: int) -> int:
+    """RssAnon: the resident memory that is the process's own (not file pages it has mapped)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
     """The real CLI as a child process, its process tree's RSS sampled until it ends."""
     import numpy as np
@@ -149,11 +158,13 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
         for p in procs:
             try:
                 rss = p.memory_info().rss
-            except psutil.Error:
+                anon = _anon_bytes(p.pid)
+            except (psutil.Error, OSError):
                 continue
             if p.pid not in peak:
-                peak[p.pid] = ["flow process (CLI)" if p.pid == proc.pid else _role(p), 0, now, now]
+                peak[p.pid] = ["flow process (CLI)" if p.pid == proc.pid else _role(p), 0, now, now, 0]
             peak[p.pid][1] = max(peak[p.pid][1], rss)
+            peak[p.pid][4] = max(peak[p.pid][4], anon)
             peak[p.pid][3] = now
         time.sleep(0.2)
     wall = time.perf_counter() - t0
@@ -180,7 +191,8 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
         "rc": proc.returncode,
         "timed_out": wall > timeout,
         "processes": sorted(
-            ([r, rss / 2**20, a, b] for r, rss, a, b in peak.values()), key=lambda x: (x[0], -x[1])
+            ([r, rss / 2**20, a, b, anon / 2**20] for r, rss, a, b, anon in peak.values()),
+            key=lambda x: (x[0], -x[1]),
         ),
         "log_tail": tail,
     }
@@ -328,11 +340,11 @@ def main():
             f"{sw['wall_s'] / anc['ckdtree_s']:.0f}x the cKDTree anchor"
         )
         print(f"grid points by status: {json.dumps(sw['points'])}")
-        print(f"{'process':34s} {'peak RSS MiB':>13s} {'/ data':>7s} {'alive s':>12s}")
-        for role, rss, t_a, t_b in sw["processes"]:
+        print(f"{'process':34s} {'peak RSS MiB':>13s} {'/ data':>7s} {'peak RssAnon':>13s} {'alive s':>12s}")
+        for role, rss, t_a, t_b, anon in sw["processes"]:
             if rss < 20:
                 continue
-            print(f"{role:34s} {rss:13.0f} {rss / mb:6.1f}x {t_a:5.0f}-{t_b:5.0f}")
+            print(f"{role:34s} {rss:13.0f} {rss / mb:6.1f}x {anon:13.0f} {t_a:5.0f}-{t_b:5.0f}")
         if sw["rc"] != 0:
             print(sw["log_tail"])
     print(f"load average at end: {open('/proc/loadavg').read().strip()}")

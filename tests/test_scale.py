@@ -45,6 +45,11 @@ def test_stream_ingest_npy_equals_memory(tmp_path, monkeypatch):
     # the top-level ingest takes the block-wise route for a file path
     p = ingest(str(tmp_path / "a.npy"), tmp_path / "top.zarr", chunk_rows=64)
     _same_store(out, p)
+    # a Fortran-ordered file (columns contiguous) is read through its memory map instead
+    np.save(tmp_path / "f.npy", np.asfortranarray(Y.astype(np.int32)))
+    (tmp_path / "mem.zarr").rename(tmp_path / "mem1.zarr")
+    (tmp_path / "stream.zarr").rename(tmp_path / "stream1.zarr")
+    _roundtrip(tmp_path, str(tmp_path / "f.npy"))
 
 
 def test_stream_ingest_zarr_equals_memory(tmp_path, monkeypatch):

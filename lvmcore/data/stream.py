@@ -105,6 +105,25 @@ def _open_npy(path: Path) -> np.ndarray:
     return Y
 
 
+def _npy_rows(path: Path, mm: np.memmap):
+    """Rows a:b of a C-ordered .npy file by plain reads at their offset: unlike reading through the
+    memory map, the pages read do not stay in this process's resident set (a pass over a 400 MB
+    file left 400 MB of mapped pages counted in the reading process's RSS)."""
+    offset, row_bytes, dtype = mm.offset, mm.shape[1] * mm.dtype.itemsize, mm.dtype
+
+    def read(a, b):
+        with open(path, "rb") as f:
+            f.seek(offset + a * row_bytes)
+            out = np.fromfile(f, dtype=dtype, count=(b - a) * mm.shape[1])
+        if out.size != (b - a) * mm.shape[1]:
+            raise ValueError(
+                f"{path} is shorter than its header says (rows {a}:{b}); re-export it with np.save"
+            )
+        return out.reshape(b - a, mm.shape[1]).astype(np.float64, copy=False)
+
+    return read
+
+
 def _rows_f64(arr):
     return lambda a, b: np.asarray(arr[a:b], dtype=np.float64)
 
@@ -127,7 +146,8 @@ def open_source(src, **options) -> Source:
         return Source(str(path), variables, attrs)
     if suffix == ".npy":
         Y = _open_npy(path)
-        variables = {"Y": Variable(("point", "feature"), Y.shape, np.dtype(np.float64), _rows_f64(Y))}
+        read = _rows_f64(Y) if Y.flags.f_contiguous and Y.shape[1] > 1 else _npy_rows(path, Y)
+        variables = {"Y": Variable(("point", "feature"), Y.shape, np.dtype(np.float64), read)}
         return Source(str(path), variables, _file_attrs(path, dict(options)))
     if suffix == ".h5ad":
         try:
