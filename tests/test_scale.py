@@ -212,3 +212,23 @@ def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
     assert biggest[0] < Y.nbytes / 4, (
         f"a task of {biggest[0]} bytes ({biggest[1]}) for {Y.nbytes} bytes of data"
     )
+
+
+def test_ppca_tall_path_equals_the_full_svd():
+    """PPCA on many more rows than columns (covariance eigenvectors, block-summed likelihood, no
+    centred copy) against scikit-learn's full SVD and its own score, as the fit was before."""
+    from sklearn.decomposition import PCA
+
+    from lvmcore.linalg import chol_solve
+    from lvmcore.models.ppca import PPCA
+
+    rng = np.random.default_rng(3)
+    Y = rng.normal(size=(70000, 12)) @ rng.normal(size=(12, 12)) + 5.0  # two likelihood blocks
+    m = PPCA(n_components=3).fit(Y)
+    ref = PCA(n_components=3, svd_solver="full").fit(Y)
+    np.testing.assert_allclose(m.elbo_, ref.score(Y) * Y.shape[0], rtol=1e-10)
+    W = ref.components_.T * np.sqrt(ref.explained_variance_ - ref.noise_variance_)
+    M = W.T @ W + ref.noise_variance_ * np.eye(3)
+    want = chol_solve(np.linalg.cholesky(M), W.T @ (Y - ref.mean_).T).T
+    sign = np.sign(np.sum(m.embedding_ * want, axis=0))  # each column's sign is a convention
+    np.testing.assert_allclose(m.embedding_ * sign, want, rtol=1e-8, atol=1e-10)
