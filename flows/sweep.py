@@ -19,9 +19,10 @@ from prefect_dask import DaskTaskRunner
 
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
-from lvmcore.data import fingerprint, load
+from lvmcore.data import describe
 from lvmcore.graph import KNN_METHODS
 from tasks.artifacts import publish_results, start_progress, update_progress
+from tasks.evaluate import eval_subset_attrs
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import graph_matches, knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
@@ -213,11 +214,12 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     if knn_method not in KNN_METHODS:
         raise ValueError(f"knn_method must be one of {KNN_METHODS}, got {knn_method!r}")
     src, opts = dataset_spec(dataset)
-    ds = load(src, **opts)
-    n, D = ds.sizes["point"], ds.sizes["feature"]
+    meta = describe(src, **opts)  # sizes, attributes, fingerprint; a large file is read in blocks
+    sizes = meta["sizes"]
+    n, D = sizes["point"], sizes["feature"]
     if n < MIN_POINTS:
         raise ValueError(f"data set {src!r} has {n} point(s); a sweep needs at least {MIN_POINTS}")
-    n_views = len(ds.attrs.get("views", [])) or 1
+    n_views = len(meta["attrs"].get("views", [])) or 1
     for s in specs:
         g = model_grid(s, grid)
         check_model_options(s, _options_for(s, model_options), grid)
@@ -234,7 +236,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
             )
         if "k" in g and max(g["k"]) >= n:
             raise ValueError(f"grid k = {max(g['k'])} needs more than {n} points in {src!r}; lower k")
-        dmin = min(ds.sizes[f"feature_{v}"] for v in range(n_views)) if s.multiview else D
+        dmin = min(sizes[f"feature_{v}"] for v in range(n_views)) if s.multiview else D
         if s.family in ("lllvm", "glle", "ppca") and max(g["latent_dim"]) >= dmin:
             raise ValueError(
                 f"model {s.key!r}: latent_dim {max(g['latent_dim'])} must be below the data dimension {dmin}"
@@ -249,7 +251,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     )
     identity = {
         "dataset": [src, opts],
-        "data_fingerprint": fingerprint(ds),
+        "data_fingerprint": meta["fingerprint"],
         "models": [s.key for s in specs],
         "options": model_options,
         "per_model": {s.key: _options_for(s, model_options) for s in specs},
@@ -257,7 +259,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "n_generations": int(n_generations),
         "knn_method": knn_method,
     }
-    provenance = json.loads(json.dumps(dict(ds.attrs), default=str))  # plain JSON, a flow parameter
+    provenance = json.loads(json.dumps(dict(meta["attrs"]), default=str))  # plain JSON, a flow parameter
     return SweepPlan(identity=identity, layout=asdict(layout), provenance=provenance, size=[n, D])
 
 
@@ -411,6 +413,7 @@ def sweep_grid(
         "dataset": json.dumps(plan.dataset),
         "flow_parameters": json.dumps(plan.identity),
         **{f"data_{k}": v for k, v in plan.provenance.items()},
+        **eval_subset_attrs(plan.size[0]),
     }
     prepare_store(store, plan.identity, specs, grid, layout, attrs)
 

@@ -182,13 +182,26 @@ def _exact_knn(Y, k, block_rows):
     Yc = np.ascontiguousarray(Y - Y.mean(axis=0))  # distances are translation invariant
     sq = np.einsum("ij,ij->i", Yc, Yc)
     kk = min(k + _EXTRA, n - 1)
-    Y32 = da.from_array(Yc.astype(np.float32), chunks=(bounds, dim)).to_delayed().ravel()
     offsets = np.concatenate([[0], np.cumsum(bounds)[:-1]]).astype(np.int64)
+    try:  # the distributed client this runs under (a sweep's kNN task: its worker's client)
+        from distributed import get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        client = None
+    if client is None:  # Dask's local scheduler: the arrays stay in this process
+        Y32 = da.from_array(Yc.astype(np.float32), chunks=(bounds, dim)).to_delayed().ravel()
+        Yref, sqref = dask.delayed(Yc, pure=True), dask.delayed(sq, pure=True)
+    else:  # on a cluster the data goes to the workers by scatter, never inside the task graph
+        ends = offsets + np.asarray(bounds)
+        Y32 = client.scatter(
+            [np.ascontiguousarray(Yc[a:b], dtype=np.float32) for a, b in zip(offsets, ends)], hash=False
+        )
+        Yref = client.scatter(Yc, broadcast=True, hash=False)
+        sqref = client.scatter(sq, broadcast=True, hash=False)
     nb = len(bounds)
     tile = dask.delayed(_pair_tile, pure=True)
     tiles = {(i, j): tile(Y32[i], Y32[j], kk, i == j) for i in range(nb) for j in range(i, nb)}
-    Yref = dask.delayed(Yc, pure=True)
-    sqref = dask.delayed(sq, pure=True)
     merge = dask.delayed(_merge_block, pure=True, nout=3)
     coef = (dim + 16) * 2.0**-23
     max_sq = float(sq.max())

@@ -16,6 +16,19 @@ from tasks.store import PointResult
 #: pairwise metrics are O(N^2): above this many points they use a fixed random subset
 MAX_EVAL_POINTS = 2000
 EVAL_NEIGHBORS = 10
+#: seed of the evaluation subset (the same rows for every grid point of a sweep)
+EVAL_SEED = 0
+
+
+def eval_subset_attrs(n: int) -> dict:
+    """What the result store records about the evaluation subset of an n-point sweep: how many
+    rows every metric is computed on, drawn how."""
+    return {
+        "eval_points": int(min(n, MAX_EVAL_POINTS)),
+        "eval_subset": "all points"
+        if n <= MAX_EVAL_POINTS
+        else f"uniform without replacement, seed {EVAL_SEED}",
+    }
 
 
 def poincare_distances(P) -> np.ndarray:
@@ -55,7 +68,7 @@ def _geodesics(data_path: str, fingerprint, seed: int) -> np.ndarray:
     return metrics.manifold_distances(load_data(data_path)["Y"][sel], min(20, len(sel) - 1))
 
 
-def evaluate_point(res: PointResult, data_path: str, seed: int = 0) -> PointResult:
+def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> PointResult:
     if res.status != "done":
         return res
     spec = MODELS[res.key]

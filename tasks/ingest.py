@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from prefect import task
 
-from lvmcore.data import fingerprint, ingest, load, open_dataset
+from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, stream
 
 
 def dataset_spec(dataset) -> tuple[str, dict]:
@@ -35,8 +36,23 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     already there (a store made from other data, or one without a fingerprint, is rewritten).
 
     ``expect``: the fingerprint the sweep planned with; data that loads differently now (a file
-    changed between planning and ingest) is refused rather than fitted."""
+    changed between planning and ingest) is refused rather than fitted.
+
+    A .npy, .zarr or .h5ad file is copied in row blocks (lvmcore.data.stream), never held whole:
+    the worker that ingests holds one block at a time."""
     src, opts = dataset_spec(dataset)
+    p = Path(data_path)
+    if src not in DATASETS and stream.is_streamable(src):
+        if expect is not None and p.exists() and stored_fingerprint(p) == expect:
+            return str(p)
+        _, fp = stream.ingest_stream(src, p, overwrite=True, **opts)
+        if expect is not None and fp != expect:
+            shutil.rmtree(p, ignore_errors=True)
+            raise ValueError(
+                f"the data {src!r} changed while the sweep started (fingerprint {fp}, planned {expect}); "
+                "run the sweep again"
+            )
+        return str(p)
     want = load(src, **opts)
     fp = fingerprint(want)
     if expect is not None and fp != expect:
@@ -44,7 +60,6 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
             f"the data {src!r} changed while the sweep started (fingerprint {fp}, planned {expect}); "
             "run the sweep again"
         )
-    p = Path(data_path)
     if p.exists() and stored_fingerprint(p) == fp:
         return str(p)
     ingest(want, p, overwrite=True)

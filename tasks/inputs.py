@@ -51,14 +51,16 @@ def load_data(path) -> dict:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_graph(path: str, stamp):
-    g = xr.open_zarr(path, consolidated=False, chunks=None).load()
-    return g["indices"].values.astype(np.int64), g["distances"].values
+def _load_graph(path: str, stamp, distances: bool):
+    g = xr.open_zarr(path, consolidated=False, chunks=None)
+    idx = np.asarray(g["indices"].values, dtype=np.int64)
+    return idx, (g["distances"].values if distances else None)
 
 
-def load_graph(path):
-    """(indices, distances) of the kNN graph store, computed at the sweep's largest k."""
+def load_graph(path, distances: bool = False):
+    """(indices, distances) of the kNN graph store, computed at the sweep's largest k. The fits
+    need only the indices: the distances (as large again) are read only if asked for, else None."""
     if path is None:
         return None, None
     p = Path(path)
-    return _load_graph(str(p.resolve()), (p / "zarr.json").stat().st_mtime_ns)
+    return _load_graph(str(p.resolve()), (p / "zarr.json").stat().st_mtime_ns, bool(distances))

@@ -2,8 +2,9 @@
 over the sweep dimensions that apply to it. Plain functions, no Prefect.
 
 Write protocol (see shared/STACK.md): a lazy template is written once per group
-(metadata only, chunk size 1 along every sweep dimension, no shards); each grid point then
-writes its own cell with a region write. The data variables go first and ``status`` last, so a
+(metadata only, chunk size 1 along every sweep dimension and ``POINT_CHUNK`` rows along
+``point``, no shards); each grid point then writes its own cell with a region write, a whole
+number of chunks that no other grid point shares. The data variables go first and ``status`` last, so a
 cell marked done is complete; a crash loses at most the cells in flight. Root attributes hold
 the sweep's identity (a hash of dataset, models, options and grid) so a store can only be
 resumed by the same sweep.
@@ -46,6 +47,10 @@ METRICS = (
 )
 SCALARS = ("elbo", "fit_seconds", "n_iter") + METRICS
 MAX_TRACE = 2000
+#: rows per chunk along ``point`` (embeddings, variances, generations): a grid point's cell of a
+#: 10^6-point sweep is then 16 chunks of 1 MiB (latent_dim 2), not one chunk of 16 MiB that every
+#: reader of a few rows must read and decompress whole
+POINT_CHUNK = 65536
 
 
 @dataclass
@@ -223,9 +228,10 @@ def group_template(spec: ModelSpec, grid: dict, layout: Layout) -> xr.Dataset:
     ones = (1,) * len(sdims)
 
     def lazy(extra_dims, extra_shape, fill=np.nan, dtype=np.float64):
+        chunks = tuple(min(s, POINT_CHUNK) if d == "point" else s for d, s in zip(extra_dims, extra_shape))
         return (
             sdims + tuple(extra_dims),
-            da.full(sshape + tuple(extra_shape), fill, dtype=dtype, chunks=ones + tuple(extra_shape)),
+            da.full(sshape + tuple(extra_shape), fill, dtype=dtype, chunks=ones + chunks),
         )
 
     n, q = layout.n_points, layout.q_max
@@ -462,8 +468,9 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
     data["status"] = var((), np.int8(code))
-    # direct zarr writes of whole chunks (a cell is exactly one chunk of every variable): the
-    # same bytes as xarray's region write at a fraction of its per-call cost; status goes last
+    # direct zarr writes of whole chunks (a cell is a whole number of chunks of every variable,
+    # shared with no other cell): the same bytes as xarray's region write at a fraction of its
+    # per-call cost; status goes last
     group = zarr.open_group(str(path), mode="r+")[spec.key]
     sel = tuple(region[d] for d in sdims)
     for name, (_, arr) in data.items():

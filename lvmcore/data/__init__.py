@@ -1,5 +1,23 @@
 """Data sets: seeded generators (:mod:`.synthetic`), bundled and user files, zarr stores."""
 
-from lvmcore.data.loaders import DATASETS, fingerprint, ingest, list_datasets, load, open_dataset, views_of
+from lvmcore.data.loaders import (
+    DATASETS,
+    describe,
+    fingerprint,
+    ingest,
+    list_datasets,
+    load,
+    open_dataset,
+    views_of,
+)
 
-__all__ = ["DATASETS", "fingerprint", "ingest", "list_datasets", "load", "open_dataset", "views_of"]
+__all__ = [
+    "DATASETS",
+    "describe",
+    "fingerprint",
+    "ingest",
+    "list_datasets",
+    "load",
+    "open_dataset",
+    "views_of",
+]

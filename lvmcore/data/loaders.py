@@ -28,7 +28,16 @@ import xarray as xr
 from lvmcore import __version__
 from lvmcore.data import synthetic
 
-__all__ = ["load", "ingest", "open_dataset", "list_datasets", "DATASETS", "views_of", "fingerprint"]
+__all__ = [
+    "load",
+    "ingest",
+    "describe",
+    "open_dataset",
+    "list_datasets",
+    "DATASETS",
+    "views_of",
+    "fingerprint",
+]
 
 log = logging.getLogger("lvmcore.data")
 
@@ -47,16 +56,27 @@ def _finish(
         data["color"] = ("point", np.asarray(color, dtype=np.float64))
     if truth is not None:
         data["truth"] = (("point", "truth_dim"), np.asarray(truth, dtype=np.float64))
-    attrs = {
+    attrs = _attrs(
+        name=name,
+        source=source,
+        params=params,
+        truth_metric=truth_metric,
+        n_views=len(views) if views is not None else 0,
+    )
+    return xr.Dataset(data, attrs=attrs)
+
+
+def _attrs(*, name, source, params, truth_metric="euclidean", n_views=0) -> dict:
+    """A loaded data set's attributes (shared with the block-wise file reader, lvmcore.data.stream)."""
+    return {
         "name": name,
         "source": source,
         "params": json.dumps(params, sort_keys=True, default=str),
         "seed": -1 if params.get("seed") is None else int(params["seed"]),
         "code_version": __version__,
         "truth_metric": truth_metric,
-        "views": [f"view_{v}" for v in range(len(views))] if views is not None else [],
+        "views": [f"view_{v}" for v in range(n_views)],
     }
-    return xr.Dataset(data, attrs=attrs)
 
 
 def _gen_manifold(fn, default_n, color_col=0):
@@ -304,13 +324,33 @@ def open_dataset(path, *, dask: bool = True) -> xr.Dataset:
     return ds
 
 
+def describe(name_or_path, **options) -> dict:
+    """``{"sizes": {dim: size}, "attrs": ..., "fingerprint": ...}`` of what :func:`load` would give,
+    without holding a large file: .npy, .zarr and .h5ad files are read in row blocks
+    (lvmcore.data.stream); named data sets and .csv files are loaded, described and dropped."""
+    from lvmcore.data import stream
+
+    if str(name_or_path) not in DATASETS and stream.is_streamable(name_or_path):
+        return stream.describe(name_or_path, **options)
+    ds = load(name_or_path, **options)
+    return {"sizes": dict(ds.sizes), "attrs": dict(ds.attrs), "fingerprint": fingerprint(ds)}
+
+
 def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False, **options) -> Path:
     """Write a data set to a chunked zarr store at ``path`` (row chunks of ``chunk_rows``).
 
     The store is written beside the target under a temporary name and renamed into place once
     complete, so a crash never leaves a half-written store under the final name. An existing
-    store is kept unless ``overwrite=True``.
+    store is kept unless ``overwrite=True``. A .npy, .zarr or .h5ad file is copied in row blocks
+    (lvmcore.data.stream.ingest_stream: memory-mapped, chunk by chunk, backed), never held whole.
     """
+    from lvmcore.data import stream
+
+    if not isinstance(ds_or_name, xr.Dataset) and str(ds_or_name) not in DATASETS:
+        if stream.is_streamable(ds_or_name):
+            return stream.ingest_stream(
+                ds_or_name, path, chunk_rows=chunk_rows, overwrite=overwrite, **options
+            )[0]
     ds = ds_or_name if isinstance(ds_or_name, xr.Dataset) else load(ds_or_name, **options)
     path = Path(path)
     if path.exists() and not overwrite:

@@ -43,8 +43,11 @@ class PPCA(LatentModel):
                 f"Expected n_components < n_features, but n_features = {D}, n_components = {q}; "
                 "lower n_components"
             )
-        pca = PCA(n_components=q, svd_solver="full").fit(Y)
-        self.elbo_ = float(pca.score(Y) * Y.shape[0])
+        # many more rows than columns: the D x D covariance's eigenvectors (no centred copy, no
+        # N x D factor U; sklearn's "covariance_eigh"); else the SVD of the centred data
+        tall = Y.shape[0] >= 10 * D
+        pca = PCA(n_components=q, svd_solver="covariance_eigh" if tall else "full").fit(Y)
+        self.elbo_ = _log_likelihood(Y, pca.mean_, pca.get_precision())
         self.elbo_trace_ = np.array([self.elbo_])
         self.n_iter_ = 1
         self.mean_, self.noise_variance_ = pca.mean_, float(pca.noise_variance_)
@@ -61,7 +64,9 @@ class PPCA(LatentModel):
         return np.linalg.cholesky(W.T @ W + self.noise_variance_ * np.eye(W.shape[1]))
 
     def _posterior_mean(self, Y):
-        return chol_solve(self._chol_M(), self.loadings_.T @ (Y - self.mean_).T).T
+        # W^T (y - mean) as Y W - mean W: no centred N x D copy of the data
+        proj = Y @ self.loadings_ - self.mean_ @ self.loadings_
+        return chol_solve(self._chol_M(), proj.T).T
 
     def transform(self, Y):
         """Posterior means of the latent points of new rows (N*, Q)."""
@@ -70,3 +75,15 @@ class PPCA(LatentModel):
         if Y.shape[1] != self.mean_.shape[0]:
             raise ValueError(f"Y has {Y.shape[1]} columns, the model was fitted on {self.mean_.shape[0]}")
         return self._posterior_mean(Y)
+
+
+def _log_likelihood(Y, mean, precision, block: int = 65536) -> float:
+    """sum_n log N(y_n | mean, C) with C^-1 = ``precision`` (Tipping and Bishop eq. 4), the
+    quadratic terms summed over row blocks: the centred data is never held whole."""
+    N, D = Y.shape
+    quad = 0.0
+    for a in range(0, N, block):
+        R = Y[a : a + block] - mean
+        quad += float(np.einsum("ij,ij->", R @ precision, R))
+    _, logdet = np.linalg.slogdet(precision)
+    return -0.5 * (quad + N * (D * np.log(2 * np.pi) - logdet))

@@ -1,0 +1,234 @@
+"""Issue 23, data at scale: user files ingested in row blocks equal the in-memory ingest; the
+result store's point dimension is chunked; a sweep's Dask task graphs carry no array the size of
+the data (checked on the scheduler of a real multi-process cluster)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lvmcore.data import describe, fingerprint, ingest, load, open_dataset, stream
+
+
+def _same_store(a, b):
+    A, B = open_dataset(a, dask=False).load(), open_dataset(b, dask=False).load()
+    assert sorted(A.data_vars) == sorted(B.data_vars)
+    for name in A.data_vars:
+        assert A[name].dims == B[name].dims and A[name].dtype == B[name].dtype
+        np.testing.assert_array_equal(A[name].values, B[name].values)
+    assert A.attrs == B.attrs  # the fingerprint among them
+    for name in A.data_vars:  # same chunks, same metadata (fill value, codecs, dimension names)
+        ma = json.loads((a / name / "zarr.json").read_text())
+        mb = json.loads((b / name / "zarr.json").read_text())
+        assert ma == mb, name
+
+
+def _roundtrip(tmp_path, src, **opts):
+    mem = ingest(load(src, **opts).load(), tmp_path / "mem.zarr", chunk_rows=64)
+    streamed, fp = stream.ingest_stream(src, tmp_path / "stream.zarr", chunk_rows=64, **opts)
+    _same_store(mem, streamed)
+    want = load(src, **opts)
+    assert fp == fingerprint(want)
+    d = describe(src, **opts)
+    assert d["fingerprint"] == fp and d["sizes"] == dict(want.sizes)
+    return streamed
+
+
+def test_stream_ingest_npy_equals_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream, "BLOCK_ROWS", 128)  # several blocks, a ragged last one
+    Y = np.random.default_rng(0).normal(size=(1000, 7)).astype(np.float32)
+    np.save(tmp_path / "a.npy", Y)
+    out = _roundtrip(tmp_path, str(tmp_path / "a.npy"))
+    assert open_dataset(out)["Y"].data.chunksize == (64, 7)
+    # the top-level ingest takes the block-wise route for a file path
+    p = ingest(str(tmp_path / "a.npy"), tmp_path / "top.zarr", chunk_rows=64)
+    _same_store(out, p)
+    # a Fortran-ordered file (columns contiguous) is read through its memory map instead
+    np.save(tmp_path / "f.npy", np.asfortranarray(Y.astype(np.int32)))
+    (tmp_path / "mem.zarr").rename(tmp_path / "mem1.zarr")
+    (tmp_path / "stream.zarr").rename(tmp_path / "stream1.zarr")
+    _roundtrip(tmp_path, str(tmp_path / "f.npy"))
+
+
+def test_stream_ingest_zarr_equals_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream, "BLOCK_ROWS", 64)
+    src = ingest(load("mrd_toy", n=300, seed=1), tmp_path / "user.zarr", chunk_rows=50)
+    _roundtrip(tmp_path, str(src))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_stream_ingest_h5ad_equals_memory(tmp_path, monkeypatch, sparse):
+    ad = pytest.importorskip("anndata")
+    import pandas as pd
+    import scipy.sparse as sp
+
+    monkeypatch.setattr(stream, "BLOCK_ROWS", 64)
+    rng = np.random.default_rng(1)
+    X = rng.poisson(0.7, size=(500, 12)).astype(np.float32)
+    obs = pd.DataFrame({"cell": rng.choice(["a", "b", "c"], 500)}, index=[f"c{i}" for i in range(500)])
+    ad.AnnData(sp.csr_matrix(X) if sparse else X, obs=obs).write_h5ad(tmp_path / "x.h5ad")
+    out = _roundtrip(tmp_path, str(tmp_path / "x.h5ad"), label_column="cell")
+    np.testing.assert_array_equal(open_dataset(out)["Y"].values, X.astype(np.float64))
+
+
+def test_stream_refusals(tmp_path):
+    Y = np.ones((300, 4))
+    Y[201, 2] = np.nan
+    Y[250, 0] = np.inf
+    np.save(tmp_path / "nan.npy", Y)
+    with pytest.raises(
+        ValueError, match=r"nan.npy: Y contains NaN or inf \(first at row 201, column 2, 2 values"
+    ):
+        stream.ingest_stream(str(tmp_path / "nan.npy"), tmp_path / "o.zarr", chunk_rows=64)
+    assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))  # nothing left behind
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="pickled Python objects"):
+        stream.ingest_stream(str(tmp_path / "obj.npy"), tmp_path / "o.zarr")
+    raw = (tmp_path / "nan.npy").read_bytes()
+    (tmp_path / "trunc.npy").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="trunc.npy is not a readable .npy file"):
+        describe(str(tmp_path / "trunc.npy"))
+    np.save(tmp_path / "one.npy", np.ones(10))
+    with pytest.raises(ValueError, match=r"shape \(10,\); an \(N, D\) array is needed"):
+        stream.ingest_stream(str(tmp_path / "one.npy"), tmp_path / "o.zarr")
+    (tmp_path / "junk.zarr").mkdir()
+    with pytest.raises(ValueError, match="junk.zarr is not a readable zarr data store"):
+        stream.ingest_stream(str(tmp_path / "junk.zarr"), tmp_path / "o.zarr")
+    (tmp_path / "bad.h5ad").write_bytes(b"not hdf5")
+    with pytest.raises(ValueError, match="bad.h5ad is not a readable .h5ad file"):
+        describe(str(tmp_path / "bad.h5ad"))
+
+
+# ---------------------------------------------------------------- the result store's point chunks
+
+
+def test_store_point_dimension_is_chunked(tmp_path, monkeypatch):
+    """A grid point's cell is several whole chunks along ``point`` (none shared with another cell),
+    and the cells read back as written."""
+    from tasks import store as st
+    from tasks.registry import MODELS
+
+    monkeypatch.setattr(st, "POINT_CHUNK", 100)
+    spec = MODELS["bgplvm_rbf"]
+    grid = {"latent_dim": [2], "seed": [0, 1]}
+    layout = st.Layout(n_points=250, q_max=2, trace_len={spec.key: 5})
+    path = tmp_path / "s.zarr"
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})
+    emb = json.loads((path / spec.key / "embedding" / "zarr.json").read_text())
+    assert emb["chunk_grid"]["configuration"]["chunk_shape"] == [1, 1, 100, 2]
+    rng = np.random.default_rng(0)
+    written = {}
+    for seed in (0, 1):
+        res = st.PointResult(spec.key, (0, seed), {"latent_dim": 2, "seed": seed}, "done")
+        res.embedding, res.embedding_var = rng.normal(size=(250, 2)), rng.random((250, 2))
+        res.elbo, res.elbo_trace, res.n_iter, res.fit_seconds = -1.0, np.arange(3.0), 3.0, 0.1
+        st.write_point(path, spec, res, layout)
+        written[seed] = res
+    chunks = sorted(
+        p.relative_to(path / spec.key / "embedding" / "c").as_posix()
+        for p in (path / spec.key / "embedding" / "c").rglob("*")
+        if p.is_file()
+    )
+    assert chunks == [f"0/{s}/{r}/0" for s in (0, 1) for r in (0, 1, 2)]  # 3 row chunks per cell
+    back = st.open_results(path)[spec.key].to_dataset()
+    for seed, res in written.items():
+        np.testing.assert_array_equal(back["embedding"].isel(latent_dim=0, seed=seed).values, res.embedding)
+        np.testing.assert_array_equal(
+            back["embedding_var"].isel(latent_dim=0, seed=seed).values, res.embedding_var
+        )
+    assert (back["status"].values == st.STATUS_DONE).all()
+
+
+# ---------------------------------------------------------------- task graphs without the data
+
+
+class _GraphSizes:
+    """Scheduler plugin: the pickled size of every task the scheduler is given (its run_spec)."""
+
+    name = "graph-sizes"
+
+    def __init__(self):
+        self.sizes = []
+
+    def update_graph(self, scheduler, *, tasks, **kwargs):
+        from distributed.protocol.pickle import dumps
+
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is not None and ts.run_spec is not None:
+                self.sizes.append((len(dumps(ts.run_spec)), str(key)[:80]))
+
+
+@pytest.fixture(scope="module")
+def prefect_env(tmp_path_factory):
+    from tests.prefect_server import serving
+
+    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+        yield env
+
+
+@pytest.mark.slow  # a Prefect server and a cluster: about 40 s on the shared 2-core machine
+def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
+    """A sweep on a 2-process cluster (a user's .npy file, exact blocked kNN, GLLE chunked over the
+    cluster, PPCA): no task the scheduler receives, from the flow or from
+    the fits' and kNN's own computations on the workers, comes near the data's size."""
+    from distributed import LocalCluster
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from flows.sweep import embed_sweep
+    from lvmcore.data.synthetic import swiss_roll
+
+    class Plugin(_GraphSizes, SchedulerPlugin):
+        pass
+
+    Y, _ = swiss_roll(12000, 0)
+    np.save(tmp_path / "roll.npy", Y)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
+        plugin = Plugin()
+        lc.scheduler.add_plugin(plugin)
+        res = embed_sweep(
+            dataset={"path": str(tmp_path / "roll.npy")},
+            models=["ppca", "glle_em"],
+            grid={"k": [6], "latent_dim": [2], "seed": [0]},
+            store=str(tmp_path / "s.zarr"),
+            model_options={
+                "glle_em": {"chunks": 4000, "max_iter": 2},
+            },
+            cluster=lc.scheduler_address,
+            knn_method="exact",
+            report=False,
+            n_generations=0,
+        )
+    assert res["done"] == 2 and res["failed"] == 0
+    attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
+    assert attrs["eval_points"] == 2000 and attrs["eval_subset"] == "uniform without replacement, seed 0"
+    assert len(plugin.sizes) > 10  # the flow's tasks and the kNN tiles and merges at least
+    biggest = max(plugin.sizes)
+    # Prefect task calls are about 25 kB whatever the data; the data here are 288 kB
+    assert biggest[0] < Y.nbytes / 4, (
+        f"a task of {biggest[0]} bytes ({biggest[1]}) for {Y.nbytes} bytes of data"
+    )
+
+
+def test_ppca_tall_path_equals_the_full_svd():
+    """PPCA on many more rows than columns (covariance eigenvectors, block-summed likelihood, no
+    centred copy) against scikit-learn's full SVD and its own score, as the fit was before."""
+    from sklearn.decomposition import PCA
+
+    from lvmcore.linalg import chol_solve
+    from lvmcore.models.ppca import PPCA
+
+    rng = np.random.default_rng(3)
+    Y = rng.normal(size=(70000, 12)) @ rng.normal(size=(12, 12)) + 5.0  # two likelihood blocks
+    m = PPCA(n_components=3).fit(Y)
+    ref = PCA(n_components=3, svd_solver="full").fit(Y)
+    np.testing.assert_allclose(m.elbo_, ref.score(Y) * Y.shape[0], rtol=1e-10)
+    W = ref.components_.T * np.sqrt(ref.explained_variance_ - ref.noise_variance_)
+    M = W.T @ W + ref.noise_variance_ * np.eye(3)
+    want = chol_solve(np.linalg.cholesky(M), W.T @ (Y - ref.mean_).T).T
+    sign = np.sign(np.sum(m.embedding_ * want, axis=0))  # each column's sign is a convention
+    np.testing.assert_allclose(m.embedding_ * sign, want, rtol=1e-8, atol=1e-10)
