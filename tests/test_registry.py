@@ -20,6 +20,7 @@ OPTIONS = {
     "lllvm": {"max_iter": 3},
     "glle": {"max_iter": 5},
     "bgplvm": {"n_inducing": 5, "max_iter": 4, "init_iters": 2},
+    "bgplvm_svi": {"n_inducing": 5, "max_iter": 3, "batch_size": 16},
     "mrd": {"n_inducing": 5, "max_iter": 4, "init_iters": 2},
     "hgplvm": {"max_iter": 5},
 }

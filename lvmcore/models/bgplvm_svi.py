@@ -200,8 +200,8 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
     points (module docstring). ``embedding_`` / ``embedding_var_`` are q(X)'s means and variances;
     ``elbo_`` the full bound at the fitted state with q(u) at its optimum (= the collapsed bound);
     ``elbo_uncollapsed_`` the full bound with q(u) as trained; ``elbo_trace_`` one entry per
-    epoch: the mean of that epoch's minibatch estimates of the bound (an estimate, not the bound
-    at one point).
+    epoch (the mean of that epoch's minibatch estimates of the bound: an estimate, not the bound
+    at one point), then the exact bound of the final full pass (= ``elbo_``).
 
     Parameters: ``n_components`` Q, ``n_inducing`` M, ``kernel`` ("rbf" or "linear"),
     ``batch_size`` B (points per step), ``max_iter`` epochs (passes over the points),
@@ -392,8 +392,10 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.qu_ = qu
         self.local_ = local
         self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
-        self.elbo_trace_ = np.asarray(trace, dtype=np.float64)
-        self.n_iter_ = len(trace)
+        # the final full pass counts as an iteration: the trace ends at the exact bound, as every
+        # estimator's does (the sweep stores elbo_ and its trace side by side)
+        self.elbo_trace_ = np.asarray([*trace, self.elbo_], dtype=np.float64)
+        self.n_iter_ = len(self.elbo_trace_)
         self.extra_jitter_ = jitter
         self.Y_train_ = [Yc]
         self._train_stats = {"views": [stats], "kl": kl_x}
