@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from lvmcore import collapsed
 from lvmcore.checks import check_data
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords, x64
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
@@ -62,7 +63,6 @@ __all__ = [
     "point_objective",
     "sparse_objective",
     "bayesian_objective",
-    "collapsed_bound",
 ]
 
 _VARIANTS = ("point", "sparse", "bayesian")
@@ -137,30 +137,14 @@ def point_value_and_grad(X, log_sigma, log_beta, Y, kappa):
 
 
 @x64
-def collapsed_bound(psi0, psi1ty, psi2, Kmm, beta, trYY, n, d):
-    """Collapsed (Bayesian) GP-LVM bound from psi statistics (Titsias & Lawrence 2010), without KL.
-
-    psi0 scalar, psi1ty = Psi1^T Y (M, D), psi2 (M, M), Kmm (M, M) (jitter already added).
-    """
-    m = Kmm.shape[0]
-    Lm = jnp.linalg.cholesky(Kmm)
-    tmp = jax.scipy.linalg.solve_triangular(Lm, psi2, lower=True)
-    C = jax.scipy.linalg.solve_triangular(Lm, tmp.T, lower=True)  # Lm^-1 Psi2 Lm^-T
-    C = 0.5 * (C + C.T)
-    A = jnp.eye(m) + beta * C
-    LA = jnp.linalg.cholesky(A)
-    c = jax.scipy.linalg.solve_triangular(
-        LA, jax.scipy.linalg.solve_triangular(Lm, psi1ty, lower=True), lower=True
-    )
-    return (
-        -0.5 * n * d * _LOG2PI
-        + 0.5 * n * d * jnp.log(beta)
-        - 0.5 * beta * trYY
-        - d * jnp.sum(jnp.log(jnp.diag(LA)))
-        + 0.5 * beta**2 * jnp.sum(c * c)
-        - 0.5 * beta * d * psi0
-        + 0.5 * beta * d * jnp.trace(C)
-    )
+def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
+    """The collapsed bound (eqs. 5, 6 without the KL) from the psi statistics, through
+    :mod:`lvmcore.collapsed` (the one collapsed bound of lvmcore: :class:`~lvmcore.collapsed.Terms`,
+    then :func:`~lvmcore.collapsed.bound`).  K_mm gets the relative jitter ``_JITTER`` (x sigma,
+    its diagonal)."""
+    Kmm = _kern(Z, Z, jnp.exp(log_sigma), kappa)
+    t = collapsed.terms(Kmm, psi1ty, psi2, jnp.exp(log_beta), _JITTER)
+    return collapsed.bound(t, psi0, trYY, log_beta, n, d)
 
 
 @x64
@@ -168,10 +152,8 @@ def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa):
     """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
-    beta = jnp.exp(log_beta)
     Knm = _kern(X, Z, sigma, kappa)
-    Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
-    return collapsed_bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Kmm, beta, jnp.sum(Y * Y), n, d)
+    return _bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa)
 
 
 @x64
@@ -180,10 +162,8 @@ def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps, prior_l
     prior N^w(mu0, s^2 I) with log s^2 = prior_log_var (0: the paper's)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
-    beta = jnp.exp(log_beta)
     psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, jnp.exp(log_S), eps, Y, Z, sigma, kappa, prior_log_var)
-    Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
-    return collapsed_bound(psi0, psi1ty, psi2, Kmm, beta, jnp.sum(Y * Y), n, d) - kl
+    return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa) - kl
 
 
 def _rgrad(X, g):
@@ -304,10 +284,8 @@ def mc_objective(kappa: float, n: int, d: int):
     """The Bayesian bound (eq. 6) from summed ``MCStats`` statistics."""
 
     def obj(stats, glob):
-        sigma, beta = jnp.exp(glob["hyp"][0]), jnp.exp(glob["hyp"][1])
-        Z = glob["Z"]
-        Kmm = _kern(Z, Z, sigma, kappa) + _JITTER * sigma * jnp.eye(Z.shape[0])
-        return collapsed_bound(*stats["psi"], Kmm, beta, stats["trYY"], n, d) - stats["kl"]
+        hyp = glob["hyp"]
+        return _bound(*stats["psi"], glob["Z"], hyp[0], hyp[1], stats["trYY"], n, d, kappa) - stats["kl"]
 
     return obj
 
