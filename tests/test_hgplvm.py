@@ -16,7 +16,10 @@ from lvmcore.models.hgplvm import (
     _pca,
     _rgrad,
     bayesian_objective,
+    chol_inverse,
     lift,
+    point_grads,
+    point_kernel,
     point_objective,
     point_value_and_grad,
     ppca_noise_variance,
@@ -114,6 +117,25 @@ def test_point_value_and_grad_matches_autodiff_and_finite_differences(tiny):
     F20, gX20 = jax.value_and_grad(point_objective)(X2, 0.3, 1.2, Y, KAPPA)
     assert float(F2) == pytest.approx(float(F20), rel=1e-10)
     np.testing.assert_allclose(_rgrad(X2, gX2), _rgrad(X2, gX20), rtol=1e-7, atol=1e-8)
+
+
+def test_point_step_inverse_by_lapack_matches_traced(tiny):
+    """The fit's point step takes K^-1 and log|K| from LAPACK potrf + potri on the host
+    (chol_inverse) between two compiled halves: same value and gradients as the one traced
+    function point_value_and_grad (XLA Cholesky solve); a K that is not positive definite is
+    refused."""
+    Y, Xs, *_ = tiny
+    X = lift(Xs)
+    K, E, dE = point_kernel(X, 0.3, 1.2, KAPPA)
+    Ki, logdet = chol_inverse(K)
+    np.testing.assert_allclose(Ki @ np.asarray(K), np.eye(N), atol=1e-9)
+    assert logdet == pytest.approx(np.linalg.slogdet(np.asarray(K))[1], rel=1e-12)
+    got = point_grads(X, 0.3, 1.2, Y, E, dE, Ki, logdet)
+    ref = point_value_and_grad(X, 0.3, 1.2, Y, KAPPA)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    with pytest.raises(np.linalg.LinAlgError, match="positive definite"):
+        chol_inverse(-np.asarray(K))
 
 
 def test_ppca_noise():
