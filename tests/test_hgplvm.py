@@ -435,6 +435,19 @@ def test_estimator_contract():
     assert p.embedding_var_ is None and p.inducing_ is None
 
 
+def test_bayesian_warm_start_from_sparse():
+    """init='sparse': the Bayesian means and inducing inputs start at the sparse fit with the same
+    settings; one Riemannian Adam step (length <= lr per point) later they are within lr of it."""
+    Y, *_ = binary_tree(3, n_per_node=5, seed=1)
+    kw = dict(n_inducing=8, max_iter=1, tol=0, random_state=0, learning_rate=0.05)
+    sp = HyperboloidGPLVM(variant="sparse", **kw).fit(Y)
+    b = HyperboloidGPLVM(variant="bayesian", init="sparse", **kw).fit(Y)
+    assert b.warm_start_n_iter_ == 1 and sp.warm_start_n_iter_ == 0
+    for got, start in ((b.lorentz_embedding_, sp.lorentz_embedding_), (b.inducing_, sp.inducing_)):
+        d = np.asarray(pairwise_dist(got, start)).diagonal()
+        assert np.max(d) <= 0.05 * (1 + 1e-6) and np.max(d) > 0
+
+
 def test_convergence_rule_stops_before_the_budget():
     """The fit stops by its convergence rule (window means of the objective), not the budget; with
     tol=0 it runs the budget."""
