@@ -38,7 +38,7 @@ def summary(path):
     """Markdown table (mean +- sd over seeds, n seeds) per data set and method from the CSV rows."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    order = ["pca", "point", "sparse", "bayesian"]
+    order = ["pca", "point", "sparse", "bayesian", "bayesian-warm"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 
