@@ -376,8 +376,8 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
     import jax
     from distributed import Client, LocalCluster
 
+    from lvmcore.chunks import RowChunks
     from lvmcore.models.hgplvm import MCStats, mc_objective
-    from lvmcore.psi.reduce import RowChunks
 
     Y, _ = tree
     Yc = Y - Y.mean(0)
@@ -466,7 +466,7 @@ def test_convergence_rule_stops_before_the_budget():
 def test_importing_changes_no_global_jax_setting():
     """The model's own modules switch float64 on only inside their calls (jax.enable_x64), never by
     jax.config.update at import: every config update made while importing them is recorded with
-    its calling file (lorentz.py and psi/reduce.py, imported by them, are other modules' business)."""
+    its calling file (lorentz.py and chunks.py, imported by them, are other modules' business)."""
     import subprocess
     import sys
 

@@ -17,26 +17,14 @@ derivative the hand-written point-variant gradient needs).  Everything is float6
 
 from __future__ import annotations
 
-import functools
 import numbers
 
-import jax
 import jax.numpy as jnp
 
 from lvmcore.manifolds.lorentz import pairwise_dist
+from lvmcore.precision import x64
 
-__all__ = ["he_kernel", "he_kernel_diag", "he_kernel_chords", "x64"]
-
-
-def x64(fn):
-    """Run ``fn`` under ``jax.enable_x64(True)`` (scoped, not a global switch)."""
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        with jax.enable_x64(True):
-            return fn(*args, **kwargs)
-
-    return wrapped
+__all__ = ["he_kernel", "he_kernel_diag", "he_kernel_chords"]
 
 
 def _check_params(variance, kappa) -> None:

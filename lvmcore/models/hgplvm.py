@@ -51,11 +51,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore import collapsed
 from lvmcore.checks import check_data
-from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords, x64
+from lvmcore.chunks import JitStats, RowChunks
+from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
+from lvmcore.precision import x64
 from lvmcore.psi.monte_carlo import mc_psi_chunk
-from lvmcore.psi.reduce import JitStats, RowChunks
 
 __all__ = [
     "HyperboloidGPLVM",
@@ -293,7 +294,7 @@ def _point_step(state, E, dE, Ki, logdet, t, Y, lr, hlr, scale, hmask, use_radam
 
 
 class MCStats(JitStats):
-    """Per-chunk Monte-Carlo psi statistics of the Bayesian variant for ``lvmcore.psi.reduce``:
+    """Per-chunk Monte-Carlo psi statistics of the Bayesian variant for ``lvmcore.chunks``:
     local = {"X": means (n, Q+1), "log_S": (n, Q), "eps": samples (n, H, Q)}, glob = {"Z", "hyp"},
     data = (Y_chunk,)."""
 
@@ -413,7 +414,7 @@ class HyperboloidGPLVM(LatentModel):
         a fixed number (default 1, the paper's prior) or "learn" (from s = 1, by Adam on the bound,
         i.e. empirical Bayes; on the depth-4 tree it settled at s = 0.9 and scored as s = 1 did).
     chunks : rows per chunk for the Bayesian MC statistics map-reduced over Dask workers
-        (:class:`lvmcore.psi.reduce.RowChunks`); None computes them in-process.
+        (:class:`lvmcore.chunks.RowChunks`); None computes them in-process.
     random_state : None, int or Generator (k-means start, MC samples, random init).
 
     Attributes after fit: ``lorentz_embedding_`` (N, Q+1) and ``embedding_`` (N, Q) (Poincare ball)

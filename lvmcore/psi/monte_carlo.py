@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lvmcore.kernels.hyperbolic import he_kernel, x64
+from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.manifolds.lorentz import expmap, logmap0, origin, transp
+from lvmcore.precision import x64
 
 __all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk", "mc_psi"]
 
