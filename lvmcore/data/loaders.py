@@ -153,18 +153,23 @@ def _check_finite(ds: xr.Dataset, where: str):
             )
 
 
+def check_npy_magic(path: Path) -> None:
+    """Refuse a file without NumPy's header before NumPy reads it (a pickle renamed to .npy)."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":
+        raise ValueError(
+            f"{path} is not a readable .npy file (no NumPy header; a pickle or another format "
+            "renamed to .npy?); save the array with np.save(path, np.asarray(data, dtype=float))"
+        )
+
+
 def _load_file(path: Path, options):
     suffix = "".join(path.suffixes[-1:]).lower()
     if not path.exists():
         raise ValueError(f"data file {str(path)!r} does not exist; check the path")
     if suffix == ".npy":
-        with open(path, "rb") as f:
-            magic = f.read(6)
-        if magic != b"\x93NUMPY":
-            raise ValueError(
-                f"{path} is not a readable .npy file (no NumPy header; a pickle or another format "
-                "renamed to .npy?); save the array with np.save(path, np.asarray(data, dtype=float))"
-            )
+        check_npy_magic(path)
         try:
             Y = np.load(path, allow_pickle=False)
         except ValueError as e:

@@ -73,13 +73,9 @@ def _file_attrs(path: Path, params: dict) -> dict:
 
 def _open_npy(path: Path) -> np.ndarray:
     """The .npy file memory-mapped, with the in-memory loader's refusals (same messages)."""
-    with open(path, "rb") as f:
-        magic = f.read(6)
-    if magic != b"\x93NUMPY":
-        raise ValueError(
-            f"{path} is not a readable .npy file (no NumPy header; a pickle or another format "
-            "renamed to .npy?); save the array with np.save(path, np.asarray(data, dtype=float))"
-        )
+    from lvmcore.data.loaders import check_npy_magic
+
+    check_npy_magic(path)
     try:
         with open(path, "rb") as f:
             major, _ = np.lib.format.read_magic(f)
