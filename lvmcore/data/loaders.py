@@ -153,6 +153,18 @@ def _check_finite(ds: xr.Dataset, where: str):
             )
 
 
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Put the finished store ``tmp`` at ``path``: a reader sees the old store or the new one, never
+    a half-written one (an old store is moved aside first, then removed)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
+
+
 def check_npy_magic(path: Path) -> None:
     """Refuse a file without NumPy's header before NumPy reads it (a pickle renamed to .npy)."""
     with open(path, "rb") as f:
@@ -371,13 +383,7 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
     out.attrs["fingerprint"] = fingerprint(ds)
     try:
         out.to_zarr(tmp, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        replace_dir(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

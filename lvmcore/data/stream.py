@@ -257,6 +257,8 @@ def ingest_stream(
     import xarray as xr
     import zarr
 
+    from lvmcore.data.loaders import replace_dir
+
     path = Path(path)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True or choose another path")
@@ -281,13 +283,7 @@ def ingest_stream(
 
         fp = _pass(source, rows, write)
         group.attrs["fingerprint"] = fp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        replace_dir(tmp, path)
     finally:
         source.close()
         if tmp.exists():
