@@ -450,15 +450,17 @@ def test_bayesian_warm_start_from_sparse():
 
 def test_convergence_rule_stops_before_the_budget():
     """The fit stops by its convergence rule (window means of the objective), not the budget; with
-    tol=0 it runs the budget."""
+    tol=0 it runs the budget. (tol = 1e-3: at 1e-4 this small fit still creeps up by more than tol
+    over six windows near 5,000 iterations, and whether it stops first depends on XLA's threading.)"""
     Y, *_ = binary_tree(3, n_per_node=5, seed=0)
-    m = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5000, tol=1e-4, random_state=0).fit(Y)
+    tol = 1e-3
+    m = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5000, tol=tol, random_state=0).fit(Y)
     assert m.converged_ and m.n_iter_ < 5000 and m.n_iter_ % 25 == 0
     w = m.elbo_trace_.reshape(-1, 25).mean(axis=1)  # window means
     p = _PATIENCE
-    assert max(w[-p:]) - max(w[:-p]) <= 1e-4 * abs(max(w[:-p]))  # plateau: the rule's condition
+    assert max(w[-p:]) - max(w[:-p]) <= tol * abs(max(w[:-p]))  # plateau: the rule's condition
     if len(w) > 2 * p:  # first checked after 2 p windows; one window earlier it had not converged
-        assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > 1e-4 * abs(max(w[: -p - 1]))
+        assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > tol * abs(max(w[: -p - 1]))
     full = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=60, tol=0, random_state=0).fit(Y)
     assert full.n_iter_ == 60 and not full.converged_
 

@@ -162,10 +162,11 @@ class _GraphSizes:
 
 
 @pytest.fixture(scope="module")
-def prefect_env(tmp_path_factory):
-    from tests.prefect_server import serving
+def prefect_env(prefect_api):
+    """This module pointed at the test run's Prefect server (tests/conftest.py)."""
+    from tests.prefect_server import pointed_at
 
-    with serving(tmp_path_factory.mktemp("prefect-home")) as env:
+    with pointed_at(prefect_api) as env:
         yield env
 
 
