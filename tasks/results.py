@@ -206,9 +206,10 @@ def select(tree_or_store, model: str, setting: dict | str | None = None) -> dict
     criterion picks among what it leaves open) or the best by the model's criterion.
 
     Returns {"model", "setting", "criterion", "elbo", "metrics", "embedding", "embedding_var"}."""
-    store = None
     if isinstance(tree_or_store, xr.DataTree):
-        tree = tree_or_store
+        # the store it was opened from (xarray keeps it as encoding["source"]): the data beside it
+        # lets the same criterion choose as for a path; a tree built in memory has none
+        tree, store = tree_or_store, tree_or_store.encoding.get("source")
     else:
         store, tree = tree_or_store, open_store(tree_or_store)
     groups = model_groups(tree)

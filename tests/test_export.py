@@ -141,6 +141,9 @@ def test_glle_bound_is_not_comparable_across_k_so_geodesic_agreement_chooses(sto
     )
     assert (chosen["setting"]["k"], chosen["setting"]["latent_dim"]) == best[1]
     assert chosen["metrics"]["geodesic_agreement"] == pytest.approx(best[0])
+    # the same choice from the opened tree (README's `select(open_store(path), ...)`) as from the path
+    from_tree = select(open_store(store), "glle_em")
+    assert from_tree["setting"] == chosen["setting"] and from_tree["criterion"] == chosen["criterion"]
     # PPCA's likelihood grows with latent_dim (nested models): not comparable there either
     ppca = open_store(store)["ppca"].ds["elbo"]
     assert (ppca.sel(latent_dim=2) > ppca.sel(latent_dim=1)).all()
