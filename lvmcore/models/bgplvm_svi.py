@@ -51,7 +51,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
-from lvmcore.models.bgplvm import JITTERS, _CollapsedGPLVM, kmm
+from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm
 from lvmcore.precision import x64
 
 __all__ = ["StochasticBayesianGPLVM", "uncollapsed_bound", "optimal_qu", "batch_statistics"]
@@ -402,12 +402,6 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.embedding_ = local["mu"]
         self.embedding_var_ = S_all
 
-    def transform(self, Y_new, max_iter: int = 300):
-        """Posterior means of q(x*) for new rows (BayesianGPLVM's: the fitted statistics held)."""
-        return self.infer({0: Y_new}, max_iter=max_iter)[0]
-
-    def inverse_transform(self, X):
-        """Predictive mean in data space at latent points X."""
-        self._check_fitted()
-        X = np.atleast_2d(np.asarray(X, float))
-        return self.predict_view(X, np.zeros_like(X), 0)[0]
+    # one view, the same fitted state as BayesianGPLVM's: its out-of-sample methods serve as they are
+    transform = BayesianGPLVM.transform
+    inverse_transform = BayesianGPLVM.inverse_transform
