@@ -247,3 +247,23 @@ def factorised_entropy(qx, qc, D):
 def random_spd_blocks(rng, n, Q, scale=0.3):
     A = rng.normal(size=(n, Q, Q)) * scale
     return A @ np.swapaxes(A, 1, 2) + 0.05 * np.eye(Q)
+
+
+def check_out_of_sample(m, Y, Ynew, k, gain=1.0):
+    """LL-LVM's out-of-sample maps on a fitted roll (paper 000 section 4.2): ``transform`` gives
+    (n, 2) means and positive-definite (n, 2, 2) covariances, each new point near the embedding of
+    its nearest training point; ``inverse_transform``'s tangent term C_i (x* - x_i) reconstructs the
+    new data better than ``gain`` times the plain mean of the k nearest training points in latent
+    space. Returns (Xnew, Vnew)."""
+    n = len(Ynew)
+    Xnew, Vnew = m.transform(Ynew, return_var=True)
+    assert Xnew.shape == (n, 2) and Vnew.shape == (n, 2, 2)
+    assert np.all(np.linalg.eigvalsh(Vnew) > 0)
+    nn = ((Ynew[:, None, :] - Y[None]) ** 2).sum(-1).argmin(1)
+    spread = np.ptp(m.embedding_, axis=0).max()
+    assert np.median(np.linalg.norm(Xnew - m.embedding_[nn], axis=1)) < 0.05 * spread
+    err = np.linalg.norm(m.inverse_transform(Xnew) - Ynew, axis=1)
+    dl = ((Xnew[:, None, :] - m.embedding_[None]) ** 2).sum(-1)
+    err_plain = np.linalg.norm(Y[np.argsort(dl, 1)[:, :k]].mean(1) - Ynew, axis=1)
+    assert np.median(err) < gain * np.median(err_plain), (np.median(err), np.median(err_plain))
+    return Xnew, Vnew
