@@ -8,11 +8,14 @@
        python bench/glle_scale.py
 
 2. Eigensolver of the embedding (``lvmcore.lle.embed``, Q = 2) on a 3-D swiss roll, k = 10, at
-   each n given: M = (I - W)^T (I - W) from the LLE weights is built once and saved; each solver
-   then runs in a fresh process (its own peak RSS, an address-space cap so that a solver that
-   does not fit fails instead of swapping, and a time cap) and reports wall time, the peak RSS
-   above the process's RSS after loading M, the eigenvalues, max_j ||M v_j - lambda_j v_j|| (unit
-   v_j) and the largest principal angle of its subspace to the first solver's.
+   each n given: the LLE weights W are built once and saved; each solver then runs in a fresh
+   process (its own peak RSS, an address-space cap so that a solver that does not fit fails
+   instead of swapping, and a time cap) and reports wall time (and its ordering part), the ratio
+   to the anchor (the exact kNN query of the same data, timed in the same run), the peak RSS above
+   the process's RSS after loading W, the eigenvalues ||A v_j||^2 (A = I - W, unit v_j),
+   max_j ||A^T A v_j - lambda_j v_j||, the largest principal angle of its subspace to the
+   reference's (arpack where it finishes, else pinned_lu_alt) and the unfolding score
+   (``lvmcore.metrics.unfolding``) of the vectors against the roll's parameter.
 
        python bench/glle_scale.py eigen 10000 100000 1000000 [solver ...]
 """
@@ -51,73 +54,96 @@ def main():
 
 
 # --------------------------------------------------------------------------- eigensolver
-#: solvers compared: lvmcore.lle.embed's names, plus the variant with SuperLU ordering the
-#: symmetric pattern (MMD on M + M^T) in place of eigsh's default column ordering (COLAMD)
-SOLVERS = ("arpack", "arpack_mmd", "lobpcg")
+#: solvers compared: "arpack" is the solver ``lvmcore.lle.embed`` used before session 3 (eigsh of
+#: M with sigma = 0: shift-invert Lanczos, SuperLU factorising M with its default COLAMD ordering);
+#: "pinned_lu" is ``embed``'s sparse solver now (ordering + Lanczos on M^+ through the pinned LU
+#: of I - W); "pinned_lu_alt" is the same with the pin moved to the largest entry of the left null
+#: vector and another start vector: an independent factorisation, the reference where arpack
+#: does not fit
+SOLVERS = ("arpack", "pinned_lu", "pinned_lu_alt")
 CAP_GB = 6
 CAP_S = 600
 
 
 def _solve(path, solver, out):
     import scipy.sparse as sp
-    from scipy.sparse.linalg import LinearOperator, eigsh, splu
+    from scipy.sparse.linalg import eigsh
 
     from lvmcore import lle
 
     resource.setrlimit(resource.RLIMIT_AS, (CAP_GB << 30, CAP_GB << 30))
     d = np.load(path)
-    M = sp.csr_matrix((d["data"], d["indices"], d["indptr"]), shape=tuple(d["shape"]))
+    W = sp.csr_matrix((d["data"], d["indices"], d["indptr"]), shape=tuple(d["shape"]))
+    n = W.shape[0]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    if solver == "arpack_mmd":
-        n = M.shape[0]
-        lu = splu(M.tocsc(), permc_spec="MMD_AT_PLUS_A", options={"SymmetricMode": True})
-        op = LinearOperator(M.shape, matvec=lu.solve, dtype=np.float64)
+    t_order = 0.0
+    if solver == "arpack":
+        M = lle.embedding_matrix(W)
         v0 = np.random.default_rng(0).uniform(-1.0, 1.0, n)
-        vals, vecs = eigsh(M, 3, sigma=0.0, OPinv=op, tol=lle.ARPACK_TOL, maxiter=lle.ARPACK_MAXITER, v0=v0)
+        vals, vecs = eigsh(M, 3, sigma=0.0, tol=1e-6, maxiter=1000, v0=v0)
         o = np.argsort(vals)
         vals, vecs = vals[o][1:], vecs[:, o][:, 1:]
-    elif solver == "arpack":
-        from scipy.sparse.linalg import eigsh
-
-        v0 = np.random.default_rng(0).uniform(-1.0, 1.0, M.shape[0])
-        vals, vecs = eigsh(M, 3, sigma=0.0, tol=lle.ARPACK_TOL, maxiter=lle.ARPACK_MAXITER, v0=v0)
-        o = np.argsort(vals)
-        vals, vecs = vals[o][1:], vecs[:, o][:, 1:]
+        del M
     else:
-        vals, vecs = lle._lobpcg(M, 2, 0)
+        alt = solver == "pinned_lu_alt"
+        order = lle.fill_reducing_order(W)
+        t_order = time.perf_counter() - t
+        vals, vecs = lle._pinned_lu(W, 2, order, 1 if alt else 0, pin_ratio=2.0 if alt else lle.PIN_MIN_RATIO)
     wall = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     vecs = vecs / np.linalg.norm(vecs, axis=0)
-    res = np.linalg.norm(M @ vecs - vecs * vals, axis=0)
+    A = sp.identity(n, format="csr") - W
+    lam = np.sum((A @ vecs) ** 2, axis=0)  # Rayleigh quotients through A (M's rounding avoided)
+    res = np.linalg.norm(A.T @ (A @ vecs) - vecs * lam, axis=0)
     np.save(out, vecs)
-    print(json.dumps({"wall_s": wall, "rss_mb": (rss - rss0) / 1024, "vals": vals.tolist(),
-                      "residual": float(res.max())}))
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "order_s": t_order,
+                "rss_mb": (rss - rss0) / 1024,
+                "vals": lam.tolist(),
+                "residual": float(res.max()),
+            }
+        )
+    )
 
 
 def eigen(ns, solvers=SOLVERS):
+    """Each solver in its own capped process on the same saved W; the anchor is the exact kNN
+    query (cKDTree) of the same data, timed in this process."""
     from scipy.linalg import subspace_angles
     from scipy.spatial import cKDTree
     from sklearn.datasets import make_swiss_roll
 
-    from lvmcore.lle import barycenter_weights, embedding_matrix, weight_matrix
+    from lvmcore.lle import barycenter_weights, weight_matrix
 
     tmp = tempfile.mkdtemp(prefix="glle_eigen_")
-    print("n solver wall_s peak_rss_above_M_MB residual max_angle_to_first eigenvalues", flush=True)
+    print(
+        "n solver wall_s (ordering_s) wall/anchor peak_rss_above_W_MB residual angle_to_ref "
+        "unfolding eigenvalues; ref = arpack where it finishes, else pinned_lu_alt",
+        flush=True,
+    )
     for n in ns:
-        Y, _ = make_swiss_roll(n, random_state=0)
+        Y, t = make_swiss_roll(n, random_state=0)
+        t0 = time.perf_counter()
         idx = cKDTree(Y).query(Y, k=11)[1][:, 1:]
-        M = embedding_matrix(weight_matrix(barycenter_weights(Y, idx), idx))
-        path = os.path.join(tmp, f"M{n}.npz")
-        np.savez(path, data=M.data, indices=M.indices, indptr=M.indptr, shape=M.shape)
-        del M, Y, idx
-        first = None
+        anchor = time.perf_counter() - t0
+        print(n, f"anchor: cKDTree build + 11-NN query {anchor:.2f} s", flush=True)
+        W = weight_matrix(barycenter_weights(Y, idx), idx)
+        path = os.path.join(tmp, f"W{n}.npz")
+        np.savez(path, data=W.data, indices=W.indices, indptr=W.indptr, shape=W.shape)
+        del W, Y, idx
+        rows, ref = {}, None
         for solver in solvers:
             out = os.path.join(tmp, f"v{n}_{solver}.npy")
             try:
                 r = subprocess.run(
                     [sys.executable, __file__, "_solve", path, solver, out],
-                    capture_output=True, text=True, timeout=CAP_S,
+                    capture_output=True,
+                    text=True,
+                    timeout=CAP_S,
                 )
             except subprocess.TimeoutExpired:
                 print(n, solver, f"> {CAP_S} s (stopped)", flush=True)
@@ -126,12 +152,22 @@ def eigen(ns, solvers=SOLVERS):
                 err = (r.stderr.strip().splitlines() or ["?"])[-1]
                 print(n, solver, f"failed (rc {r.returncode}): {err[:120]}", flush=True)
                 continue
-            d = json.loads(r.stdout.strip().splitlines()[-1])
-            V = np.load(out)
-            ang = float(np.max(subspace_angles(first, V))) if first is not None else 0.0
-            first = V if first is None else first
-            print(n, solver, f"{d['wall_s']:.2f} {d['rss_mb']:.0f} {d['residual']:.2e} {ang:.2e}",
-                  " ".join(f"{v:.4e}" for v in d["vals"]), flush=True)
+            rows[solver] = (json.loads(r.stdout.strip().splitlines()[-1]), np.load(out))
+        if "arpack" in rows:
+            ref = rows["arpack"][1]
+        elif "pinned_lu_alt" in rows:
+            ref = rows["pinned_lu_alt"][1]
+        for solver, (d, V) in rows.items():
+            ang = float(np.max(subspace_angles(ref, V))) if ref is not None else float("nan")
+            unf = unfolding(V, t)
+            print(
+                n,
+                solver,
+                f"{d['wall_s']:.2f} ({d['order_s']:.2f}) {d['wall_s'] / anchor:.2f} "
+                f"{d['rss_mb']:.0f} {d['residual']:.2e} {ang:.2e} {unf:.4f}",
+                " ".join(f"{v:.6e}" for v in d["vals"]),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -15,16 +15,20 @@ import scipy.sparse as sp
 BLOCK_POINTS = 16384
 #: largest n for which the embedding eigenproblem is solved densely under ``solver="auto"``
 DENSE_MAX_N = 500
-#: ARPACK settings of the sparse eigensolver (shift-invert about 0, as scikit-learn's LLE)
-ARPACK_TOL = 1e-6
-ARPACK_MAXITER = 1000
-#: LOBPCG settings: relative residual tolerance, iteration cap and extra block vectors (a block
-#: wider than the Q wanted vectors converges in fewer iterations when the bottom spectrum is tight)
-LOBPCG_TOL = 1e-8
-LOBPCG_MAXITER = 500
-LOBPCG_EXTRA = 4
-#: the sparse solver "auto" uses above DENSE_MAX_N points (bench/README.md, GLLE eigensolver)
-AUTO_SPARSE = "arpack"
+#: relative tolerance of the Lanczos iteration on M^+ (ARPACK's ``tol``: a Ritz value's residual
+#: over the value); on the swiss roll its vectors agree with tol = 0 (machine precision) to 1e-14
+#: rad at 2,500 and 10^5 points, at no extra cost (bench/README.md, GLLE eigensolver, session 3)
+LANCZOS_TOL = 1e-12
+LANCZOS_MAXITER = 1000
+#: the pinned point is moved when its entry of the left null vector u is below this times
+#: max|u| (the pinned system A_pp is singular when u_p = 0, ill-conditioned when it is small)
+PIN_MIN_RATIO = 1e-6
+#: SuperLU's partial-pivoting threshold: the diagonal (1, as W has none) is kept unless it is
+#: below this times the column's largest entry (|weights| of order 1)
+PIVOT_THRESHOLD = 0.1
+#: the solver "auto" uses above DENSE_MAX_N points (bench/README.md, GLLE eigensolver, session 3)
+AUTO_SPARSE = "pinned_lu"
+SOLVERS = ("auto", "dense", "pinned_lu")
 
 
 def neighbour_differences(Y: np.ndarray, idx: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -77,57 +81,130 @@ def embedding_matrix(W: sp.spmatrix) -> sp.csr_matrix:
     return (A.T @ A).tocsr()
 
 
-def _lobpcg(M: sp.csr_matrix, q: int, random_state):
-    """Bottom ``q`` eigenpairs of M orthogonal to the constant vector (M's null vector) by LOBPCG
-    with a smoothed-aggregation algebraic-multigrid V-cycle as preconditioner (pyamg; the constant
-    vector is its near-null space). The constraint deflates the null vector exactly, so no shift
-    or factorisation of the singular M is needed; memory is O(nnz(M) + n (q + extra))."""
-    import pyamg
-    from scipy.sparse.linalg import lobpcg
-
-    n = M.shape[0]
-    ml = pyamg.smoothed_aggregation_solver(M, B=np.ones((n, 1)), symmetry="symmetric", coarse_solver="pinv")
-    P = ml.aspreconditioner(cycle="V")
-    const = np.full((n, 1), 1.0 / np.sqrt(n))
-    b = min(q + LOBPCG_EXTRA, n - 2)
-    X0 = np.random.default_rng(random_state).standard_normal((n, b))
-    vals, vecs = lobpcg(M, X0, M=P, Y=const, tol=LOBPCG_TOL, maxiter=LOBPCG_MAXITER, largest=False)
-    order = np.argsort(vals)[:q]
-    return vals[order], vecs[:, order]
+def weight_pattern(W: sp.spmatrix) -> sp.csr_matrix:
+    """The undirected neighbour graph of W: the structure of W + W^T without the diagonal (stored
+    zeros count as edges, so every draw of the weights on one graph has the same pattern)."""
+    W = sp.csr_matrix(W)
+    S = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+    S = (S + S.T).tocsr()
+    S.setdiag(0)
+    S.eliminate_zeros()
+    return S
 
 
-def embed(W: sp.spmatrix, n_components: int, *, solver: str = "auto", random_state=0):
+def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
+    """METIS nested-dissection ordering (pymetis) of the symmetrised pattern of I - W: the
+    elimination order of the pinned LU (``embed``). It depends on the neighbour graph only, so one
+    ordering serves every eigenproblem on the same graph (LLE's and each GLLE generation's).
+    Refuses a graph with several connected components: M's null space then has more than the
+    constant vector, and the bottom eigenvectors are arbitrary mixtures of component indicators."""
+    import pymetis
+    from scipy.sparse.csgraph import connected_components
+
+    S = weight_pattern(W)
+    n_comp, _ = connected_components(S, directed=False)
+    if n_comp > 1:
+        raise ValueError(
+            f"the neighbour graph has {n_comp} connected components, so the LLE embedding is not "
+            "defined (M = (I - W)^T (I - W) has a null space of that dimension); raise n_neighbors "
+            "or embed each component separately"
+        )
+    perm = pymetis.nested_dissection(pymetis.CSRAdjacency(S.indptr, S.indices))[0]
+    return np.asarray(perm, dtype=np.int64)
+
+
+def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_ratio: float = PIN_MIN_RATIO):
+    """Bottom ``q`` right singular vectors of A = I - W orthogonal to the constant vector (= M's
+    bottom eigenvectors) by Lanczos on M^+ applied through a sparse LU of A, never forming M.
+
+    A is singular: A 1 = 0 and A^T u = 0 for a left null vector u. Removing the row and column of
+    one point p (A_pp, nonsingular when u_p != 0 and the graph is connected) gives, for b orthogonal
+    to 1, M^+ b = P1 A^+ A^+T b as two pinned solves: z = A^+T b is the solution of
+    A_pp^T z_p = b_p, z_p = 0 with its u component removed (the dropped equation is implied by
+    1^T b = 0), and x = A^+ z the solution of A_pp x_p = z_p, x_p = 0, centred (the dropped equation
+    is implied by u^T z = 0). u itself is one more solve. Working with A rather than M keeps the
+    accuracy of the singular vectors at eps ||A|| / gap(sigma) instead of eps ||M|| / gap(lambda):
+    M's bottom eigenvalues (~1e-14 at 10^6 points) are at the rounding level of ||M|| eps.
+
+    ``order``: ``fill_reducing_order(W)``; p is the last point in it, so the ordering stays a
+    nested dissection of A_pp. Returns (eigenvalues ||A v||^2 (q,), unit vectors (n, q))."""
+    from scipy.sparse.linalg import LinearOperator, eigsh, splu
+
+    n = W.shape[0]
+    A = (sp.identity(n, format="csr") - W).tocsr()[order][:, order]  # the ordering's coordinates
+
+    def factor(pin):
+        keep = np.ones(n, dtype=bool)
+        keep[pin] = False
+        lu = splu(
+            A[keep][:, keep].tocsc(),
+            permc_spec="NATURAL",
+            diag_pivot_thresh=PIVOT_THRESHOLD,
+            options={"SymmetricMode": True},
+        )
+        u = np.empty(n)
+        u[pin] = 1.0
+        u[keep] = lu.solve(-A[[pin]][:, keep].toarray().ravel(), trans="T")  # A^T u = 0, u_p = 1
+        return keep, lu, u
+
+    keep, lu, u = factor(n - 1)
+    if 1.0 < pin_ratio * np.max(np.abs(u)):
+        keep, lu, u = factor(int(np.argmax(np.abs(u))))
+    u /= np.linalg.norm(u)
+
+    def apply(b):
+        b = b - b.mean()
+        z = np.zeros(n)
+        z[keep] = lu.solve(b[keep], trans="T")
+        z -= (u @ z) * u
+        x = np.zeros(n)
+        x[keep] = lu.solve(z[keep])
+        return x - x.mean()
+
+    op = LinearOperator((n, n), matvec=apply, dtype=np.float64)
+    v0 = np.random.default_rng(random_state).uniform(-1.0, 1.0, n)
+    _, vecs = eigsh(op, q, which="LA", v0=v0, tol=LANCZOS_TOL, maxiter=LANCZOS_MAXITER)
+    vecs /= np.linalg.norm(vecs, axis=0)
+    vals = np.sum((A @ vecs) ** 2, axis=0)
+    o = np.argsort(vals)
+    out = np.empty((n, q))
+    out[order] = vecs[:, o]
+    return vals[o], out
+
+
+def resolve_solver(solver: str, n: int) -> str:
+    """The solver ``embed`` runs for ``solver`` at n points ("auto": dense up to DENSE_MAX_N)."""
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown eigen solver {solver!r}; use one of {', '.join(map(repr, SOLVERS))}")
+    if solver == "auto":
+        return "dense" if n <= DENSE_MAX_N else AUTO_SPARSE
+    return solver
+
+
+def embed(W: sp.spmatrix, n_components: int, *, solver: str = "auto", random_state=0, order=None):
     """Bottom eigenvectors of M = (I - W)^T (I - W) without the constant one, scaled so that
     (1/n) Y^T Y = I (paper 001 eq. 42). Rows of W must sum to one (then M 1 = 0).
 
-    ``solver``: "dense" (eigh of M), "arpack" (sparse shift-invert Lanczos about 0 with a seeded
-    start vector and SuperLU's factorisation of M), "lobpcg" (LOBPCG orthogonal to the constant
-    vector, preconditioned by algebraic multigrid: ``_lobpcg``) or "auto" (dense up to
-    ``DENSE_MAX_N`` points). M is never densified by the sparse solvers. Returns (Y (n, Q),
-    eigenvalues (Q,))."""
+    ``solver``: "dense" (eigh of M; the reference at small n), "pinned_lu" (Lanczos on M^+ through
+    a sparse LU of I - W with one point pinned and a METIS ordering: ``_pinned_lu``; M is never
+    formed) or "auto" (dense up to ``DENSE_MAX_N`` points, else pinned_lu). ``order``: a
+    ``fill_reducing_order(W)`` computed before for the same neighbour graph (else computed here).
+    Returns (Y (n, Q), eigenvalues (Q,))."""
     n = W.shape[0]
+    solver = resolve_solver(solver, n)
     if n_components + 1 >= n:
         raise ValueError(f"n_components + 1 must be < n_points ({n}), got n_components={n_components}")
-    M = embedding_matrix(W)
-    if solver == "auto":
-        solver = "dense" if n <= DENSE_MAX_N else AUTO_SPARSE
-    if solver == "lobpcg":
-        vals, vecs = _lobpcg(M, n_components, random_state)
+    if solver == "pinned_lu":
+        if order is None:
+            order = fill_reducing_order(W)
+        elif len(order) != n:
+            raise ValueError(f"order has {len(order)} entries for {n} points; pass fill_reducing_order(W)")
+        vals, vecs = _pinned_lu(W, n_components, order, random_state)
         Yemb = vecs - vecs.mean(axis=0)
         Yemb /= np.sqrt(np.mean(Yemb**2, axis=0))
         return Yemb, vals
-    if solver == "dense":
-        vals, vecs = np.linalg.eigh(M.toarray())
-        vals, vecs = vals[: n_components + 1], vecs[:, : n_components + 1]
-    elif solver == "arpack":
-        from scipy.sparse.linalg import eigsh
-
-        v0 = np.random.default_rng(random_state).uniform(-1.0, 1.0, n)
-        vals, vecs = eigsh(M, n_components + 1, sigma=0.0, tol=ARPACK_TOL, maxiter=ARPACK_MAXITER, v0=v0)
-        order = np.argsort(vals)
-        vals, vecs = vals[order], vecs[:, order]
-    else:
-        raise ValueError(f"unknown eigen solver {solver!r}; use 'auto', 'dense', 'arpack' or 'lobpcg'")
+    vals, vecs = np.linalg.eigh(embedding_matrix(W).toarray())
+    vals, vecs = vals[: n_components + 1], vecs[:, : n_components + 1]
     # the constant vector is M's null vector (rows of W sum to one); drop the eigenvector most
     # aligned with it rather than trusting the order when eigenvalues are nearly tied
     const = np.abs(vecs.sum(axis=0)) / np.sqrt(n)

@@ -8,7 +8,14 @@ from scipy.spatial import procrustes
 
 from lvmcore.data import synthetic as S
 from lvmcore.graph import knn
-from lvmcore.lle import barycenter_weights, embed, weight_matrix
+from lvmcore.lle import (
+    PIN_MIN_RATIO,
+    _pinned_lu,
+    barycenter_weights,
+    embed,
+    fill_reducing_order,
+    weight_matrix,
+)
 from lvmcore.metrics import unfolding
 from lvmcore.models.glle import GLLE, direct_point_stats, em_iterations, em_point_stats, sum_to_one_basis
 
@@ -24,7 +31,7 @@ def test_barycenter_weights_equal_sklearn():
         np.testing.assert_allclose(ours.sum(axis=1), 1.0, atol=1e-12)
 
 
-@pytest.mark.parametrize("n, solver", [(600, "dense"), (2500, "arpack")])
+@pytest.mark.parametrize("n, solver", [(600, "dense"), (2500, "pinned_lu")])
 def test_lle_matches_sklearn_up_to_rotation(n, solver):
     from sklearn.manifold import LocallyLinearEmbedding
 
@@ -32,28 +39,57 @@ def test_lle_matches_sklearn_up_to_rotation(n, solver):
     idx, _ = knn(Y, 10)
     ours, _ = embed(weight_matrix(barycenter_weights(Y, idx), idx), 2, solver=solver, random_state=0)
     sk = LocallyLinearEmbedding(
-        n_neighbors=10, n_components=2, eigen_solver=solver, random_state=0
+        n_neighbors=10,
+        n_components=2,
+        eigen_solver="dense" if solver == "dense" else "arpack",
+        random_state=0,
     ).fit_transform(Y)
     _, _, disparity = procrustes(sk, ours)
     assert disparity < 1e-6
     np.testing.assert_allclose(ours.T @ ours / n, np.eye(2), atol=1e-10)  # (1/n) Y^T Y = I (eq. 42)
 
 
-def test_lobpcg_embedding_spans_the_dense_solvers_subspace():
-    """embed(solver="lobpcg") (LOBPCG orthogonal to the constant vector, pyamg preconditioner)
-    finds the dense solver's bottom eigenvectors on a 600-point roll: the largest principal angle
-    between the two embeddings' column spaces is ~0 (measured 7.7e-5 rad at n = 800; at n >= 3,000
-    it stops at ~0.02 rad, which is why it is not the default: bench/README.md, GLLE eigensolver)."""
+@pytest.mark.parametrize("pin_ratio", [PIN_MIN_RATIO, 2.0])
+def test_pinned_lu_equals_dense_eigh(pin_ratio):
+    """The pinned-LU Lanczos (M^+ through a sparse LU of I - W, M never formed) finds the dense
+    eigh's bottom eigenvectors and eigenvalues of M = (I - W)^T (I - W) on a 600-point roll, with
+    the first pinned point kept and (pin_ratio 2) moved to the largest entry of the left null
+    vector. Measured: 5e-10 rad, eigenvalues to 1e-8 relative."""
     from scipy.linalg import subspace_angles
 
     Y, _ = S.swiss_roll(600, seed=1)
     idx, _ = knn(Y, 10)
     W = weight_matrix(barycenter_weights(Y, idx), idx)
-    ref, vals_ref = embed(W, 2, solver="dense")
-    ours, vals = embed(W, 2, solver="lobpcg", random_state=0)
-    assert np.max(subspace_angles(ref, ours)) < 1e-3
-    np.testing.assert_allclose(vals, vals_ref, rtol=1e-3)
+    M = (np.eye(600) - W.toarray()).T @ (np.eye(600) - W.toarray())
+    vals_ref, vecs_ref = np.linalg.eigh(M)
+    vals, vecs = _pinned_lu(W, 2, fill_reducing_order(W), 0, pin_ratio=pin_ratio)
+    assert vals_ref[0] < 1e-12 * vals_ref[-1]  # the constant null vector, which the solver skips
+    assert np.max(subspace_angles(vecs_ref[:, 1:3], vecs)) < 1e-6
+    np.testing.assert_allclose(vals, vals_ref[1:3], rtol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=0), 1.0)
+    ours, vals_embed = embed(W, 2, solver="pinned_lu", random_state=0)
+    assert np.max(subspace_angles(vecs_ref[:, 1:3], ours)) < 1e-6
     np.testing.assert_allclose(ours.T @ ours / 600, np.eye(2), atol=1e-10)
+
+
+def test_embed_refuses_bad_input():
+    Y, _ = S.swiss_roll(600, seed=1)
+    idx, _ = knn(Y, 10)
+    W = weight_matrix(barycenter_weights(Y, idx), idx)
+    with pytest.raises(ValueError, match="unknown eigen solver 'arpack'"):
+        embed(W, 2, solver="arpack")
+    with pytest.raises(ValueError, match="order has 5 entries for 600 points"):
+        embed(W, 2, solver="pinned_lu", order=np.arange(5))
+    with pytest.raises(ValueError, match="n_components \\+ 1 must be < n_points"):
+        embed(W[:3, :3], 2, solver="pinned_lu")
+    # two copies of the roll far apart: two components, M has a 2-dimensional null space
+    Y2 = np.vstack([Y, Y + 1e3])
+    idx2, _ = knn(Y2, 10)
+    W2 = weight_matrix(barycenter_weights(Y2, idx2), idx2)
+    with pytest.raises(ValueError, match="2 connected components"):
+        embed(W2, 2, solver="pinned_lu")
+    with pytest.raises(ValueError, match="2 connected components"):
+        GLLE(n_components=2, n_neighbors=10, eigen_solver="pinned_lu", random_state=0).fit(Y2)
 
 
 def test_estep_moments_equal_direct_gaussian_conditioning():

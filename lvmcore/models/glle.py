@@ -62,9 +62,11 @@ from lvmcore.checks import check_data, check_graph, check_positive, check_positi
 from lvmcore.lle import (
     barycenter_weights,
     embed,
+    fill_reducing_order,
     map_points,
     match_axes,
     neighbour_differences,
+    resolve_solver,
     trace_regulariser,
     weight_matrix,
 )
@@ -174,7 +176,9 @@ class GLLE(LatentModel):
     reg : trace-relative regulariser of the weights (scikit-learn's ``reg``)
     max_iter, tol : EM iterations and relative change of the expected log-likelihood to stop at
     chunks : points per Dask chunk for the per-point work (None: in process). Identical results.
-    eigen_solver : "auto", "dense" or "arpack" for the embedding eigenproblem
+    eigen_solver : "auto", "dense" or "pinned_lu" for the embedding eigenproblems
+        (``lvmcore.lle.embed``); the sparse one's METIS ordering is computed once per fit and
+        shared by the LLE embedding and every generation (one neighbour graph)
     random_state : seed of the generation kept as ``embedding_`` and of the eigensolver start
 
     Attributes
@@ -198,7 +202,7 @@ class GLLE(LatentModel):
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
         "chunks": [Interval(Integral, 1, None, closed="left"), None],
-        "eigen_solver": [StrOptions({"auto", "dense", "arpack"})],
+        "eigen_solver": [StrOptions({"auto", "dense", "pinned_lu"})],
         "random_state": [Interval(Integral, 0, None, closed="left"), None],
     }
 
@@ -272,9 +276,9 @@ class GLLE(LatentModel):
         else:
             mean_w = barycenter_weights(Y, idx, self.reg)
         self.weights_ = mean_w
-        self.lle_embedding_, _ = embed(
-            weight_matrix(mean_w, idx), q, solver=self.eigen_solver, random_state=seed
-        )
+        W = weight_matrix(mean_w, idx)
+        self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
+        self.lle_embedding_, _ = embed(W, q, solver=self.eigen_solver, random_state=seed, order=self._order)
         if self.method == "direct":
             L, logdet_P = map_points(
                 direct_point_stats, Y, idx, chunks=self.chunks, E=self.lle_embedding_, reg=self.reg
@@ -322,6 +326,6 @@ class GLLE(LatentModel):
         out = np.empty((n_generations, *self.lle_embedding_.shape))
         for g, s in enumerate(seeds):
             W = weight_matrix(self._draw_weights(s, cov_scale), self.graph_)
-            emb, _ = embed(W, q, solver=self.eigen_solver, random_state=s)
+            emb, _ = embed(W, q, solver=self.eigen_solver, random_state=s, order=self._order)
             out[g] = match_axes(self.lle_embedding_, emb)
         return out
