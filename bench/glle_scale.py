@@ -13,11 +13,20 @@
    instead of swapping, and a time cap) and reports wall time (and its ordering part), the ratio
    to the anchor (the exact kNN query of the same data, timed in the same run), the peak RSS above
    the process's RSS after loading W, the eigenvalues ||A v_j||^2 (A = I - W, unit v_j),
-   max_j ||A^T A v_j - lambda_j v_j||, the largest principal angle of its subspace to the
-   reference's (arpack where it finishes, else pinned_lu_alt) and the unfolding score
+   max_j ||A^T A v_j - lambda_j v_j||, the largest principal angle of its subspace to arpack's
+   (where it finishes) and to pinned_lu_alt's (an independent factorisation) and the unfolding score
    (``lvmcore.metrics.unfolding``) of the vectors against the roll's parameter.
 
        python bench/glle_scale.py eigen 10000 100000 1000000 [solver ...]
+
+3. The sweep's fit, ``GLLE(method="em", n_neighbors=10, n_components=2, random_state=0)``, on a
+   3-D swiss roll of each n given, with the exact kNN graph by cKDTree passed in (the anchor):
+   total wall split into per-point statistics, EM, the METIS ordering and each eigensolve (the LLE
+   embedding and the generation kept as ``embedding_``), peak RSS of the process, and the
+   unfolding score of both embeddings. ``--chunks C`` runs the per-point work in chunks of C
+   points over a 2-worker ``distributed.LocalCluster``.
+
+       python bench/glle_scale.py fit 1000000 [--chunks 250000]
 """
 
 import json
@@ -61,6 +70,7 @@ def main():
 #: vector and another start vector: an independent factorisation, the reference where arpack
 #: does not fit
 SOLVERS = ("arpack", "pinned_lu", "pinned_lu_alt")
+#: address-space cap and time cap of each solver's process
 CAP_GB = 6
 CAP_S = 600
 
@@ -103,6 +113,7 @@ def _solve(path, solver, out):
                 "wall_s": wall,
                 "order_s": t_order,
                 "rss_mb": (rss - rss0) / 1024,
+                "rss0_mb": rss0 / 1024,
                 "vals": lam.tolist(),
                 "residual": float(res.max()),
             }
@@ -121,8 +132,8 @@ def eigen(ns, solvers=SOLVERS):
 
     tmp = tempfile.mkdtemp(prefix="glle_eigen_")
     print(
-        "n solver wall_s (ordering_s) wall/anchor peak_rss_above_W_MB residual angle_to_ref "
-        "unfolding eigenvalues; ref = arpack where it finishes, else pinned_lu_alt",
+        "n solver wall_s (ordering_s) wall/anchor peak_rss_above_W_MB (RSS after loading W, MB) "
+        "residual angle_to_arpack angle_to_pinned_lu_alt unfolding eigenvalues",
         flush=True,
     )
     for n in ns:
@@ -135,7 +146,7 @@ def eigen(ns, solvers=SOLVERS):
         path = os.path.join(tmp, f"W{n}.npz")
         np.savez(path, data=W.data, indices=W.indices, indptr=W.indptr, shape=W.shape)
         del W, Y, idx
-        rows, ref = {}, None
+        rows = {}
         for solver in solvers:
             out = os.path.join(tmp, f"v{n}_{solver}.npy")
             try:
@@ -153,19 +164,65 @@ def eigen(ns, solvers=SOLVERS):
                 print(n, solver, f"failed (rc {r.returncode}): {err[:120]}", flush=True)
                 continue
             rows[solver] = (json.loads(r.stdout.strip().splitlines()[-1]), np.load(out))
-        if "arpack" in rows:
-            ref = rows["arpack"][1]
-        elif "pinned_lu_alt" in rows:
-            ref = rows["pinned_lu_alt"][1]
+        refs = [rows[r][1] if r in rows else None for r in ("arpack", "pinned_lu_alt")]
         for solver, (d, V) in rows.items():
-            ang = float(np.max(subspace_angles(ref, V))) if ref is not None else float("nan")
+            ang = " ".join(f"{np.max(subspace_angles(R, V)):.2e}" if R is not None else "-" for R in refs)
             unf = unfolding(V, t)
             print(
                 n,
                 solver,
                 f"{d['wall_s']:.2f} ({d['order_s']:.2f}) {d['wall_s'] / anchor:.2f} "
-                f"{d['rss_mb']:.0f} {d['residual']:.2e} {ang:.2e} {unf:.4f}",
+                f"{d['rss_mb']:.0f} ({d['rss0_mb']:.0f}) {d['residual']:.2e} {ang} {unf:.4f}",
                 " ".join(f"{v:.6e}" for v in d["vals"]),
+                flush=True,
+            )
+
+
+def fit(ns, chunks=None):
+    """Time ``GLLE(method="em").fit`` by phase: the model's module-level calls are wrapped."""
+    from contextlib import nullcontext
+
+    from scipy.spatial import cKDTree
+    from sklearn.datasets import make_swiss_roll
+
+    import lvmcore.models.glle as G
+
+    spent = {}
+
+    def wrap(name, f):
+        def timed_call(*a, **kw):
+            t0 = time.perf_counter()
+            out = f(*a, **kw)
+            spent.setdefault(name, []).append(time.perf_counter() - t0)
+            return out
+
+        return timed_call
+
+    for name in ("map_points", "em_iterations", "fill_reducing_order", "embed", "weight_matrix"):
+        setattr(G, name, wrap(name, getattr(G, name)))
+    if chunks:
+        from distributed import Client, LocalCluster
+
+        ctx = Client(LocalCluster(n_workers=2, threads_per_worker=1, processes=True))
+    else:
+        ctx = nullcontext()
+    with ctx:
+        for n in ns:
+            spent.clear()
+            Y, t = make_swiss_roll(n, random_state=0)
+            t0 = time.perf_counter()
+            idx = cKDTree(Y).query(Y, k=11)[1][:, 1:]
+            anchor = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            m = G.GLLE(method="em", n_neighbors=10, n_components=2, chunks=chunks, random_state=0).fit(Y, idx)
+            total = time.perf_counter() - t0
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            phases = " ".join(f"{k}=" + "+".join(f"{v:.1f}" for v in vs) for k, vs in spent.items())
+            print(
+                f"n={n} chunks={chunks} anchor(kNN)={anchor:.1f}s fit={total:.1f}s "
+                f"fit/anchor={total / anchor:.2f} "
+                f"peak_rss={rss:.2f}GB em_iter={m.n_iter_} | {phases} | unfolding lle="
+                f"{unfolding(m.lle_embedding_, t):.4f} generation={unfolding(m.embedding_, t):.4f}",
                 flush=True,
             )
 
@@ -173,6 +230,10 @@ def eigen(ns, solvers=SOLVERS):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_solve":
         _solve(*sys.argv[2:5])
+    elif len(sys.argv) > 1 and sys.argv[1] == "fit":
+        args = sys.argv[2:]
+        c = int(args[args.index("--chunks") + 1]) if "--chunks" in args else None
+        fit([int(a) for a in args if a.isdigit() and (c is None or int(a) != c)], c)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS
