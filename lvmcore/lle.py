@@ -149,7 +149,9 @@ def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_rati
 
     keep, lu, u = factor(n - 1)
     if 1.0 < pin_ratio * np.max(np.abs(u)):
-        keep, lu, u = factor(int(np.argmax(np.abs(u))))
+        pin = int(np.argmax(np.abs(u)))
+        del keep, lu, u  # one factor in memory at a time
+        keep, lu, u = factor(pin)
     u /= np.linalg.norm(u)
 
     def apply(b):
