@@ -72,6 +72,24 @@ def test_pinned_lu_equals_dense_eigh(pin_ratio):
     np.testing.assert_allclose(ours.T @ ours / 600, np.eye(2), atol=1e-10)
 
 
+def test_glle_pinned_lu_equals_dense_for_lle_and_generations():
+    """GLLE computes one METIS ordering per fit and shares it between the LLE embedding and every
+    generation (same neighbour graph): both must span the dense solver's subspaces, draw by draw."""
+    from scipy.linalg import subspace_angles
+
+    Y, _ = S.swiss_roll(600, seed=2)
+    fits = {
+        s: GLLE(n_components=2, n_neighbors=10, eigen_solver=s, random_state=0).fit(Y)
+        for s in ("dense", "pinned_lu")
+    }
+    assert fits["dense"]._order is None and len(fits["pinned_lu"]._order) == 600
+    assert np.max(subspace_angles(fits["dense"].lle_embedding_, fits["pinned_lu"].lle_embedding_)) < 1e-6
+    assert np.max(subspace_angles(fits["dense"].embedding_, fits["pinned_lu"].embedding_)) < 1e-6
+    G = {s: m.sample(2, random_state=5) for s, m in fits.items()}
+    for g in range(2):
+        assert np.max(subspace_angles(G["dense"][g], G["pinned_lu"][g])) < 1e-6
+
+
 def test_embed_refuses_bad_input():
     Y, _ = S.swiss_roll(600, seed=1)
     idx, _ = knn(Y, 10)
