@@ -90,6 +90,30 @@ def test_glle_pinned_lu_equals_dense_for_lle_and_generations():
         assert np.max(subspace_angles(G["dense"][g], G["pinned_lu"][g])) < 1e-6
 
 
+def test_point_statistics_in_blocks_equal_one_block(monkeypatch):
+    """The per-point functions run over blocks of BLOCK_POINTS rows (bounded temporaries at 10^6
+    points): blocks of 7 rows give the one-block results (to rounding: batched BLAS may round a
+    block of one row differently)."""
+    import lvmcore.models.glle as G
+
+    Y, _ = S.swiss_roll(50, seed=0)
+    idx, _ = knn(Y, 6)
+    rows = np.arange(50)
+    E = np.random.default_rng(0).standard_normal((50, 2))
+    z = np.random.default_rng(1).standard_normal((50, 5))
+
+    def run():
+        em = G.em_point_stats(Y, idx, rows, reg=1e-3)
+        direct = G.direct_point_stats(Y, idx, rows, E=E, reg=1e-3)
+        w = G.sample_point_weights(Y, idx, rows, em[0], em[5], np.full(50, 0.5), z)
+        return (*em, *direct, *w)
+
+    whole = run()
+    monkeypatch.setattr(G, "BLOCK_POINTS", 7)
+    for a, b in zip(whole, run()):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
 def test_embed_refuses_bad_input():
     Y, _ = S.swiss_roll(600, seed=1)
     idx, _ = knn(Y, 10)
@@ -118,7 +142,7 @@ def test_estep_moments_equal_direct_gaussian_conditioning():
     Y = rng.standard_normal((7, 3))
     idx = np.array([[1, 2, 3, 4, 5, 6]])
     reg = 1e-2
-    mean_w, b, c, logdet_A, eps, L = em_point_stats(Y, idx, np.array([0]), reg)
+    mean_w, b, c, logdet_A, eps, L = em_point_stats(Y, idx, np.array([0]), reg=reg)
     k, D = 6, 3
     B = sum_to_one_basis(k)
     G = Y[idx[0]] - Y[0]
@@ -153,7 +177,7 @@ def test_em_sigma_positive_and_trace_converges():
     assert np.all(np.isfinite(tr)) and m.n_iter_ < 200
     assert abs(tr[-1] - tr[-2]) <= m.tol * abs(tr[-1])
     # fixed point: one more update leaves sigma where it is
-    _, b, c, _, _, _ = em_point_stats(m.Y_train_, m.graph_, np.arange(1000), m.reg)
+    _, b, c, _, _, _ = em_point_stats(m.Y_train_, m.graph_, np.arange(1000), reg=m.reg)
     np.testing.assert_allclose((b + c * m.sigma_) / (3 + 9), m.sigma_, rtol=1e-6)
 
 
@@ -196,7 +220,7 @@ def test_direct_covariance_is_the_evidence_maximising_posterior():
     n, D, Q, k, reg = 12, 3, 2, 10, 1e-2
     Y, E = rng.standard_normal((n, D)), rng.standard_normal((n, Q))
     idx = np.array([np.delete(np.arange(n), [0, 1])[:k]])
-    L, logdet = direct_point_stats(Y, idx, np.array([0]), E, reg)
+    L, logdet = direct_point_stats(Y, idx, np.array([0]), E=E, reg=reg)
     B = sum_to_one_basis(k)
     J = np.hstack([Y, E])
     G = J[idx[0]] - J[0]  # (k, D + Q)

@@ -53,6 +53,7 @@ as LLE's cost is rotation-invariant.
 
 from __future__ import annotations
 
+from functools import wraps
 from numbers import Integral, Real
 
 import numpy as np
@@ -60,6 +61,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data, check_graph, check_positive, check_positive_int
 from lvmcore.lle import (
+    BLOCK_POINTS,
     barycenter_weights,
     embed,
     fill_reducing_order,
@@ -84,7 +86,34 @@ def sum_to_one_basis(k: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- per-point statistics
-def em_point_stats(Y, idx, rows, reg):
+def in_blocks(func):
+    """``func(Y, idx, rows, *per_row_arrays, **kwargs)`` run over blocks of ``BLOCK_POINTS`` rows
+    and concatenated (positional arrays are sliced with the rows, so everything else is
+    keyword-only in the wrapped functions): the (block, k, k) temporaries stay bounded whatever
+    the number of rows (a 10^6-point fit without chunks), with the same results to rounding (the
+    rows are independent; batched BLAS may round a block of another size differently)."""
+
+    @wraps(func)
+    def blocked(Y, idx, rows, *arrays, **kwargs):
+        if len(rows) <= BLOCK_POINTS:
+            return func(Y, idx, rows, *arrays, **kwargs)
+        parts = [
+            func(
+                Y,
+                idx[s : s + BLOCK_POINTS],
+                rows[s : s + BLOCK_POINTS],
+                *(a[s : s + BLOCK_POINTS] for a in arrays),
+                **kwargs,
+            )
+            for s in range(0, len(rows), BLOCK_POINTS)
+        ]
+        return tuple(np.concatenate(p, axis=0) for p in zip(*parts))
+
+    return blocked
+
+
+@in_blocks
+def em_point_stats(Y, idx, rows, *, reg):
     """Everything EM needs per point, batched over the given rows (see the module docstring).
 
     Returns (mean_w (n,k), b (n,), c (n,), logdet_A (n,), eps (n,), L (n,k',k')) where
@@ -115,7 +144,8 @@ def em_point_stats(Y, idx, rows, reg):
     return mean_w, b, c, logdet_A, eps, L
 
 
-def direct_point_stats(Y, idx, rows, E, reg):
+@in_blocks
+def direct_point_stats(Y, idx, rows, *, E, reg):
     """Cholesky factor L (n,k',k') of the precision of eq. (35) on the plane sum(w) = 1, with the
     ridge read as a prior and the evidence-maximising noise variance of the module docstring, and
     log|L L^T| (n,)."""
@@ -136,6 +166,7 @@ def direct_point_stats(Y, idx, rows, E, reg):
     return L, 2.0 * np.sum(np.log(np.diagonal(L, axis1=1, axis2=2)), axis=1)
 
 
+@in_blocks
 def sample_point_weights(Y, idx, rows, mean_w, L, scale, z):
     """w = mean_w + B L^-T z sqrt(scale): one draw of N(mean_w, scale (L L^T)^-1) on sum(w) = 1."""
     k = idx.shape[1]
