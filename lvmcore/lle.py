@@ -92,16 +92,12 @@ def weight_pattern(W: sp.spmatrix) -> sp.csr_matrix:
     return S
 
 
-def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
-    """METIS nested-dissection ordering (pymetis) of the symmetrised pattern of I - W: the
-    elimination order of the pinned LU (``embed``). It depends on the neighbour graph only, so one
-    ordering serves every eigenproblem on the same graph (LLE's and each GLLE generation's).
-    Refuses a graph with several connected components: M's null space then has more than the
-    constant vector, and the bottom eigenvectors are arbitrary mixtures of component indicators."""
-    import pymetis
+def check_connected(S: sp.spmatrix) -> None:
+    """Refuse a neighbour graph (``weight_pattern``) with several connected components: M's null
+    space then has more than the constant vector, and the bottom eigenvectors are arbitrary
+    mixtures of component indicators (for every solver)."""
     from scipy.sparse.csgraph import connected_components
 
-    S = weight_pattern(W)
     n_comp, _ = connected_components(S, directed=False)
     if n_comp > 1:
         raise ValueError(
@@ -109,6 +105,17 @@ def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
             "defined (M = (I - W)^T (I - W) has a null space of that dimension); raise n_neighbors "
             "or embed each component separately"
         )
+
+
+def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
+    """METIS nested-dissection ordering (pymetis) of the symmetrised pattern of I - W: the
+    elimination order of the pinned LU (``embed``). It depends on the neighbour graph only, so one
+    ordering serves every eigenproblem on the same graph (LLE's and each GLLE generation's).
+    Refuses a graph with several connected components (``check_connected``)."""
+    import pymetis
+
+    S = weight_pattern(W)
+    check_connected(S)
     perm = pymetis.nested_dissection(pymetis.CSRAdjacency(S.indptr, S.indices))[0]
     return np.asarray(perm, dtype=np.int64)
 
@@ -205,6 +212,7 @@ def embed(W: sp.spmatrix, n_components: int, *, solver: str = "auto", random_sta
         Yemb = vecs - vecs.mean(axis=0)
         Yemb /= np.sqrt(np.mean(Yemb**2, axis=0))
         return Yemb, vals
+    check_connected(weight_pattern(W))
     vals, vecs = np.linalg.eigh(embedding_matrix(W).toarray())
     vals, vecs = vals[: n_components + 1], vecs[:, : n_components + 1]
     # the constant vector is M's null vector (rows of W sum to one); drop the eigenvector most
