@@ -19,10 +19,13 @@ from lvmcore.models.hgplvm_svi import (
     BayesianHyperboloidGPLVM,
     StochasticHyperboloidGPLVM,
     kl_qu,
-    minibatch_bound,
     optimal_qu,
     point_terms,
 )
+from lvmcore.models.hgplvm_svi import minibatch_bound as _minibatch_bound
+from lvmcore.precision import jit64
+
+minibatch_bound = jit64(_minibatch_bound)  # compiled once per shape: the tests run in a second
 
 KAPPA = 3.0  # a short length scale: the kernel is far from linear over the latent spread
 
@@ -72,9 +75,7 @@ def test_at_the_optimal_qu_the_bound_is_the_collapsed_bound_of_hgplvm():
     F_opt, _ = minibatch_bound(local, glob, best, Y, eps, n, 1.0, KAPPA)
     h = glob["hyp"]
     with jax.enable_x64(True):
-        collapsed = bayesian_objective(
-            local["X"], local["log_S"], glob["Z"], h[0], h[1], Y, KAPPA, eps, h[2]
-        )
+        collapsed = bayesian_objective(local["X"], local["log_S"], glob["Z"], h[0], h[1], Y, KAPPA, eps, h[2])
     np.testing.assert_allclose(float(F_opt), float(collapsed), rtol=1e-10)
     # any other q(u) is lower (it is the maximiser)
     for s in (0.5, 1.5):
@@ -100,8 +101,9 @@ def test_gradients_match_central_differences():
         lo = {"X": local["X"], "log_S": log_S}
         return minibatch_bound(lo, g, qu, Y, eps, 40.0, 5.0, KAPPA)[0]
 
+    f = jit64(f)
     with jax.enable_x64(True):
-        gh, gs = jax.grad(f, argnums=(0, 1))(glob["hyp"], local["log_S"])
+        gh, gs = jit64(jax.grad(f, argnums=(0, 1)))(glob["hyp"], local["log_S"])
         h = 1e-6
         for i in range(3):
             e = jnp.zeros(3).at[i].set(h)
@@ -112,17 +114,26 @@ def test_gradients_match_central_differences():
         np.testing.assert_allclose(float(gs[3, 1]), float(fd), rtol=1e-5, atol=1e-6)
 
 
+#: small fits, all of one shape (so the compiled steps are shared by the tests)
+FIT = dict(n_inducing=10, batch_size=50, max_iter=60, tol=0.0, fix_variance_iter=10, random_state=0)
+
+
 @pytest.fixture(scope="module")
 def roll():
     return np.asarray(S.swiss_roll(300, seed=0)[0])
 
 
+@pytest.mark.slow
 def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
-    kw = dict(n_inducing=10, batch_size=50, max_iter=60, tol=0.0, fix_variance_iter=10, random_state=0)
-    a = StochasticHyperboloidGPLVM(local_iter=0, **kw).fit(roll)
-    b = StochasticHyperboloidGPLVM(local_iter=15, **kw).fit(roll)
+    """The one fit test (compiling the steps costs tens of seconds): the sweep's model forced to
+    minibatch training against the same fit without the per-point pass."""
+    a = StochasticHyperboloidGPLVM(local_iter=0, **FIT).fit(roll)
+    b = BayesianHyperboloidGPLVM(training="minibatch", local_iter=15, **FIT).fit(roll)
+    assert b.training_ == "minibatch" and b.minibatch_ == 1.0
+    assert isinstance(b.estimator_, StochasticHyperboloidGPLVM) and b.elbo_ == b.estimator_.elbo_
     for m in (a, b):
         assert m.embedding_.shape == (300, 2) and np.all(np.linalg.norm(m.embedding_, axis=1) < 1)
+        assert m.embedding_var_.shape == (300, 2) and np.all(m.embedding_var_ > 0)
         assert m.elbo_trace_[-1] == m.elbo_ and m.n_iter_ == len(m.elbo_trace_) == 61
         assert np.isfinite(m.elbo_) and 0 < m.elbo_se_ < 0.01 * abs(m.elbo_)
     # 60 steps of 50 rows reach every point about 10 times; the per-point pass moves every one of
@@ -137,14 +148,20 @@ def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(rol
     assert est.resolve_training(FULL_BATCH_MAX_N) == "full"
     assert est.resolve_training(FULL_BATCH_MAX_N + 1) == "minibatch"
     assert BayesianHyperboloidGPLVM(training="minibatch").resolve_training(10) == "minibatch"
-    with pytest.raises(ValueError, match=r"chunks=4 .*full-batch.*training='full'"):
-        BayesianHyperboloidGPLVM(chunks=4).fit(np.zeros((FULL_BATCH_MAX_N + 1, 3)) + np.arange(3))
+    big = np.zeros((FULL_BATCH_MAX_N + 1, 3)) + np.arange(3)
+    with pytest.raises(ValueError, match=r"chunks=4 .*full-batch.*N = 5,001 > 5,000.*training='full'"):
+        BayesianHyperboloidGPLVM(chunks=4).fit(big)
+    with pytest.raises(ValueError, match=r"optimizer='rsgd' .*full-batch.*training='minibatch'"):
+        BayesianHyperboloidGPLVM(optimizer="rsgd", training="minibatch").fit(roll)
     with pytest.raises(ValueError, match=r"batch_size \(1000\) exceeds the number of points \(300\)"):
         BayesianHyperboloidGPLVM(training="minibatch").fit(roll)
-    m = BayesianHyperboloidGPLVM(
-        training="minibatch", n_inducing=8, batch_size=100, max_iter=20, local_iter=2, random_state=0
-    ).fit(roll)
-    assert m.training_ == "minibatch" and m.minibatch_ == 1.0
-    assert isinstance(m.estimator_, StochasticHyperboloidGPLVM)
-    assert m.elbo_ == m.estimator_.elbo_ and m.embedding_var_.shape == (300, 2)
-    assert m.transform(roll[:5]).shape == (5, 2)
+    with pytest.raises(ValueError, match=r"n_inducing \(400\) exceeds the number of points \(300\)"):
+        StochasticHyperboloidGPLVM(n_inducing=400, batch_size=10).fit(roll)
+
+
+def test_the_registry_states_the_rule_it_runs():
+    from tasks.registry import MODELS
+
+    spec = MODELS["hgplvm_bayesian"]
+    assert spec.estimator_class() is BayesianHyperboloidGPLVM and "minibatch" in spec.extras
+    assert f"{FULL_BATCH_MAX_N:,} points" in spec.description
