@@ -29,7 +29,8 @@ Training, three phases:
    steps, as the full-batch fit does). ``tol`` stops the phase by the full-batch fit's plateau rule
    (windows of 50 steps, patience 2) on the batch estimates.
 2. A per-point pass with the globals and q(v) fixed: every point's q(x_n), in chunks of
-   ``chunk_size`` rows, takes ``local_iter`` Riemannian Adam / Adam steps (fresh draws every step),
+   ``chunk_size`` rows, takes ``local_iter`` Riemannian Adam / Adam steps (``local_samples`` fresh
+   draws every step),
    vectorised over the chunk. With the globals fixed F separates over points, so this is
    coordinate ascent in the locals and no point is left at its initial value.
 3. The final bound. One pass of H draws gives the statistics and q(v) is set to its optimum for them
@@ -280,7 +281,9 @@ class StochasticHyperboloidGPLVM(LatentModel):
     ``tol`` the plateau rule on the batch estimates (0: run all steps); ``local_iter`` steps of the
     per-point pass; ``learning_rate`` Riemannian Adam on the means and Z; ``hyper_learning_rate``
     Adam on log sigma, log beta, log s^2 and log S; ``ng_step`` the natural-gradient step on q(u);
-    ``n_samples`` H draws per point and step; ``eval_samples`` draws per point for ``elbo_``;
+    ``n_samples`` H draws per point and minibatch step; ``local_samples`` draws per point and step of
+    the per-point pass (1: the reparameterisation gradient of one draw, as in SVI generally; the pass
+    costs local_iter x local_samples x N kernel rows); ``eval_samples`` draws per point for ``elbo_``;
     ``init`` "pca" (principal components scaled to max norm ``init_scale``, by expmap0) or
     "random" (U(-1e-3, 1e-3), the paper's); ``fix_variance_iter`` steps with S held; ``noise``
     "auto" / "learn" (beta by Adam from 100 / var(Y)), "ppca" (fixed at the Q-dimensional PPCA
@@ -306,6 +309,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
         "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
         "ng_step": [Interval(numbers.Real, 0, 1, closed="right")],
         "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
+        "local_samples": [Interval(numbers.Integral, 1, None, closed="left")],
         "eval_samples": [Interval(numbers.Integral, 2, None, closed="left")],
         "init": [StrOptions({"pca", "random"})],
         "init_scale": [Interval(numbers.Real, 0, None, closed="neither")],
@@ -330,13 +334,14 @@ class StochasticHyperboloidGPLVM(LatentModel):
         hyper_learning_rate=0.05,
         ng_step=0.5,
         n_samples=5,
+        local_samples=1,
         eval_samples=10,
         init="pca",
         init_scale=1.0,
         fix_variance_iter=50,
         noise="auto",
         prior_scale=1.0,
-        chunk_size=20000,
+        chunk_size=5000,
         random_state=None,
     ):
         self.n_components = n_components
@@ -350,6 +355,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
         self.hyper_learning_rate = hyper_learning_rate
         self.ng_step = ng_step
         self.n_samples = n_samples
+        self.local_samples = local_samples
         self.eval_samples = eval_samples
         self.init = init
         self.init_scale = init_scale
@@ -510,7 +516,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
                 sl = slice(rows[0], rows[-1] + 1)
                 lo = _local_pass(
                     {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Ycj[sl], jax.random.fold_in(key2, i),
-                    kappa, jitter, lr, hlr, n_steps=int(self.local_iter), H=H,
+                    kappa, jitter, lr, hlr, n_steps=int(self.local_iter), H=int(self.local_samples),
                 )  # fmt: skip
                 X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
         # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
@@ -599,7 +605,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
             lo = _local_pass(
                 {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yn[sl], jax.random.fold_in(key, i),
                 float(self.kappa), self.extra_jitter_, float(self.learning_rate),
-                float(self.hyper_learning_rate), n_steps=steps, H=int(self.n_samples),
+                float(self.hyper_learning_rate), n_steps=steps, H=int(self.local_samples),
             )  # fmt: skip
             X[sl] = np.asarray(lo["X"])
         return np.asarray(to_poincare(_renorm(jnp.asarray(X))))
@@ -629,7 +635,7 @@ class BayesianHyperboloidGPLVM(LatentModel):
         **{k: v for k, v in HyperboloidGPLVM._parameter_constraints.items() if k != "variant"},
         **{
             k: StochasticHyperboloidGPLVM._parameter_constraints[k]
-            for k in ("batch_size", "local_iter", "ng_step", "eval_samples", "chunk_size")
+            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
         },
         "training": [StrOptions({"auto", "full", "minibatch"})],
     }
@@ -656,8 +662,9 @@ class BayesianHyperboloidGPLVM(LatentModel):
         batch_size=1000,
         local_iter=50,
         ng_step=0.5,
+        local_samples=1,
         eval_samples=10,
-        chunk_size=20000,
+        chunk_size=5000,
         random_state=None,
     ):
         self.n_components = n_components
@@ -679,6 +686,7 @@ class BayesianHyperboloidGPLVM(LatentModel):
         self.batch_size = batch_size
         self.local_iter = local_iter
         self.ng_step = ng_step
+        self.local_samples = local_samples
         self.eval_samples = eval_samples
         self.chunk_size = chunk_size
         self.random_state = random_state
@@ -712,7 +720,10 @@ class BayesianHyperboloidGPLVM(LatentModel):
                     "was chosen "
                     f"({why}); drop {name} (default {default!r}) or set training='full'"
                 )
-        extra = {k: p[k] for k in ("batch_size", "local_iter", "ng_step", "eval_samples", "chunk_size")}
+        extra = {
+            k: p[k]
+            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
+        }
         return training, StochasticHyperboloidGPLVM(**args, **extra)
 
     def fit(self, Y, graph=None):
