@@ -171,12 +171,18 @@ MODELS: dict[str, ModelSpec] = {
         _spec(
             "hgplvm_bayesian",
             "hgplvm",
-            "lvmcore.models.hgplvm:HyperboloidGPLVM",
+            # training="auto": full batch up to lvmcore.models.hgplvm_svi.FULL_BATCH_MAX_N points,
+            # minibatch (stochastic variational) above; the extra output says which ran
+            "lvmcore.models.hgplvm_svi:BayesianHyperboloidGPLVM",
             ("kappa", "latent_dim", "seed"),
-            fixed={"variant": "bayesian"},
             hyperbolic=True,
             has_variance=True,
-            description="hyperboloid GP-LVM, wrapped-Gaussian variational (paper 002, eq. 6)",
+            extras={"minibatch": ()},
+            description=(
+                "hyperboloid GP-LVM, wrapped-Gaussian variational (paper 002, eq. 6); full-batch fit up "
+                "to 5,000 points, minibatch (stochastic variational) above: output 'minibatch' is 1 "
+                "where the minibatch fit ran"
+            ),
         ),
     ]
 }

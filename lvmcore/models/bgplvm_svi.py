@@ -54,7 +54,14 @@ from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm
 from lvmcore.precision import x64
 
-__all__ = ["StochasticBayesianGPLVM", "uncollapsed_bound", "optimal_qu", "batch_statistics"]
+__all__ = [
+    "StochasticBayesianGPLVM",
+    "uncollapsed_bound",
+    "uncollapsed_from_kmm",
+    "optimal_qu",
+    "optimal_qu_from_kmm",
+    "batch_statistics",
+]
 
 
 # --------------------------------------------------------------------------- plain functions
@@ -64,16 +71,24 @@ def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0):
     (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a set of points scaled by ``scale`` (N / B for a batch of B
     of the N points; 1 for all of them). ``qu`` = {"m": (M, D), "P": (M, M)}: q(v)'s mean and
     precision S_v^-1. The KL of q(X) is the caller's."""
+    Kmm = kmm(kind, glob["Z"][0], glob["kern"][0])
+    return uncollapsed_from_kmm(Kmm, stats, glob["log_beta"][0], qu, N, scale, rel_jitter)
+
+
+@x64
+def uncollapsed_from_kmm(Kmm, stats, log_beta, qu, N, scale=1.0, rel_jitter=0.0):
+    """:func:`uncollapsed_bound` for any kernel, from its K_mm (without jitter; ``rel_jitter`` is
+    added relative to its mean diagonal) and log beta: the algebra shared with the hyperboloid
+    GP-LVM's minibatch fit (``lvmcore.models.hgplvm_svi``)."""
     import jax.numpy as jnp
     from jax.scipy.linalg import solve_triangular
 
     from lvmcore.linalg import cholesky_jax
 
     psi0, p1y, p2, tryy = stats
-    Z, kp, log_beta = glob["Z"][0], glob["kern"][0], glob["log_beta"][0]
     beta = jnp.exp(log_beta)
     D = p1y.shape[1]
-    Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
+    Lm = cholesky_jax(Kmm, rel_jitter)
     c = solve_triangular(Lm, p1y, lower=True)
     C = solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
     m = qu["m"]
@@ -102,26 +117,32 @@ def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0):
     return {"m": np.asarray(m), "P": np.asarray(P)}
 
 
+def optimal_qu_from_kmm(Kmm, stats, log_beta, scale=1.0, rel_jitter=0.0):
+    """:func:`optimal_qu`'s algebra for any kernel, from K_mm and log beta (traceable; returns the
+    precision P and the mean m)."""
+    import jax.numpy as jnp
+    from jax.scipy.linalg import cho_solve, solve_triangular
+
+    from lvmcore.linalg import cholesky_jax
+
+    _, p1y, p2, _ = stats
+    beta = jnp.exp(log_beta)
+    Lm = cholesky_jax(Kmm, rel_jitter)
+    c = scale * solve_triangular(Lm, p1y, lower=True)
+    C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
+    P = jnp.eye(C.shape[0]) + beta * C
+    P = 0.5 * (P + P.T)
+    return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+
+
 @functools.lru_cache(maxsize=16)
 def _optimal_qu_jit(kind: str):
     """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
     from lvmcore.precision import jit64
 
     def f(stats, glob, scale, rel_jitter):
-        import jax.numpy as jnp
-        from jax.scipy.linalg import cho_solve, solve_triangular
-
-        from lvmcore.linalg import cholesky_jax
-
-        _, p1y, p2, _ = stats
-        Z, kp = glob["Z"][0], glob["kern"][0]
-        beta = jnp.exp(glob["log_beta"][0])
-        Lm = cholesky_jax(kmm(kind, Z, kp), rel_jitter)
-        c = scale * solve_triangular(Lm, p1y, lower=True)
-        C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
-        P = jnp.eye(C.shape[0]) + beta * C
-        P = 0.5 * (P + P.T)
-        return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+        Kmm = kmm(kind, glob["Z"][0], glob["kern"][0])
+        return optimal_qu_from_kmm(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
 
     return jit64(f)
 

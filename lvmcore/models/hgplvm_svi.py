@@ -1,0 +1,749 @@
+"""Minibatch (stochastic variational) training of the Bayesian hyperboloid GP-LVM (paper 002,
+eq. 6), so one step costs O(B H M^2) whatever N is; and the sweep's ``hgplvm_bayesian``, which
+picks it above ``FULL_BATCH_MAX_N`` points.
+
+Model. As ``lvmcore.models.hgplvm`` (variant "bayesian"): latent points on the Lorentz model L^Q,
+q(x_n) = N^w(mu_n, diag S_n) (wrapped normal), prior N^w(mu0, s^2 I), HE kernel
+k = sigma exp(-d_L / kappa) with M inducing inputs Z on L^Q. The inducing outputs keep an explicit
+whitened q(u) (u = L_m v, K_mm = L_m L_m^T, q(v) = N(m, S_v) shared by the D columns) instead of
+being collapsed, so the bound is the uncollapsed one of ``lvmcore.models.bgplvm_svi`` (Hensman et
+al. 2013) with paper 002's Monte-Carlo psi statistics (eqs. 15-20, ``lvmcore.psi.monte_carlo``):
+
+    F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || p(x_n)).
+
+The first term is linear in (psi0, Psi1^T Y, Psi2) summed over the points, so with H reparameterised
+draws per point (``sample_wrapped``) and a batch of B points scaled by N / B it is an unbiased
+estimate of F (the collapsed bound, a nonlinear function of the statistics, has no unbiased MC
+estimate). At q(v)'s optimum for given statistics the uncollapsed bound equals the collapsed bound of
+``hgplvm.bayesian_objective`` with the same statistics (tests/test_hgplvm_svi.py checks both
+identities).
+
+Training, three phases:
+
+1. ``max_iter`` minibatch steps (batches of ``batch_size`` drawn without replacement, epoch after
+   epoch; H fresh draws per point every step): a natural-gradient step of size ``ng_step`` on q(v)
+   toward the batch's optimum (the first of size one), Riemannian Adam (Becigneul & Ganea) on Z and on
+   the batch's means (per-point moments and step counts, the exponential map of
+   ``lvmcore.manifolds.lorentz``), Adam on log sigma, log beta (and log s^2 with
+   ``prior_scale="learn"``) and on the batch's log S (held for the first ``fix_variance_iter``
+   steps, as the full-batch fit does). ``tol`` stops the phase by the full-batch fit's plateau rule
+   (windows of 50 steps, patience 2) on the batch estimates.
+2. A per-point pass with the globals and q(v) fixed: every point's q(x_n), in chunks of
+   ``chunk_size`` rows, takes ``local_iter`` Riemannian Adam / Adam steps (``local_samples`` fresh
+   draws every step),
+   vectorised over the chunk. With the globals fixed F separates over points, so this is
+   coordinate ascent in the locals and no point is left at its initial value.
+3. The final bound. One pass of H draws gives the statistics and q(v) is set to its optimum for them
+   (the natural-gradient step of size one with all the data); ``elbo_`` is then F at that q(v) and the
+   fitted q(X) and globals, estimated over ALL points with ``eval_samples`` fresh draws per point
+   independent of those of the q(v) step: an unbiased Monte-Carlo estimate of a true lower bound of
+   the paper's model, with standard error ``elbo_se_`` = sqrt(sum_n var_h(l_nh) / H_eval), l_nh the
+   point's expected log-likelihood minus its KL at draw h (a per-point formula, not the psi
+   statistics: an independent check of the training's algebra in the tests).
+
+Memory: q(X) (N x (Q+1) means, N x Q log S), their Adam moments and step counts (about 2.5 times
+q(X)) and the centred data; everything else is O(chunk_size H M + M^2), nothing N x M.
+
+:class:`BayesianHyperboloidGPLVM` is the sweep's ``hgplvm_bayesian``: ``training="auto"`` fits up to
+``FULL_BATCH_MAX_N`` points with the full-batch :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM`
+(variant "bayesian") and above that with :class:`StochasticHyperboloidGPLVM`; ``training_`` says
+which, and the store's ``minibatch`` output (1 or 0) records it per grid point.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from lvmcore.checks import check_data
+from lvmcore.kernels.hyperbolic import he_kernel
+from lvmcore.linalg import NumericalError, cholesky_jax, jitter_schedule
+from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
+from lvmcore.models._base import LatentModel
+from lvmcore.models.bgplvm_svi import optimal_qu_from_kmm, uncollapsed_from_kmm
+from lvmcore.models.hgplvm import (
+    _JITTER,
+    _PATIENCE_BAYES,
+    HyperboloidGPLVM,
+    _adam_step,
+    _radam_step,
+    _renorm,
+    _rgrad,
+)
+from lvmcore.precision import jit64, x64
+from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
+
+__all__ = [
+    "StochasticHyperboloidGPLVM",
+    "BayesianHyperboloidGPLVM",
+    "FULL_BATCH_MAX_N",
+    "minibatch_bound",
+    "point_terms",
+    "optimal_qu",
+    "auto_inducing",
+]
+
+#: ``training="auto"``: the full-batch fit up to this many points, the minibatch fit above
+#: (bench/README.md, "hGP-LVM Bayesian at scale": the crossover measurement)
+FULL_BATCH_MAX_N = 5000
+#: the minibatch fit's default M: the full-batch rule (N / 10 within [64, 256]) would give 256 at
+#: every N >= 2,560, and the per-point pass costs H M^2 per point and step
+SVI_MAX_INDUCING = 64
+_LOG2PI = float(np.log(2.0 * np.pi))
+_WINDOW = 50  # steps per window of the plateau rule (the full-batch Bayesian fit's)
+_JITTERS = [j for j in jitter_schedule() if j > _JITTER]
+
+
+def auto_inducing(n: int) -> int:
+    """The minibatch fit's M for ``n_inducing="auto"``: min(N, 64) (``SVI_MAX_INDUCING``)."""
+    return int(min(n, SVI_MAX_INDUCING))
+
+
+# --------------------------------------------------------------------------- the bound
+def _kmm(glob, kappa):
+    return he_kernel(glob["Z"], glob["Z"], jnp.exp(glob["hyp"][0]), kappa)
+
+
+@x64
+def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=_JITTER):
+    """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
+    tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)}, data Y (B, D), draws eps
+    (H, B, Q), globals {"Z": (M, Q+1), "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D),
+    "P": (M, M) precision}; ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
+    hyp = glob["hyp"]
+    psi0, p1y, p2, kl = mc_psi_chunk(
+        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
+    )
+    stats = (psi0, p1y, p2, jnp.sum(Y * Y))
+    F = uncollapsed_from_kmm(_kmm(glob, kappa), stats, hyp[1], qu, N, scale, rel_jitter) - scale * kl
+    return F, stats
+
+
+@x64
+def point_terms(local, glob, qu, Y, eps, kappa, rel_jitter=_JITTER):
+    """Per point and draw, l_nh = log-likelihood term minus KL(q(x_n) || p(x_n)) at draw h, (H, B),
+    by the per-point formula (not the psi statistics): with a = L_m^-1 k(x_nh, Z),
+    E_q(f)[log p(y_n | f)] = -D/2 log(2 pi / beta) - beta/2 (|y_n - m^T a|^2 + D (sigma - |a|^2 +
+    a^T S_v a)); the KL's Gaussian entropy part in closed form, its Jacobian and prior parts at the
+    draw (as ``mc_psi_chunk``). sum_n mean_h l_nh - KL(q(v)) is the full bound's MC estimate."""
+    X, log_S = local["X"], local["log_S"]
+    hyp = glob["hyp"]
+    sigma, beta = jnp.exp(hyp[0]), jnp.exp(hyp[1])
+    D, Q = Y.shape[1], log_S.shape[1]
+    x, r = sample_wrapped(X, jnp.exp(log_S), eps)  # (H, B, Q+1), (H, B)
+    Lm = cholesky_jax(_kmm(glob, kappa), rel_jitter)
+    M = Lm.shape[0]
+    Linv = jax.scipy.linalg.solve_triangular(Lm, jnp.eye(M), lower=True)
+    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
+    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
+    a = he_kernel(x, glob["Z"][None], sigma, kappa) @ Linv.T  # (H, B, M)
+    b = a @ Rinv.T  # a^T S_v a = |R^-1 a|^2
+    resid = Y[None] - a @ qu["m"]
+    ll = 0.5 * D * (hyp[1] - _LOG2PI) - 0.5 * beta * (
+        jnp.sum(resid * resid, -1) + D * (sigma - jnp.sum(a * a, -1) + jnp.sum(b * b, -1))
+    )
+    log_q = -0.5 * Q * (_LOG2PI + 1.0) - 0.5 * jnp.sum(log_S, -1)[None] - (Q - 1) * log_sinhc(r)
+    return ll - (log_q - wrapped_log_density_origin(x, hyp[2]))
+
+
+@x64
+def kl_qu(qu):
+    """KL(q(v) || N(0, I)) for q(v) shared by the D columns of m."""
+    m, P = qu["m"], qu["P"]
+    D, M = m.shape[1], m.shape[0]
+    R = jnp.linalg.cholesky(P)
+    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
+    return 0.5 * (D * jnp.sum(Rinv * Rinv) + jnp.sum(m * m) - D * M + 2.0 * D * jnp.sum(jnp.log(jnp.diag(R))))
+
+
+def optimal_qu(stats, glob, kappa, scale=1.0, rel_jitter=_JITTER):
+    """q(v) maximising the bound for these statistics (scaled by ``scale``): {"m", "P"} (numpy)."""
+    P, m = _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter)
+    return {"m": np.asarray(m), "P": np.asarray(P)}
+
+
+@jit64
+def _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter):
+    return optimal_qu_from_kmm(_kmm(glob, kappa), stats, glob["hyp"][1], scale, rel_jitter)
+
+
+# --------------------------------------------------------------------------- steps
+def _radam_rows(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """Riemannian Adam ascent on rows of means with per-row step counts t (B,) (as
+    ``hgplvm._radam_step``, whose t is one number)."""
+    rg = _rgrad(X, g)
+    m = b1 * m + (1.0 - b1) * rg
+    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
+    mhat = m / (1.0 - b1 ** t[:, None])
+    vhat = v / (1.0 - b2**t)
+    Xn = _renorm(expmap(X, lr * mhat / (jnp.sqrt(vhat)[:, None] + eps)))
+    return Xn, proj(Xn, transp(X, Xn, m)), v
+
+
+def _adam_rows(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    c1, c2 = 1.0 - b1 ** t[:, None], 1.0 - b2 ** t[:, None]
+    return p + lr * (m / c1) / (jnp.sqrt(v / c2) + eps), m, v
+
+
+@jit64
+def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, lr, hlr, hmask, upd_S, r_ng):
+    """One minibatch step (phase 1): the batch estimate and its gradients, the natural-gradient step
+    on q(v) toward the batch's optimum, Riemannian Adam / Adam on the batch's q(x_n) and the globals.
+    Returns (local, lmom, glob, gmom, qu, F, finite)."""
+    (F, stats), (g_lo, g_gl) = jax.value_and_grad(minibatch_bound, argnums=(0, 1), has_aux=True)(
+        local, glob, qu, Y, eps, N, scale, kappa, jitter
+    )
+    P_t, m_t = optimal_qu_from_kmm(_kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
+    P = (1.0 - r_ng) * qu["P"] + r_ng * P_t
+    P = 0.5 * (P + P.T)
+    eta = (1.0 - r_ng) * (qu["P"] @ qu["m"]) + r_ng * (P_t @ m_t)
+    qu_new = {"m": jnp.linalg.solve(P, eta), "P": P}
+    finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(P)) & jnp.all(jnp.isfinite(qu_new["m"]))
+    # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
+    tl = lmom["t"] + 1.0
+    X, mX, vX = _radam_rows(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr)
+    lS, mS, vS = _adam_rows(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl, hlr)
+    lS = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
+    mS, vS = jnp.where(upd_S, mS, lmom["mS"]), jnp.where(upd_S, vS, lmom["vS"])
+    Z, mZ, vZ = _radam_step(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr)
+    hyp, mh, vh = _adam_step(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
+    return (
+        {"X": X, "log_S": lS},
+        {"mX": mX, "vX": vX, "mS": mS, "vS": vS, "t": tl},
+        {"Z": Z, "hyp": hyp},
+        {"mZ": mZ, "vZ": vZ, "mh": mh, "vh": vh},
+        qu_new,
+        F,
+        finite,
+    )
+
+
+@functools.partial(jit64, static_argnames=("n_steps", "H"))
+def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
+    """Phase 2 on one chunk of rows: ``n_steps`` Riemannian Adam (means) / Adam (log S) steps on
+    the bound with the globals and q(v) fixed (fresh draws every step, moments from zero)."""
+    B, Q = local["log_S"].shape
+
+    def grad_local(lo, eps):
+        return jax.grad(lambda lo_: minibatch_bound(lo_, glob, qu, Y, eps, 1.0, 1.0, kappa, jitter)[0])(lo)
+
+    def body(i, carry):
+        X, lS, mX, vX, mS, vS = carry
+        eps = jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
+        g = grad_local({"X": X, "log_S": lS}, eps)
+        t = i + 1.0
+        X, mX, vX = _radam_step(X, g["X"], mX, vX, t, lr)
+        lS, mS, vS = _adam_step(lS, g["log_S"], mS, vS, t, hlr)
+        return X, jnp.clip(lS, -20.0, 5.0), mX, vX, mS, vS
+
+    X, lS = local["X"], local["log_S"]
+    init = (X, lS, jnp.zeros_like(X), jnp.zeros(B), jnp.zeros_like(lS), jnp.zeros_like(lS))
+    X, lS, *_ = jax.lax.fori_loop(0, n_steps, body, init)
+    return {"X": X, "log_S": lS}
+
+
+@jit64
+def _stats_chunk(local, glob, Y, eps, kappa):
+    """Statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a chunk of rows at draws eps."""
+    hyp = glob["hyp"]
+    psi0, p1y, p2, _ = mc_psi_chunk(
+        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
+    )
+    return psi0, p1y, p2, jnp.sum(Y * Y)
+
+
+@jit64
+def _terms_chunk(local, glob, qu, Y, eps, kappa, jitter):
+    """Sum over the chunk's points of mean_h l_nh, and of var_h(l_nh) / H (the MC variance)."""
+    lt = point_terms(local, glob, qu, Y, eps, kappa, jitter)
+    H = lt.shape[0]
+    return jnp.sum(jnp.mean(lt, 0)), jnp.sum(jnp.var(lt, 0, ddof=1) / H)
+
+
+def _chunks(n, size):
+    return np.array_split(np.arange(n), max(1, -(-n // size)))
+
+
+# --------------------------------------------------------------------------- estimator
+class StochasticHyperboloidGPLVM(LatentModel):
+    """Bayesian hyperboloid GP-LVM (paper 002, eq. 6) trained on minibatches (module docstring).
+
+    Parameters (keyword-only): ``n_components`` Q (>= 2); ``kappa`` the HE kernel's length scale
+    (fixed); ``n_inducing`` M ("auto": min(N, 64)); ``batch_size`` B; ``max_iter`` minibatch steps;
+    ``tol`` the plateau rule on the batch estimates (0: run all steps); ``local_iter`` steps of the
+    per-point pass; ``learning_rate`` Riemannian Adam on the means and Z; ``hyper_learning_rate``
+    Adam on log sigma, log beta, log s^2 and log S; ``ng_step`` the natural-gradient step on q(u);
+    ``n_samples`` H draws per point and minibatch step; ``local_samples`` draws per point and step of
+    the per-point pass (1: the reparameterisation gradient of one draw, as in SVI generally; the pass
+    costs local_iter x local_samples x N kernel rows); ``eval_samples`` draws per point for ``elbo_``;
+    ``init`` "pca" (principal components scaled to max norm ``init_scale``, by expmap0) or
+    "random" (U(-1e-3, 1e-3), the paper's); ``fix_variance_iter`` steps with S held; ``noise``
+    "auto" / "learn" (beta by Adam from 100 / var(Y)), "ppca" (fixed at the Q-dimensional PPCA
+    noise) or a fixed noise variance; ``prior_scale`` s of the prior (a number, or "learn");
+    ``chunk_size`` rows per vectorised chunk of the per-point and final passes; ``random_state``.
+
+    Attributes after fit: ``embedding_`` (N, Q) means in the Poincare ball, ``lorentz_embedding_``
+    (N, Q+1), ``embedding_var_`` (N, Q) S, ``elbo_`` (unbiased MC estimate of the bound at the final
+    state over all points, q(u) at its optimum) and ``elbo_se_`` its standard error,
+    ``elbo_trace_`` (the batch estimates of the steps, then ``elbo_``), ``n_iter_`` (steps + 1),
+    ``converged_``, ``sigma_``, ``beta_``, ``prior_scale_``, ``inducing_`` (M, Q+1), ``qu_``,
+    ``n_inducing_``, ``noise_fixed_``, ``fit_time_``, ``extra_jitter_``."""
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(numbers.Integral, 2, None, closed="left")],
+        "kappa": [Interval(numbers.Real, 0, None, closed="neither")],
+        "n_inducing": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "local_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+        "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
+        "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
+        "ng_step": [Interval(numbers.Real, 0, 1, closed="right")],
+        "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
+        "local_samples": [Interval(numbers.Integral, 1, None, closed="left")],
+        "eval_samples": [Interval(numbers.Integral, 2, None, closed="left")],
+        "init": [StrOptions({"pca", "random"})],
+        "init_scale": [Interval(numbers.Real, 0, None, closed="neither")],
+        "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+        "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "chunk_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(
+        self,
+        *,
+        n_components=2,
+        kappa=100.0,
+        n_inducing="auto",
+        batch_size=1000,
+        max_iter=3000,
+        tol=1e-5,
+        local_iter=50,
+        learning_rate=0.05,
+        hyper_learning_rate=0.05,
+        ng_step=0.5,
+        n_samples=5,
+        local_samples=1,
+        eval_samples=10,
+        init="pca",
+        init_scale=1.0,
+        fix_variance_iter=50,
+        noise="auto",
+        prior_scale=1.0,
+        chunk_size=5000,
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.kappa = kappa
+        self.n_inducing = n_inducing
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.tol = tol
+        self.local_iter = local_iter
+        self.learning_rate = learning_rate
+        self.hyper_learning_rate = hyper_learning_rate
+        self.ng_step = ng_step
+        self.n_samples = n_samples
+        self.local_samples = local_samples
+        self.eval_samples = eval_samples
+        self.init = init
+        self.init_scale = init_scale
+        self.fix_variance_iter = fix_variance_iter
+        self.noise = noise
+        self.prior_scale = prior_scale
+        self.chunk_size = chunk_size
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ checks and start
+    def _check(self, n):
+        """Refusals before any work: parameter rules, then the settings that cannot work for N."""
+        self._validate_params()
+        nz = self.noise
+        if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
+            raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
+        if n < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
+        if self.batch_size > n:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) exceeds the number of points ({n}); use batch_size <= {n}"
+            )
+        if self.n_inducing != "auto" and int(self.n_inducing) > n:
+            raise ValueError(
+                f"n_inducing ({self.n_inducing}) exceeds the number of points ({n}); use n_inducing <= {n} "
+                "or 'auto'"
+            )
+
+    def _start(self, Yc, rng):
+        """Initial means (tangent PCA from the D x D covariance, no N x D factor beyond the data),
+        Z (k-means centres of at most 20,000 of them), and the noise mode's beta."""
+        from sklearn.cluster import KMeans
+
+        n, d = Yc.shape
+        q = int(self.n_components)
+        cov = Yc.T @ Yc / n
+        evals, evecs = np.linalg.eigh(cov)
+        order = np.argsort(evals)[::-1]
+        if self.init == "random":
+            P = rng.uniform(-1e-3, 1e-3, size=(n, q))
+        else:
+            r = min(q, d)
+            P = np.zeros((n, q))
+            P[:, :r] = Yc @ evecs[:, order[:r]]
+            mx = float(np.sqrt(np.max(np.sum(P * P, 1))))
+            if mx > 0:
+                P *= float(self.init_scale) / mx
+            P += 1e-6 * rng.standard_normal(P.shape)
+        m = auto_inducing(n) if self.n_inducing == "auto" else int(self.n_inducing)
+        sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
+        if m >= sub.shape[0]:
+            C = sub[:m].copy()
+        else:
+            km = KMeans(n_clusters=m, n_init=1, max_iter=50, random_state=int(rng.integers(2**31)))
+            C = km.fit(sub).cluster_centers_
+        C = C + 1e-6 * rng.standard_normal(C.shape)
+        var_y = float(np.sum(np.var(Yc, axis=0)) / d) or 1.0
+        mode = "learn" if self.noise == "auto" else self.noise
+        noise_var = None
+        if mode == "ppca" and d > q:  # ML noise of Q-dim PPCA: mean of the D - Q smallest eigenvalues
+            noise_var = max(float(np.mean(np.sort(evals)[::-1][q:])), 1e-6 * var_y)
+        elif mode not in ("learn", "ppca"):
+            noise_var = float(mode)
+        return P, C, var_y, noise_var
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, Y, graph=None):
+        """Fit to Y (N, D); returns self."""
+        self._refuse_graph(graph)
+        Y = check_data(Y)
+        self._check(Y.shape[0])
+        t_start = time.perf_counter()
+        self._fit(Y)
+        self.fit_time_ = time.perf_counter() - t_start
+        return self
+
+    @x64
+    def _fit(self, Y):
+        n, d = Y.shape
+        q = int(self.n_components)
+        H = int(self.n_samples)
+        kappa = float(self.kappa)
+        rng = np.random.default_rng(self.random_state)
+        key = jax.random.PRNGKey(int(rng.integers(2**31)))
+        self.mean_ = Y.mean(0)
+        Yc = Y - self.mean_
+        P, C, var_y, noise_var = self._start(Yc, rng)
+        prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
+        log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
+        X = np.array(expmap0(jnp.asarray(P)))
+        del P
+        log_S = np.full((n, q), np.log(1e-2 * float(self.init_scale) ** 2))
+        glob = {
+            "Z": expmap0(jnp.asarray(C)),
+            "hyp": jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(prior0)]),
+        }
+        M = int(glob["Z"].shape[0])
+        gmom = {"mZ": jnp.zeros_like(glob["Z"]), "vZ": jnp.zeros(M), "mh": jnp.zeros(3), "vh": jnp.zeros(3)}
+        lmom = {
+            "mX": np.zeros_like(X),
+            "vX": np.zeros(n),
+            "mS": np.zeros_like(log_S),
+            "vS": np.zeros_like(log_S),
+            "t": np.zeros(n),
+        }
+        hmask = jnp.array(
+            [1.0, 0.0 if noise_var is not None else 1.0, 1.0 if self.prior_scale == "learn" else 0.0]
+        )
+        qu = {"m": jnp.zeros((M, d)), "P": jnp.eye(M)}
+        lr, hlr = float(self.learning_rate), float(self.hyper_learning_rate)
+        B = int(self.batch_size)
+        nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
+        jitter, trace, means, converged = _JITTER, [], [], False
+        batches = iter(())
+        step = 0
+        for step in range(1, int(self.max_iter) + 1):
+            rows = next(batches, None)
+            if rows is None:
+                batches = iter(np.sort(b) for b in np.array_split(rng.permutation(n), nb))
+                rows = next(batches)
+            eps = jax.random.normal(jax.random.fold_in(key, step), (H, len(rows), q))
+            lb = {"X": X[rows], "log_S": log_S[rows]}
+            lm = {k: v[rows] for k, v in lmom.items()}
+            r_ng = 1.0 if step == 1 else float(self.ng_step)
+            for j in [jitter] + [j for j in _JITTERS if j > jitter]:
+                out = _svi_step(
+                    lb, lm, glob, gmom, qu, Yc[rows], eps, float(n), n / len(rows), kappa, j, float(step),
+                    lr, hlr, hmask, step > int(self.fix_variance_iter), r_ng,
+                )  # fmt: skip
+                if bool(out[-1]):
+                    jitter = j
+                    break
+            else:
+                raise NumericalError(
+                    f"the minibatch bound or q(u) step is not finite at step {step} even with jitter "
+                    f"{_JITTERS[-1]:g} x mean diag(K_mm); lower learning_rate",
+                    name="K_mm",
+                )
+            lb, lm, glob, gmom, qu, F, _ = out
+            X[rows], log_S[rows] = np.asarray(lb["X"]), np.asarray(lb["log_S"])
+            for k in lmom:
+                lmom[k][rows] = np.asarray(lm[k])
+            trace.append(float(F))
+            if step % _WINDOW == 0:
+                means.append(np.mean(trace[-_WINDOW:]))
+                pat = _PATIENCE_BAYES
+                if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * _WINDOW:
+                    before, recent = max(means[:-pat]), max(means[-pat:])
+                    if recent - before <= float(self.tol) * max(abs(before), 1.0):
+                        converged = True
+                        break
+        del lmom
+        # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
+        Ycj = Yc
+        key2 = jax.random.fold_in(key, 2**30)
+        if int(self.local_iter) > 0:
+            for i, rows in enumerate(_chunks(n, int(self.chunk_size))):
+                sl = slice(rows[0], rows[-1] + 1)
+                lo = _local_pass(
+                    {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Ycj[sl], jax.random.fold_in(key2, i),
+                    kappa, jitter, lr, hlr, n_steps=int(self.local_iter), H=int(self.local_samples),
+                )  # fmt: skip
+                X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
+        # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
+        qu, stats = self._final_qu(X, log_S, glob, Ycj, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
+        self.qu_ = qu
+        F, se = self._evaluate(X, log_S, glob, qu, Ycj, jax.random.fold_in(key, 2**30 + 2), kappa, jitter)
+        if not np.isfinite(F):
+            raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
+        self.elbo_, self.elbo_se_ = F, se
+        self.elbo_trace_ = np.asarray([*trace, F], dtype=np.float64)
+        self.n_iter_ = len(self.elbo_trace_)
+        self.converged_ = converged
+        self.n_steps_ = step
+        self.extra_jitter_ = jitter
+        self.n_inducing_ = M
+        hyp = np.asarray(glob["hyp"])
+        self.sigma_, self.beta_ = float(np.exp(hyp[0])), float(np.exp(hyp[1]))
+        self.prior_scale_ = float(np.exp(0.5 * hyp[2]))
+        self.noise_fixed_ = noise_var is not None
+        self.inducing_ = np.asarray(_renorm(glob["Z"]))
+        self.glob_ = {k: np.asarray(v) for k, v in glob.items()}
+        self.lorentz_embedding_ = np.asarray(_renorm(jnp.asarray(X)))
+        self.embedding_ = np.asarray(to_poincare(self.lorentz_embedding_))
+        self.embedding_var_ = np.exp(log_S)
+        self._Y = Yc
+
+    def _draws(self, key, i, H, b):
+        return jax.random.normal(jax.random.fold_in(key, i), (H, b, int(self.n_components)))
+
+    def _final_qu(self, X, log_S, glob, Yc, key, kappa, jitter, H):
+        stats = None
+        for i, rows in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
+            sl = slice(rows[0], rows[-1] + 1)
+            s = _stats_chunk(
+                {"X": X[sl], "log_S": log_S[sl]}, glob, Yc[sl], self._draws(key, i, H, len(rows)), kappa
+            )
+            stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
+        return optimal_qu(stats, glob, kappa, 1.0, jitter), stats
+
+    def _evaluate(self, X, log_S, glob, qu, Yc, key, kappa, jitter):
+        """(F, standard error): the full bound over all points with ``eval_samples`` fresh draws."""
+        H = int(self.eval_samples)
+        total, var = 0.0, 0.0
+        for i, rows in enumerate(_chunks(X.shape[0], max(1, int(self.chunk_size) // 2))):
+            sl = slice(rows[0], rows[-1] + 1)
+            s, v = _terms_chunk(
+                {"X": X[sl], "log_S": log_S[sl]},
+                glob,
+                qu,
+                Yc[sl],
+                self._draws(key, i, H, len(rows)),
+                kappa,
+                jitter,
+            )
+            total, var = total + float(s), var + float(v)
+        return total - float(kl_qu(qu)), float(np.sqrt(var))
+
+    def fit_transform(self, Y, graph=None):
+        return self.fit(Y, graph).embedding_
+
+    # ------------------------------------------------------------------ transform
+    @x64
+    def transform(self, Y_new, max_iter=None):
+        """Means (n_new, Q) in the Poincare ball of new rows: q(x) of each started at the fitted
+        mean of its nearest training row (in data space) and fitted by the per-point pass with
+        everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
+        from sklearn.neighbors import NearestNeighbors
+
+        self._check_fitted()
+        Y_new = check_data(Y_new, "Y_new")
+        if Y_new.shape[1] != self._Y.shape[1]:
+            raise ValueError(
+                f"Y_new has {Y_new.shape[1]} columns, the model was fitted on {self._Y.shape[1]}; "
+                "pass rows with the training data's features"
+            )
+        Yn = Y_new - self.mean_
+        idx = NearestNeighbors(n_neighbors=1).fit(self._Y).kneighbors(Yn, return_distance=False)[:, 0]
+        X = self.lorentz_embedding_[idx].copy()
+        log_S = np.log(self.embedding_var_[idx])
+        steps = int(max_iter) if max_iter is not None else (int(self.local_iter) or 50)
+        glob = {k: jnp.asarray(v) for k, v in self.glob_.items()}
+        qu = {k: jnp.asarray(v) for k, v in self.qu_.items()}
+        key = jax.random.PRNGKey(int(np.random.default_rng(self.random_state).integers(2**31)) + 1)
+        for i, rows in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
+            sl = slice(rows[0], rows[-1] + 1)
+            lo = _local_pass(
+                {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yn[sl], jax.random.fold_in(key, i),
+                float(self.kappa), self.extra_jitter_, float(self.learning_rate),
+                float(self.hyper_learning_rate), n_steps=steps, H=int(self.local_samples),
+            )  # fmt: skip
+            X[sl] = np.asarray(lo["X"])
+        return np.asarray(to_poincare(_renorm(jnp.asarray(X))))
+
+
+# --------------------------------------------------------------------------- the sweep's model
+_FULL_ONLY = {"chunks": None, "optimizer": "radam", "init": "pca"}
+
+
+class BayesianHyperboloidGPLVM(LatentModel):
+    """The sweep's ``hgplvm_bayesian``: the Bayesian hyperboloid GP-LVM (paper 002, eq. 6) fitted
+    full-batch or on minibatches by N.
+
+    ``training``: "auto" (default) fits N <= ``FULL_BATCH_MAX_N`` points with the full-batch
+    :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (variant "bayesian": collapsed bound, every
+    point every step) and larger N with :class:`StochasticHyperboloidGPLVM`; "full" and "minibatch"
+    force one. ``training_`` ("full" / "minibatch") and ``minibatch_`` (0.0 / 1.0, stored by the
+    sweep) say which ran; ``estimator_`` is the fitted estimator, whose fitted attributes this one
+    carries. Shared parameters mean the same in both: ``max_iter`` optimiser steps (minibatch: of
+    batches), ``tol`` the plateau rule, the learning rates, H, init, noise, prior. ``n_inducing="auto"``
+    is each training's own rule (full: N / 10 within [64, 256]; minibatch: min(N, 64)).
+    ``batch_size``, ``local_iter``, ``ng_step``, ``eval_samples``, ``chunk_size`` are the minibatch
+    fit's; ``chunks``, ``optimizer``, ``init="sparse"`` the full-batch fit's, and refused (before any
+    work) when minibatch training is chosen with a non-default value."""
+
+    _parameter_constraints: dict = {
+        **{k: v for k, v in HyperboloidGPLVM._parameter_constraints.items() if k != "variant"},
+        **{
+            k: StochasticHyperboloidGPLVM._parameter_constraints[k]
+            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
+        },
+        "training": [StrOptions({"auto", "full", "minibatch"})],
+    }
+
+    def __init__(
+        self,
+        *,
+        n_components=2,
+        kappa=100.0,
+        training="auto",
+        n_inducing="auto",
+        max_iter=3000,
+        tol=1e-5,
+        learning_rate=0.05,
+        hyper_learning_rate=0.05,
+        optimizer="radam",
+        n_samples=5,
+        init="pca",
+        init_scale=1.0,
+        fix_variance_iter=50,
+        noise="auto",
+        prior_scale=1.0,
+        chunks=None,
+        batch_size=1000,
+        local_iter=50,
+        ng_step=0.5,
+        local_samples=1,
+        eval_samples=10,
+        chunk_size=5000,
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.kappa = kappa
+        self.training = training
+        self.n_inducing = n_inducing
+        self.max_iter = max_iter
+        self.tol = tol
+        self.learning_rate = learning_rate
+        self.hyper_learning_rate = hyper_learning_rate
+        self.optimizer = optimizer
+        self.n_samples = n_samples
+        self.init = init
+        self.init_scale = init_scale
+        self.fix_variance_iter = fix_variance_iter
+        self.noise = noise
+        self.prior_scale = prior_scale
+        self.chunks = chunks
+        self.batch_size = batch_size
+        self.local_iter = local_iter
+        self.ng_step = ng_step
+        self.local_samples = local_samples
+        self.eval_samples = eval_samples
+        self.chunk_size = chunk_size
+        self.random_state = random_state
+
+    def resolve_training(self, n: int) -> str:
+        """ "full" or "minibatch" for N = n points (the rule of the class docstring)."""
+        if self.training != "auto":
+            return self.training
+        return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
+
+    def _inner(self, n):
+        """The estimator that fits N = n points, after the refusals of settings it cannot honour."""
+        self._validate_params()
+        training = self.resolve_training(n)
+        p = self.get_params()
+        shared = ("n_components", "kappa", "n_inducing", "max_iter", "tol", "learning_rate",
+                  "hyper_learning_rate", "n_samples", "init", "init_scale", "fix_variance_iter",
+                  "noise", "prior_scale", "random_state")  # fmt: skip
+        args = {k: p[k] for k in shared}
+        if training == "full":
+            return training, HyperboloidGPLVM(
+                variant="bayesian", chunks=p["chunks"], optimizer=p["optimizer"], **args
+            )
+        for name, default in _FULL_ONLY.items():
+            if p[name] != default:
+                why = (
+                    f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
+                )
+                raise ValueError(
+                    f"{name}={p[name]!r} is a setting of the full-batch fit, but the minibatch fit "
+                    "was chosen "
+                    f"({why}); drop {name} (default {default!r}) or set training='full'"
+                )
+        extra = {
+            k: p[k]
+            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
+        }
+        return training, StochasticHyperboloidGPLVM(**args, **extra)
+
+    def fit(self, Y, graph=None):
+        """Fit to Y (N, D) by the chosen training; returns self."""
+        self._refuse_graph(graph)
+        Y = check_data(Y)
+        training, est = self._inner(Y.shape[0])
+        est.fit(Y)
+        for k, v in vars(est).items():
+            if k.endswith("_") and not k.startswith("_"):
+                setattr(self, k, v)
+        self.estimator_ = est
+        self.training_ = training
+        self.minibatch_ = float(training == "minibatch")
+        return self
+
+    def fit_transform(self, Y, graph=None):
+        return self.fit(Y, graph).embedding_
+
+    def transform(self, Y_new, max_iter=None):
+        """Means (n_new, Q) in the Poincare ball of new rows, by the fitted estimator's transform."""
+        self._check_fitted()
+        return self.estimator_.transform(Y_new, max_iter=max_iter)

@@ -1,0 +1,167 @@
+"""Minibatch Bayesian hyperboloid GP-LVM (lvmcore/models/hgplvm_svi.py) against independent
+references: the batch estimates average to the full uncollapsed bound; at q(u)'s optimum that bound
+is the full-batch collapsed bound of hgplvm.bayesian_objective (same draws); the per-point formula
+of the final bound equals the psi-statistics form; gradients by central differences; and the
+sweep model's choice of training."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lvmcore.data import synthetic as S
+from lvmcore.manifolds.lorentz import expmap0
+from lvmcore.models.hgplvm import bayesian_objective
+from lvmcore.models.hgplvm_svi import (
+    FULL_BATCH_MAX_N,
+    BayesianHyperboloidGPLVM,
+    StochasticHyperboloidGPLVM,
+    kl_qu,
+    optimal_qu,
+    point_terms,
+)
+from lvmcore.models.hgplvm_svi import minibatch_bound as _minibatch_bound
+from lvmcore.precision import jit64
+
+minibatch_bound = jit64(_minibatch_bound)  # compiled once per shape: the tests run in a second
+
+KAPPA = 3.0  # a short length scale: the kernel is far from linear over the latent spread
+
+
+def _problem(n=24, m=5, d=3, q=2, h=3, seed=0):
+    """Random q(X) on L^2, globals, a positive definite q(v), data and draws (float64)."""
+    rng = np.random.default_rng(seed)
+    with jax.enable_x64(True):
+        local = {
+            "X": expmap0(jnp.asarray(rng.normal(0, 0.7, (n, q)))),
+            "log_S": jnp.asarray(np.log(rng.uniform(0.02, 0.3, (n, q)))),
+        }
+        glob = {
+            "Z": expmap0(jnp.asarray(rng.normal(0, 0.7, (m, q)))),
+            "hyp": jnp.array([np.log(1.3), np.log(4.0), np.log(0.8)]),
+        }
+        A = rng.normal(size=(m, m))
+        qu = {"m": jnp.asarray(rng.normal(size=(m, d))), "P": jnp.asarray(np.eye(m) + A @ A.T / m)}
+        Y = jnp.asarray(rng.normal(size=(n, d)))
+        eps = jnp.asarray(rng.normal(size=(h, n, q)))
+    return local, glob, qu, Y, eps
+
+
+def _rows(tree, sl):
+    return {k: v[sl] for k, v in tree.items()}
+
+
+def test_batch_estimates_average_to_the_full_uncollapsed_bound():
+    local, glob, qu, Y, eps = _problem()
+    n = Y.shape[0]
+    full, _ = minibatch_bound(local, glob, qu, Y, eps, n, 1.0, KAPPA)
+    ests = [
+        minibatch_bound(_rows(local, sl), glob, qu, Y[sl], eps[:, sl], n, n / 6, KAPPA)[0]
+        for sl in (slice(i, i + 6) for i in range(0, n, 6))
+    ]
+    assert np.isfinite(float(full))
+    np.testing.assert_allclose(np.mean(ests), float(full), rtol=1e-11)
+    # and a single batch is not the full bound (the test can fail)
+    assert abs(float(ests[0]) - float(full)) > 1e-3 * abs(float(full))
+
+
+def test_at_the_optimal_qu_the_bound_is_the_collapsed_bound_of_hgplvm():
+    local, glob, qu, Y, eps = _problem(seed=1)
+    n = Y.shape[0]
+    _, stats = minibatch_bound(local, glob, qu, Y, eps, n, 1.0, KAPPA)
+    best = optimal_qu(stats, glob, KAPPA)
+    F_opt, _ = minibatch_bound(local, glob, best, Y, eps, n, 1.0, KAPPA)
+    h = glob["hyp"]
+    with jax.enable_x64(True):
+        collapsed = bayesian_objective(local["X"], local["log_S"], glob["Z"], h[0], h[1], Y, KAPPA, eps, h[2])
+    np.testing.assert_allclose(float(F_opt), float(collapsed), rtol=1e-10)
+    # any other q(u) is lower (it is the maximiser)
+    for s in (0.5, 1.5):
+        other = {"m": best["m"] * s, "P": best["P"]}
+        assert float(minibatch_bound(local, glob, other, Y, eps, n, 1.0, KAPPA)[0]) < float(F_opt)
+    assert float(minibatch_bound(local, glob, qu, Y, eps, n, 1.0, KAPPA)[0]) < float(F_opt)
+
+
+def test_the_per_point_formula_equals_the_psi_statistics_form():
+    local, glob, qu, Y, eps = _problem(seed=2)
+    n = Y.shape[0]
+    F, _ = minibatch_bound(local, glob, qu, Y, eps, n, 1.0, KAPPA)
+    lt = point_terms(local, glob, qu, Y, eps, KAPPA)
+    assert lt.shape == (eps.shape[0], n)
+    np.testing.assert_allclose(np.asarray(lt).mean(0).sum() - float(kl_qu(qu)), float(F), rtol=1e-11)
+
+
+def test_gradients_match_central_differences():
+    local, glob, qu, Y, eps = _problem(n=8, seed=3)
+
+    def f(hyp, log_S):
+        g = {"Z": glob["Z"], "hyp": hyp}
+        lo = {"X": local["X"], "log_S": log_S}
+        return minibatch_bound(lo, g, qu, Y, eps, 40.0, 5.0, KAPPA)[0]
+
+    f = jit64(f)
+    with jax.enable_x64(True):
+        gh, gs = jit64(jax.grad(f, argnums=(0, 1)))(glob["hyp"], local["log_S"])
+        h = 1e-6
+        for i in range(3):
+            e = jnp.zeros(3).at[i].set(h)
+            fd = (f(glob["hyp"] + e, local["log_S"]) - f(glob["hyp"] - e, local["log_S"])) / (2 * h)
+            np.testing.assert_allclose(float(gh[i]), float(fd), rtol=1e-5, atol=1e-6)
+        e = jnp.zeros_like(local["log_S"]).at[3, 1].set(h)
+        fd = (f(glob["hyp"], local["log_S"] + e) - f(glob["hyp"], local["log_S"] - e)) / (2 * h)
+        np.testing.assert_allclose(float(gs[3, 1]), float(fd), rtol=1e-5, atol=1e-6)
+
+
+#: small fits, all of one shape (so the compiled steps are shared by the tests)
+FIT = dict(n_inducing=10, batch_size=50, max_iter=60, tol=0.0, fix_variance_iter=10, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def roll():
+    return np.asarray(S.swiss_roll(300, seed=0)[0])
+
+
+@pytest.mark.slow
+def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
+    """The one fit test (compiling the steps costs tens of seconds): the sweep's model forced to
+    minibatch training against the same fit without the per-point pass."""
+    a = StochasticHyperboloidGPLVM(local_iter=0, **FIT).fit(roll)
+    b = BayesianHyperboloidGPLVM(training="minibatch", local_iter=15, **FIT).fit(roll)
+    assert b.training_ == "minibatch" and b.minibatch_ == 1.0
+    assert isinstance(b.estimator_, StochasticHyperboloidGPLVM) and b.elbo_ == b.estimator_.elbo_
+    for m in (a, b):
+        assert m.embedding_.shape == (300, 2) and np.all(np.linalg.norm(m.embedding_, axis=1) < 1)
+        assert m.embedding_var_.shape == (300, 2) and np.all(m.embedding_var_ > 0)
+        assert m.elbo_trace_[-1] == m.elbo_ and m.n_iter_ == len(m.elbo_trace_) == 61
+        assert np.isfinite(m.elbo_) and 0 < m.elbo_se_ < 0.01 * abs(m.elbo_)
+    # 60 steps of 50 rows reach every point about 10 times; the per-point pass moves every one of
+    # them further and raises the bound by far more than its standard error
+    moved = np.linalg.norm(b.lorentz_embedding_ - a.lorentz_embedding_, axis=1)
+    assert np.all(moved > 0)
+    assert b.elbo_ - a.elbo_ > 5 * np.hypot(a.elbo_se_, b.elbo_se_)
+
+
+def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(roll):
+    est = BayesianHyperboloidGPLVM()
+    assert est.resolve_training(FULL_BATCH_MAX_N) == "full"
+    assert est.resolve_training(FULL_BATCH_MAX_N + 1) == "minibatch"
+    assert BayesianHyperboloidGPLVM(training="minibatch").resolve_training(10) == "minibatch"
+    big = np.zeros((FULL_BATCH_MAX_N + 1, 3)) + np.arange(3)
+    with pytest.raises(ValueError, match=r"chunks=4 .*full-batch.*N = 5,001 > 5,000.*training='full'"):
+        BayesianHyperboloidGPLVM(chunks=4).fit(big)
+    with pytest.raises(ValueError, match=r"optimizer='rsgd' .*full-batch.*training='minibatch'"):
+        BayesianHyperboloidGPLVM(optimizer="rsgd", training="minibatch").fit(roll)
+    with pytest.raises(ValueError, match=r"batch_size \(1000\) exceeds the number of points \(300\)"):
+        BayesianHyperboloidGPLVM(training="minibatch").fit(roll)
+    with pytest.raises(ValueError, match=r"n_inducing \(400\) exceeds the number of points \(300\)"):
+        StochasticHyperboloidGPLVM(n_inducing=400, batch_size=10).fit(roll)
+
+
+def test_the_registry_states_the_rule_it_runs():
+    from tasks.registry import MODELS
+
+    spec = MODELS["hgplvm_bayesian"]
+    assert spec.estimator_class() is BayesianHyperboloidGPLVM and "minibatch" in spec.extras
+    assert f"{FULL_BATCH_MAX_N:,} points" in spec.description
