@@ -72,6 +72,7 @@ _LOG2PI = float(np.log(2.0 * np.pi))
 _JITTER = 1e-6
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
+_monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
 
 @x64
@@ -628,6 +629,8 @@ class HyperboloidGPLVM(LatentModel):
                 )
             trace.append(f)
             if it % window == 0:
+                if _monitor is not None:
+                    _monitor(it, state)
                 means.append(np.mean(trace[-window:]))
                 if self.tol > 0 and it >= warm + 2 * patience * window:
                     best_before, best_recent = max(means[:-patience]), max(means[-patience:])
