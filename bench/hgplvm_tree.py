@@ -40,7 +40,7 @@ def summary(path):
     """Markdown table (mean +- sd over seeds, n seeds) per data set and method from the CSV rows."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    order = ["pca", "point", "sparse", "bayesian", "bayesian-warm"]
+    order = ["pca", "point", "sparse", "bayesian", "bayesian-ppca", "bayesian-warm"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 
