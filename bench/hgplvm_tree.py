@@ -3,6 +3,7 @@
     python bench/hgplvm_tree.py [--data 4 5 6 myeloid] [--seeds 10] [--first-seed 0]
                                 [--variants point sparse bayesian] [--max-iter 3000]
                                 [--out bench/hgplvm_tree.csv] [--append] [--no-pca]
+                                [--kw '{"noise": "ppca"}'] [--trace]
     python bench/hgplvm_tree.py --summary bench/hgplvm_tree.csv     # markdown table from the rows
 
 Trees (depth 4, 5, 6; our generator, seed = the run's seed): per seed and variant, the Pearson
@@ -23,6 +24,7 @@ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
+import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -38,7 +40,7 @@ def summary(path):
     """Markdown table (mean +- sd over seeds, n seeds) per data set and method from the CSV rows."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    order = ["pca", "point", "sparse", "bayesian", "bayesian-warm"]
+    order = ["pca", "point", "sparse", "bayesian", "bayesian-ppca", "bayesian-warm"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 
@@ -74,12 +76,15 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["point", "sparse", "bayesian"])
     ap.add_argument("--max-iter", type=int, default=3000)
     ap.add_argument("--out", default="bench/hgplvm_tree.csv")
+    ap.add_argument("--kw", default="{}", help='JSON of constructor overrides, e.g. \'{"noise": "ppca"}\'')
+    ap.add_argument("--trace", action="store_true", help="print score, sigma, beta, radius, S every 100 it")
     a = ap.parse_args()
     if a.summary:
         summary(a.summary)
         return
     import jax
 
+    import lvmcore.models.hgplvm as hg
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import (
@@ -89,6 +94,8 @@ def main():
         quality_scores,
     )
     from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    kw = json.loads(a.kw)
 
     new = not (a.append and os.path.exists(a.out))
     with open(a.out, "a" if a.append else "w", newline="") as fh:
@@ -111,11 +118,30 @@ def main():
                     if a.no_pca or (data == "myeloid" and seed != a.first_seed)
                     else [("pca", cdist(P, P), 0.0, 0)]
                 )
+                if a.trace and data != "myeloid":
+
+                    def monitor(it, st, Dh=Dh):
+                        if it % 100 == 0:
+                            X = np.asarray(hg._renorm(st["X"]))
+                            with jax.enable_x64(True):
+                                sc = pearson_distance_correlation(
+                                    np.asarray(pairwise_dist(X, X)), Dh, "precomputed", "precomputed"
+                                )
+                            hyp = np.exp(np.asarray(st["hyp"]))
+                            S = np.exp(np.asarray(st["log_S"])) if st["log_S"] is not None else np.zeros(1)
+                            r = np.arccosh(np.maximum(X[:, 0], 1.0)).max()
+                            print(
+                                f"  it {it} pearson {sc:.3f} sigma {hyp[0]:.3g} beta {hyp[1]:.3g} "
+                                f"rmax {r:.2f} median S {np.median(S):.3g}",
+                                flush=True,
+                            )
+
+                    hg._monitor = monitor
                 for variant in a.variants:
                     t0 = time.perf_counter()
-                    m = HyperboloidGPLVM(
-                        n_components=2, kappa=100.0, variant=variant, max_iter=a.max_iter, random_state=seed
-                    ).fit(Y)
+                    params = dict(n_components=2, kappa=100.0, variant=variant, max_iter=a.max_iter)
+                    params["random_state"] = seed
+                    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y)
                     sec = time.perf_counter() - t0
                     L = m.lorentz_embedding_
                     with jax.enable_x64(True):

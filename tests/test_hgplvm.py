@@ -25,7 +25,7 @@ from lvmcore.models.hgplvm import (
     ppca_noise_variance,
     sparse_objective,
 )
-from lvmcore.psi.monte_carlo import log_sinhc, mc_psi, mc_psi_chunk
+from lvmcore.psi.monte_carlo import log_sinhc, mc_psi, mc_psi_chunk, sample_wrapped
 
 N, D, Q, KAPPA = 12, 3, 2, 3.0
 _psi = jax.jit(mc_psi_chunk)
@@ -510,3 +510,31 @@ def test_sweep_fits_and_scores_every_variant(tmp_path, key):
     Y = load_data(path)["Y"]
     ref = quality_scores(Y, poincare_distances(res.embedding), metric_x="precomputed")
     assert (res.metrics["qlocal"], res.metrics["qglobal"]) == pytest.approx(ref[:2], abs=1e-12)
+
+
+def test_kl_of_wrapped_normal_matches_quadrature():
+    """The Monte-Carlo KL(q || p) of :func:`mc_psi_chunk` (closed-form Gaussian entropy + MC
+    Jacobian and prior terms) against an independent Gauss-Hermite quadrature over the tangent
+    coordinates v of q (Q = 2: the Jacobian of x = exp_mu(PT(v)) cancels the wrapped density's
+    (r / sinh r) factor, so KL = E_{v ~ N(0, S)}[log q(x(v)) - log p(x(v))]), with log p from the
+    arccosh of the time coordinate (not logmap0); the quadrature itself against the Euclidean
+    closed form at mu = mu0 (where the two Jacobians cancel)."""
+    mu = lift(jnp.array([[0.0, 0.0], [0.7, -0.4], [1.5, 0.9]]))
+    S = jnp.array([[0.3, 0.3], [0.05, 0.2], [0.4, 0.1]])
+    Z, Y = lift(jnp.zeros((1, Q))), jnp.zeros((3, 1))
+    t, w = np.polynomial.hermite_e.hermegauss(40)  # nodes for the weight exp(-t^2 / 2)
+    e = np.stack(np.meshgrid(t, t, indexing="ij"), -1).reshape(-1, 1, Q)
+    ww = np.outer(w, w).ravel() / np.sum(w) ** 2
+    x, r = (np.asarray(a) for a in sample_wrapped(mu, S, jnp.asarray(np.repeat(e, 3, axis=1))))
+    v = e * np.sqrt(np.asarray(S))[None]  # (G, 3, Q)
+    lsc = lambda a: np.log(np.sinh(np.maximum(a, 1e-12)) / np.maximum(a, 1e-12))  # noqa: E731
+    r0 = np.arccosh(np.maximum(x[..., 0], 1.0))
+    eps = jax.random.normal(jax.random.PRNGKey(5), (5_000, 3, Q))
+    for log_s2 in (0.0, np.log(2.5)):
+        log_q = -np.log(2 * np.pi) - 0.5 * np.sum(np.log(S), 1) - 0.5 * np.sum(v * v / S, -1) - lsc(r)
+        log_p = -np.log(2 * np.pi) - log_s2 - 0.5 * r0**2 / np.exp(log_s2) - lsc(r0)
+        kl_rows = ww @ (log_q - log_p)  # (3,)
+        s = np.asarray(S[0]) / np.exp(log_s2)
+        assert kl_rows[0] == pytest.approx(0.5 * np.sum(s - 1.0 - np.log(s)), rel=1e-8)
+        kl_mc = float(_psi(mu, S, eps, Y, Z, 1.0, KAPPA, log_s2)[3])
+        assert kl_mc == pytest.approx(float(np.sum(kl_rows)), rel=0.01)
