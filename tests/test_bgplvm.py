@@ -369,3 +369,24 @@ def test_predict_view_equals_dense_formula():
         with jax.enable_x64(True):
             Ks = np.asarray(kern.K(mu[:1], Z, kp))
         np.testing.assert_allclose(mean[0] - m.view_means_[0], (Ks @ W)[0], rtol=1e-9)
+
+
+def test_pca_start_of_tall_data_equals_the_svd_route(monkeypatch):
+    """q(X)'s PCA start: the covariance-eigenvector route of large tall data (one copy of the data,
+    no N x D factor) gives the SVD's scores with the largest loading of each column positive."""
+    from lvmcore.models import bgplvm
+    from lvmcore.models.bgplvm import _principal_scores
+
+    monkeypatch.setattr(bgplvm, "PCA_COVARIANCE_ROWS", 500)
+    rng = np.random.default_rng(3)
+    views = [rng.standard_normal((600, 4)) @ rng.standard_normal((4, 4)), rng.standard_normal((600, 3))]
+    tall = _principal_scores(views, 3)
+    Ys = np.hstack([(Y - Y.mean(0)) / Y.std(0) for Y in views])
+    U, s, Vt = np.linalg.svd(Ys - Ys.mean(0), full_matrices=False)
+    V = Vt[:3].T
+    V = V * np.sign(V[np.argmax(np.abs(V), axis=0), np.arange(3)])
+    np.testing.assert_allclose(tall, (Ys - Ys.mean(0)) @ V / s[:3], atol=1e-10)
+    np.testing.assert_allclose(tall.T @ tall, np.eye(3), atol=1e-10)
+    small = _principal_scores([v[:300] for v in views], 3)  # below the threshold: the SVD route
+    Ys = np.hstack([(Y - Y.mean(0)) / Y.std(0) for Y in (v[:300] for v in views)])
+    np.testing.assert_allclose(np.abs(small), np.abs(np.linalg.svd(Ys - Ys.mean(0))[0][:, :3]), atol=1e-10)
