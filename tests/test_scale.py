@@ -233,3 +233,89 @@ def test_ppca_tall_path_equals_the_full_svd():
     want = chol_solve(np.linalg.cholesky(M), W.T @ (Y - ref.mean_).T).T
     sign = np.sign(np.sum(m.embedding_ * want, axis=0))  # each column's sign is a convention
     np.testing.assert_allclose(m.embedding_ * sign, want, rtol=1e-8, atol=1e-10)
+
+
+def test_named_data_sets_are_planned_from_their_recipe_without_drawing(monkeypatch):
+    """describe of a named generator: the sizes and attributes load gives, without drawing the
+    data (the flow process plans from it; the worker that ingests draws it)."""
+    from lvmcore.data import DATASETS, recipe_fingerprint, synthetic
+
+    small = {
+        "swiss_roll": {"n": 50},
+        "lllvm_swiss_roll": {"n": 40},
+        "s_curve": {"n": 30, "seed": 2},
+        "swiss_hole": {"n": 40},
+        "severed_bowl": {"n": 40},
+        "gaussian_blob": {"n": 40},
+        "binary_tree": {"depth": 3, "n_per_node": 4},
+        "mrd_toy": {"n": 30, "noise": 0.2},
+        "digits": {"classes": 3, "n_per_class": 5},
+    }
+    assert set(small) == set(DATASETS)
+    for name, opts in small.items():
+        d, ds = describe(name, **opts), load(name, **opts)
+        assert d["sizes"] == dict(ds.sizes), name
+        assert d["attrs"] == dict(ds.attrs), name
+        assert d["fingerprint"] == recipe_fingerprint(name, **opts)
+    drawn = []
+    real = synthetic.swiss_roll
+    monkeypatch.setattr(synthetic, "swiss_roll", lambda n, seed: drawn.append(n) or real(n, seed))
+    import lvmcore.data.loaders as loaders
+
+    counted = loaders._gen_manifold(synthetic.swiss_roll, 1000)
+    monkeypatch.setitem(loaders.DATASETS, "swiss_roll", (counted, ""))
+    d = describe("swiss_roll", n=10**8)
+    assert d["sizes"]["point"] == 10**8 and d["sizes"]["feature"] == 3 and max(drawn) <= 16
+    # a bad option is refused as load refuses it, before anything is drawn at size
+    with pytest.raises(ValueError, match="bad options"):
+        describe("swiss_roll", n=100, bogus=1)
+    with pytest.raises(ValueError, match="n must be an integer"):
+        describe("swiss_roll", n=1)
+
+
+def test_recipe_fingerprint_names_the_data(monkeypatch):
+    from lvmcore.data import loaders, recipe_fingerprint
+
+    fp = recipe_fingerprint("swiss_roll", n=1000)
+    assert fp == recipe_fingerprint("swiss_roll", n=1000, seed=0) == recipe_fingerprint("swiss_roll")
+    others = [
+        recipe_fingerprint("swiss_roll", n=1001),
+        recipe_fingerprint("swiss_roll", n=1000, seed=1),
+        recipe_fingerprint("s_curve", n=1000),
+    ]
+    monkeypatch.setattr(loaders, "GENERATOR_VERSION", "other")
+    others.append(recipe_fingerprint("swiss_roll", n=1000))
+    assert len({fp, *others}) == 5
+
+
+def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
+    """The worker draws the named data set; a store of another recipe, or one that records this
+    recipe but holds other data, is rewritten; a plan made with another recipe is refused."""
+    from lvmcore.data import recipe_fingerprint
+    from lvmcore.data.loaders import write_store
+    from tasks.ingest import ingest_dataset
+
+    spec = {"name": "swiss_roll", "n": 300, "seed": 1}
+    fp = recipe_fingerprint("swiss_roll", n=300, seed=1)
+    p = tmp_path / "data.zarr"
+    want = load("swiss_roll", n=300, seed=1)["Y"].values
+
+    def stored():
+        ds = open_dataset(p, dask=False)
+        return ds["Y"].values, ds.attrs["fingerprint"], ds.attrs["content_fingerprint"]
+
+    ingest(load("s_curve", n=300, seed=1), p)  # other data, other recipe
+    ingest_dataset(spec, str(p), fp)
+    Y, f, c = stored()
+    np.testing.assert_array_equal(Y, want)
+    assert f == fp and c == fingerprint(load("swiss_roll", n=300, seed=1))
+    mtime = (p / "zarr.json").stat().st_mtime_ns
+    ingest_dataset(spec, str(p), fp)  # the same recipe and content: kept
+    assert (p / "zarr.json").stat().st_mtime_ns == mtime
+    write_store(load("swiss_roll", n=300, seed=2), p, fp, overwrite=True)  # this recipe's name, other data
+    ingest_dataset(spec, str(p), fp)
+    np.testing.assert_array_equal(stored()[0], want)
+    with pytest.raises(ValueError, match="recipe fingerprint"):
+        ingest_dataset(spec, str(p), recipe_fingerprint("swiss_roll", n=300, seed=2))
+    # lvmcore.data.ingest of a name records the same fingerprint the sweep plans with
+    assert open_dataset(ingest("swiss_roll", tmp_path / "b.zarr", n=300, seed=1)).attrs["fingerprint"] == fp
