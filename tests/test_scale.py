@@ -319,3 +319,95 @@ def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
         ingest_dataset(spec, str(p), recipe_fingerprint("swiss_roll", n=300, seed=2))
     # lvmcore.data.ingest of a name records the same fingerprint the sweep plans with
     assert open_dataset(ingest("swiss_roll", tmp_path / "b.zarr", n=300, seed=1)).attrs["fingerprint"] == fp
+
+
+@pytest.mark.slow  # a 2-process cluster, two chunked fits and a killed worker: about 30 s here
+def test_chunked_fits_read_their_rows_from_the_store(tmp_path, monkeypatch, cluster_client):
+    """A sweep's chunked fits on a real 2-process cluster: the workers read their rows (the
+    Bayesian GP-LVM's row chunks, GLLE's data and graph) from the ingested stores; the fitting
+    process scatters none of the data or graph (GLLE's per-point model state for its weight
+    draws, computed by the fit, still goes out in slices); the results equal the in-process fits;
+    a worker holding row chunks killed between two evaluations: the chunks are dealt again and
+    read from the store again."""
+    import os
+    import signal
+    import time
+
+    from lvmcore.chunks import RowChunks, StoredRows, stored_rows
+    from lvmcore.models.bgplvm import ViewStats, bound_objective
+    from tasks.fit import fit_point
+    from tasks.knn import build_graph
+
+    data_path, graph_path = str(tmp_path / "data.zarr"), str(tmp_path / "graph.zarr")
+    ingest(load("swiss_roll", n=400, seed=0), data_path, chunk_rows=64)
+    build_graph(data_path, 8, graph_path)
+    sent = []
+
+    def data_or_graph(items):  # rows of Y (400 x 3 float) or of the graph (400 x 8 int)
+        items = items if isinstance(items, list) else [items]
+        shapes = [(np.asarray(a).dtype.kind, np.asarray(a).shape[1:]) for a in items]
+        return [s for s in shapes if s in (("f", (3,)), ("i", (8,)))]
+
+    real = cluster_client.scatter
+    monkeypatch.setattr(cluster_client, "scatter", lambda data, **kw: sent.append(data) or real(data, **kw))
+    runs = {
+        "glle_em": ({"k": 8, "latent_dim": 2, "seed": 0}, {}, 150),
+        "bgplvm_rbf": ({"latent_dim": 2, "seed": 0}, {"max_iter": 4, "init_iters": 2, "n_inducing": 10}, 150),
+    }
+    for key, (point, opts, chunks) in runs.items():
+        plain = fit_point(key, opts, data_path, graph_path, (0, 0), point)
+        chunked = fit_point(key, {**opts, "chunks": chunks}, data_path, graph_path, (0, 0), point)
+        assert plain.status == chunked.status == "done", (plain.error, chunked.error)
+        assert not [x for a in sent for x in data_or_graph(a)], key
+        # GLLE scatters its per-point state for the weight draws (so the wrapper sees scatters);
+        # the Bayesian GP-LVM's row chunks scatter nothing at all
+        assert bool(sent) == (key == "glle_em"), key
+        sent.clear()
+        np.testing.assert_allclose(chunked.elbo_trace, plain.elbo_trace, rtol=1e-7, err_msg=key)
+        np.testing.assert_allclose(chunked.embedding, plain.embedding, rtol=0, atol=1e-5, err_msg=key)
+
+    ds = open_dataset(data_path, dask=False)
+    Y = ds["Y"].values
+    mu = Y.mean(0)
+    rng = np.random.default_rng(1)
+    local = {"mu": rng.standard_normal((400, 2)), "logS": np.log(rng.uniform(0.1, 0.5, (400, 2)))}
+    glob = {"Z": rng.standard_normal((1, 6, 2)), "kern": [{"log_var": 0.1, "log_ls": np.zeros(2)}]}
+    glob["log_beta"] = np.array([0.3])
+    obj = bound_objective(("rbf",), True, 400, (3,))
+    want = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,)).value_and_grad(local, glob, 0.0)
+    src = StoredRows(data_path, "Y", expect={"fingerprint": ds.attrs["fingerprint"]})
+    with stored_rows((Y.copy(), src)):  # an equal copy is found (models copy what they are given)
+        r = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,), 100, origin=[(Y, mu)])
+    assert r.sources is not None and len(set(r.placement)) == 2
+
+    def check(got):
+        assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0])
+        np.testing.assert_allclose(got[1]["mu"], want[1]["mu"], rtol=1e-8, atol=1e-10)
+
+    check(r.value_and_grad(local, glob, 0.0))
+    victim = r.placement[0]
+    os.kill(cluster_client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in cluster_client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check(r.value_and_grad(local, glob, 0.0))
+    assert victim not in r.placement and sent == []  # the row chunks: nothing at all scattered
+
+
+def test_stored_rows_refuse_a_store_rewritten_during_a_fit(tmp_path):
+    from lvmcore.chunks import StoredRows, source_of, stored_rows
+
+    p = ingest(load("swiss_roll", n=50, seed=0), tmp_path / "d.zarr")
+    ds = open_dataset(p, dask=False)
+    Y, fp = ds["Y"].values, ds.attrs["fingerprint"]
+    src = StoredRows(p, "Y", expect={"fingerprint": fp})
+    np.testing.assert_array_equal(src.read(5, 9), Y[5:9])
+    np.testing.assert_array_equal(src.shifted(Y.mean(0)).read(0, 50), Y - Y.mean(0))
+    other = Y.copy()
+    other[7, 1] = np.nextafter(other[7, 1], np.inf)  # one value one ulp apart: not the stored rows
+    with stored_rows((Y, src)):
+        assert source_of(Y.copy()) == src and source_of(other) is None
+    assert source_of(Y) is None  # declared only for the block
+    ingest(load("swiss_roll", n=50, seed=1), p, overwrite=True)
+    with pytest.raises(RuntimeError, match="changed while a fit read it"):
+        src.read(0, 5)
