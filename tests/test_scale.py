@@ -322,13 +322,14 @@ def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
 
 
 @pytest.mark.slow  # a 2-process cluster, two chunked fits and a killed worker: about 30 s here
-def test_chunked_fits_read_their_rows_from_the_store(tmp_path, monkeypatch, cluster_client):
-    """A sweep's chunked fits on a real 2-process cluster: the workers read their rows (the
-    Bayesian GP-LVM's row chunks, GLLE's data and graph) from the ingested stores; the fitting
-    process scatters none of the data or graph (GLLE's per-point model state for its weight
-    draws, computed by the fit, still goes out in slices); the results equal the in-process fits;
-    a worker holding row chunks killed between two evaluations: the chunks are dealt again and
-    read from the store again."""
+def test_chunked_fits_read_their_rows_from_the_store(tmp_path, cluster_client):
+    """A sweep's chunked fits run in a worker task on a real 2-process cluster (seceded under
+    ``worker_client``): the Bayesian GP-LVM's row chunks are dealt to actors on both workers, which
+    read their rows from the ingested store; GLLE's tasks read the data and the graph there. The
+    fitting task scatters none of the data or graph (GLLE's per-point model state for its weight
+    draws, computed by the fit, still goes out in slices); the results equal the in-process fits.
+    Then a worker holding row chunks is killed between two evaluations: the chunks are dealt again
+    and read from the store again."""
     import os
     import signal
     import time
@@ -341,30 +342,49 @@ def test_chunked_fits_read_their_rows_from_the_store(tmp_path, monkeypatch, clus
     data_path, graph_path = str(tmp_path / "data.zarr"), str(tmp_path / "graph.zarr")
     ingest(load("swiss_roll", n=400, seed=0), data_path, chunk_rows=64)
     build_graph(data_path, 8, graph_path)
-    sent = []
 
-    def data_or_graph(items):  # rows of Y (400 x 3 float) or of the graph (400 x 8 int)
-        items = items if isinstance(items, list) else [items]
-        shapes = [(np.asarray(a).dtype.kind, np.asarray(a).shape[1:]) for a in items]
-        return [s for s in shapes if s in (("f", (3,)), ("i", (8,)))]
+    def fit_recording_scatters(*args):
+        """fit_point in a worker task (as a sweep runs it), with the (dtype kind, row shape) of every
+        array it scatters to the cluster (through its worker_client) recorded."""
+        import distributed
 
-    real = cluster_client.scatter
-    monkeypatch.setattr(cluster_client, "scatter", lambda data, **kw: sent.append(data) or real(data, **kw))
+        from tasks.fit import fit_point
+
+        sent, real = [], distributed.Client.scatter
+
+        def record(self, data, *a, **kw):
+            for x in data if isinstance(data, (list, tuple)) else [data]:
+                x = np.asarray(x)
+                sent.append((x.dtype.kind, x.shape[1:]))
+            return real(self, data, *a, **kw)
+
+        distributed.Client.scatter = record
+        try:
+            return fit_point(*args), sent
+        finally:
+            distributed.Client.scatter = real
+
+    def hosted(dask_worker):
+        return sum("ChunkHost" in str(entry[0]) for entry in dask_worker.state.log)
+
+    before = cluster_client.run(hosted)
     runs = {
-        "glle_em": ({"k": 8, "latent_dim": 2, "seed": 0}, {}, 150),
-        "bgplvm_rbf": ({"latent_dim": 2, "seed": 0}, {"max_iter": 4, "init_iters": 2, "n_inducing": 10}, 150),
+        "glle_em": ({"k": 8, "latent_dim": 2, "seed": 0}, {}),
+        "bgplvm_rbf": ({"latent_dim": 2, "seed": 0}, {"max_iter": 4, "init_iters": 2, "n_inducing": 10}),
     }
-    for key, (point, opts, chunks) in runs.items():
+    for key, (point, opts) in runs.items():
         plain = fit_point(key, opts, data_path, graph_path, (0, 0), point)
-        chunked = fit_point(key, {**opts, "chunks": chunks}, data_path, graph_path, (0, 0), point)
+        args = (key, {**opts, "chunks": 150}, data_path, graph_path, (0, 0), point)
+        chunked, sent = cluster_client.submit(fit_recording_scatters, *args, pure=False).result()
         assert plain.status == chunked.status == "done", (plain.error, chunked.error)
-        assert not [x for a in sent for x in data_or_graph(a)], key
-        # GLLE scatters its per-point state for the weight draws (so the wrapper sees scatters);
+        assert not [s for s in sent if s in (("f", (3,)), ("i", (8,)))], (key, sent)  # no rows of Y or graph
+        # GLLE scatters its per-point state for the weight draws (the recorder sees scatters);
         # the Bayesian GP-LVM's row chunks scatter nothing at all
-        assert bool(sent) == (key == "glle_em"), key
-        sent.clear()
+        assert bool(sent) == (key == "glle_em"), (key, sent)
         np.testing.assert_allclose(chunked.elbo_trace, plain.elbo_trace, rtol=1e-7, err_msg=key)
         np.testing.assert_allclose(chunked.embedding, plain.embedding, rtol=0, atol=1e-5, err_msg=key)
+    after = cluster_client.run(hosted)
+    assert all(after[w] > before.get(w, 0) for w in after), (before, after)  # an actor on each worker
 
     ds = open_dataset(data_path, dask=False)
     Y = ds["Y"].values
@@ -391,7 +411,7 @@ def test_chunked_fits_read_their_rows_from_the_store(tmp_path, monkeypatch, clus
     while victim in cluster_client.scheduler_info()["workers"] and time.monotonic() < deadline:
         time.sleep(0.1)
     check(r.value_and_grad(local, glob, 0.0))
-    assert victim not in r.placement and sent == []  # the row chunks: nothing at all scattered
+    assert victim not in r.placement
 
 
 def test_stored_rows_refuse_a_store_rewritten_during_a_fit(tmp_path):
