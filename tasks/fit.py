@@ -34,7 +34,7 @@ def _dask_context(est):
 def _declared(data: dict, data_path: str, graph, graph_path) -> list:
     """The arrays this fit read from the ingested stores, with where they are stored: chunked work
     on the cluster reads its rows there (lvmcore.chunks.stored_rows), not from this task."""
-    fp = {"fingerprint": data["fingerprint"]}
+    fp = data["stamps"]
     out = [(data["Y"], StoredRows(data_path, "Y", expect=fp))]
     out += [(v, StoredRows(data_path, f"view_{i}", expect=fp)) for i, v in enumerate(data["views"])]
     if graph is not None:

@@ -294,6 +294,7 @@ def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
     from lvmcore.data import recipe_fingerprint
     from lvmcore.data.loaders import write_store
     from tasks.ingest import ingest_dataset
+    from tasks.knn import build_graph, graph_matches
 
     spec = {"name": "swiss_roll", "n": 300, "seed": 1}
     fp = recipe_fingerprint("swiss_roll", n=300, seed=1)
@@ -313,8 +314,12 @@ def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
     ingest_dataset(spec, str(p), fp)  # the same recipe and content: kept
     assert (p / "zarr.json").stat().st_mtime_ns == mtime
     write_store(load("swiss_roll", n=300, seed=2), p, fp, overwrite=True)  # this recipe's name, other data
+    build_graph(str(p), 5, str(tmp_path / "g.zarr"))
+    assert graph_matches(str(tmp_path / "g.zarr"), str(p), 5, "auto")
     ingest_dataset(spec, str(p), fp)
     np.testing.assert_array_equal(stored()[0], want)
+    # the graph of the other data is not taken for this data's (it records the content fingerprint)
+    assert not graph_matches(str(tmp_path / "g.zarr"), str(p), 5, "auto")
     with pytest.raises(ValueError, match="recipe fingerprint"):
         ingest_dataset(spec, str(p), recipe_fingerprint("swiss_roll", n=300, seed=2))
     # lvmcore.data.ingest of a name records the same fingerprint the sweep plans with
