@@ -56,6 +56,8 @@ def make_data(kind: str, n: int, tmp: Path) -> tuple[object, Path]:
     from lvmcore.data import load
 
     npy = tmp / f"{kind}-{n}.npy"
+    if npy.exists():  # a --dir reused by a later run: the same file (written whole below)
+        return ({"name": "swiss_roll", "n": n} if kind == "roll3" else {"path": str(npy)}), npy
     if kind == "roll3":
         ds = {"name": "swiss_roll", "n": n}
         np.save(npy, load("swiss_roll", n=n)["Y"].values)
@@ -120,7 +122,6 @@ def _anon_bytes(pid: int) -> int:
 
 def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
     """The real CLI as a child process, its process tree's RSS sampled until it ends."""
-    import numpy as np
     import psutil
 
     cmd = [
@@ -139,6 +140,7 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
         "--no-report",
         *(["--options", json.dumps(options)] if options else []),
     ]
+    before = _points(tmp)
     log = open(tmp / "sweep.log", "w")  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -171,22 +173,10 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
     proc.wait()
     log.close()
     tail = (tmp / "sweep.log").read_text()[-3000:]
-    points = {}  # how far it got: each model's grid points by status, read from the store
-    try:
-        import zarr
-
-        root = zarr.open_group(str(tmp / "out" / "scale.zarr"), mode="r")
-        for key in root.group_keys():
-            st = np.asarray(root[key]["status"][...]).ravel()
-            points[key] = {
-                "done": int((st == 1).sum()),
-                "failed": int((st == 2).sum()),
-                "pending": int((st == 0).sum()),
-            }
-    except Exception as e:  # no store yet: it stopped before the store was set up
-        points = {"store": f"not readable ({type(e).__name__})"}
+    points = _points(tmp)
     return {
         "points": points,
+        "before": before,
         "wall_s": wall,
         "rc": proc.returncode,
         "timed_out": wall > timeout,
@@ -196,6 +186,28 @@ def run_sweep(dataset, models: str, tmp: Path, timeout: float, options: dict) ->
         ),
         "log_tail": tail,
     }
+
+
+def _points(tmp: Path) -> dict:
+    """Each model's grid points by status in the sweep's store (how far a run got; with --dir, what
+    an earlier run had done already)."""
+    import numpy as np
+
+    try:
+        import zarr
+
+        root = zarr.open_group(str(tmp / "out" / "scale.zarr"), mode="r")
+        points = {}
+        for key in root.group_keys():
+            st = np.asarray(root[key]["status"][...]).ravel()
+            points[key] = {
+                "done": int((st == 1).sum()),
+                "failed": int((st == 2).sum()),
+                "pending": int((st == 0).sum()),
+            }
+        return points
+    except Exception as e:  # no store yet: it stopped before the store was set up
+        return {"store": f"not readable ({type(e).__name__})"}
 
 
 # ---------------------------------------------------------------- the stages, one by one
@@ -233,19 +245,19 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
         print(json.dumps(row), flush=True)
         return out
 
-    store = str(tmp / "stages.zarr")
+    store = str(tmp / f"stages-{os.getpid()}.zarr")  # fresh inputs: ingest and kNN timed, not reused
     data_path, graph_path = input_paths(store)
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
     plan = stage(
         "plan (flow process)",
         lambda: plan_sweep(dataset, models.split(","), GRID, store, options or None, 3, "auto"),
     )
-    stage("ingest", lambda: ingest_dataset(dataset, data_path, plan["identity"]["data_fingerprint"]))
+    stage("ingest", lambda: ingest_dataset(dataset, data_path, plan.identity["data_fingerprint"]))
     stage("kNN (k = 10)", lambda: build_graph(data_path, 10, graph_path, "auto"))
     load_data.cache_clear() if hasattr(load_data, "cache_clear") else None
     stage(
         "prepare store",
-        lambda: prepare_store(store, plan["identity"], plan["specs"], plan["grid"], plan["layout"], {}),
+        lambda: prepare_store(store, plan.identity, plan.specs, plan.grid, plan.store_layout(), {}),
     )
     stage("read data + graph (worker)", lambda: (load_data(data_path), load_graph(graph_path)))
     point = {"k": 10, "latent_dim": 2, "seed": 0}
@@ -253,13 +265,13 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
         spec = REG[key]
         pt = {d: point[d] for d in spec.dims}
         idx = (0,) * len(spec.dims)
-        n_gen = plan["layout"].n_generations if "generations" in spec.extras else 0
+        n_gen = plan.store_layout().n_generations if "generations" in spec.extras else 0
         opts = _options_for(spec, options)
         res = stage(f"fit {key}", fit_point, key, opts, data_path, graph_path, idx, pt, n_gen)
         if res.status != "done":
             print(json.dumps({"stage": f"fit {key}", "error": res.error}), flush=True)
         res = stage(f"evaluate {key}", evaluate_point, res, data_path)
-        stage(f"write {key}", write_point, store, spec, res, plan["layout"])
+        stage(f"write {key}", write_point, store, spec, res, plan.store_layout())
 
 
 def run_stages(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
@@ -294,6 +306,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=570.0, help="seconds per measurement")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--options", default="{}", help='model options, JSON: {"bgplvm": {"max_iter": 30}}')
+    ap.add_argument(
+        "--dir",
+        help="work in this folder and keep it (default: a new temporary one). A later run with the "
+        "same --dir and more --models grows the same sweep store: its ingest and kNN graph are "
+        "reused and only the added models fit, so each model's peak RSS per process is its own",
+    )
     ap.add_argument("--stages-child")
     ap.add_argument("--tmp")
     a = ap.parse_args()
@@ -302,7 +320,11 @@ def main():
         stages_child(json.loads(a.stages_child), a.models, Path(a.tmp), json.loads(a.options))
         return
     sys.path.insert(0, str(ROOT))
-    tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("SCALE_TMP")))
+    if a.dir:
+        tmp = Path(a.dir).absolute()
+        tmp.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("SCALE_TMP")))
     dataset, npy = make_data(a.data, a.n, tmp)
     anc = anchors(npy)
     mb = anc["data_mb"]
@@ -339,6 +361,7 @@ def main():
             f"\nsweep (embed-sweep run, 2 local workers): {sw['wall_s']:.1f} s ({state}); "
             f"{sw['wall_s'] / anc['ckdtree_s']:.0f}x the cKDTree anchor"
         )
+        print(f"grid points by status before this run: {json.dumps(sw['before'])}")
         print(f"grid points by status: {json.dumps(sw['points'])}")
         print(f"{'process':34s} {'peak RSS MiB':>13s} {'/ data':>7s} {'peak RssAnon':>13s} {'alive s':>12s}")
         for role, rss, t_a, t_b, anon in sw["processes"]:

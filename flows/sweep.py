@@ -214,7 +214,9 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     if knn_method not in KNN_METHODS:
         raise ValueError(f"knn_method must be one of {KNN_METHODS}, got {knn_method!r}")
     src, opts = dataset_spec(dataset)
-    meta = describe(src, **opts)  # sizes, attributes, fingerprint; a large file is read in blocks
+    # sizes, attributes, fingerprint: a large file is read in blocks, a named data set is not drawn
+    # (its recipe is fingerprinted; the ingest task draws it on a worker)
+    meta = describe(src, **opts)
     sizes = meta["sizes"]
     n, D = sizes["point"], sizes["feature"]
     if n < MIN_POINTS:

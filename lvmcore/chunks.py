@@ -16,6 +16,12 @@ in process, one piece); chunked and unchunked results agree up to summation orde
   and a lost worker's chunks are dealt again over the running workers. With one chunk the three
   steps are one jitted ``value_and_grad``.
 
+Data that lives in a zarr store (a sweep's ingested inputs) is not shipped: the caller declares
+it with :func:`stored_rows` (an array, and the :class:`StoredRows` that reads the same values),
+and on a cluster each worker reads its own rows, or the whole array once, from the store; only
+the store's path and the row spans travel. Arrays not declared (a library user's ``fit(Y)``) are
+scattered from the caller as before.
+
 ``stats_fn`` must be picklable and expose ``raw(local, glob, data)`` (a pure jax function), and
 ``forward`` / ``backward`` (its jitted evaluation and vector-Jacobian product, compiled once per
 process), as :class:`JitStats` provides; ``build_for_vjp()`` may skip outputs nobody reads
@@ -24,6 +30,8 @@ process), as :class:`JitStats` provides; ``build_for_vjp()`` may skip outputs no
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import threading
 
@@ -40,6 +48,148 @@ def row_spans(n: int, chunks: int | None) -> list[tuple[int, int]]:
     return [(s, min(s + int(chunks), n)) for s in range(0, n, int(chunks))]
 
 
+class StoredRows:
+    """Rows of a variable of a zarr store (an ingested data store, a kNN graph store), read where
+    they are used. Small and picklable: what travels to a worker instead of the rows.
+
+    ``columns``: only the first columns (a graph at the sweep's largest k fitted at a smaller k);
+    ``shift``: subtracted from every row (a model's centred data, Y - mean: the same values as
+    slicing the centred array); ``expect``: store attributes that must hold when read (the data's
+    fingerprint), so a store rewritten during a fit is refused, never read as if it were the same."""
+
+    def __init__(self, path, name, *, dtype=np.float64, columns=None, shift=None, expect=None):
+        self.path, self.name = str(path), str(name)
+        self.dtype = np.dtype(dtype)
+        self.columns = None if columns is None else int(columns)
+        self.shift = None if shift is None else np.asarray(shift, dtype=self.dtype)
+        self.expect = dict(expect or {})
+
+    def shifted(self, shift) -> StoredRows:
+        """The same rows less ``shift``."""
+        out = StoredRows(self.path, self.name, dtype=self.dtype, columns=self.columns, expect=self.expect)
+        out.shift = np.asarray(shift, dtype=self.dtype) + (0 if self.shift is None else self.shift)
+        return out
+
+    def _array(self):
+        import zarr
+
+        group = zarr.open_group(self.path, mode="r")
+        for k, v in self.expect.items():
+            if group.attrs.get(k) != v:
+                raise RuntimeError(
+                    f"the store {self.path} changed while a fit read it ({k} is {group.attrs.get(k)!r}, "
+                    f"the fit started with {v!r}); run the fit again"
+                )
+        return group[self.name]
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Rows a:b (a C-contiguous array of ``dtype``)."""
+        arr = self._array()
+        x = arr[a:b] if self.columns is None else arr[a:b, : self.columns]
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        return x if self.shift is None else x - self.shift
+
+    def whole(self) -> np.ndarray:
+        """Every row, read once per process (cached while the store records the same attributes)."""
+        return _whole(self)
+
+    def _key(self):
+        shift = None if self.shift is None else self.shift.tobytes()
+        return (self.path, self.name, self.dtype.str, self.columns, shift, tuple(sorted(self.expect.items())))
+
+    def __eq__(self, other):
+        return isinstance(other, StoredRows) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return f"StoredRows({self.path!r}, {self.name!r}, columns={self.columns})"
+
+
+@functools.lru_cache(maxsize=2)
+def _whole_cached(src: StoredRows) -> np.ndarray:
+    arr = src._array()
+    x = src.read(0, arr.shape[0])
+    x.flags.writeable = False  # shared by every task of this process that reads it
+    return x
+
+
+def _whole(src: StoredRows) -> np.ndarray:
+    src._array()  # the store's attributes checked on every use, not only on the first read
+    return _whole_cached(src)
+
+
+class _Rows:
+    """Rows a:b of a :class:`StoredRows`, read on the worker that receives it."""
+
+    def __init__(self, src: StoredRows, a: int, b: int):
+        self.src, self.a, self.b = src, int(a), int(b)
+
+    def __eq__(self, other):
+        return isinstance(other, _Rows) and (self.src, self.a, self.b) == (other.src, other.a, other.b)
+
+    def __hash__(self):
+        return hash((self.src, self.a, self.b))
+
+
+_STORED: list = []  # (array, StoredRows) declared by stored_rows, newest last
+_STORED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def stored_rows(*pairs):
+    """Declare, for the block's duration, that each array of ``pairs`` ((array, StoredRows)) holds
+    the values its StoredRows reads: chunked work on a cluster then sends the store's path and row
+    spans, not the rows (:func:`map_chunks`, :class:`RowChunks`). A sweep's fit task declares the
+    data and graph it read from the ingested stores."""
+    pairs = [(np.asarray(x), src) for x, src in pairs]
+    with _STORED_LOCK:
+        _STORED.extend(pairs)
+    try:
+        yield
+    finally:
+        with _STORED_LOCK:
+            for p in pairs:
+                for i in range(len(_STORED) - 1, -1, -1):
+                    if _STORED[i] is p:
+                        del _STORED[i]
+                        break
+
+
+def _equal(x: np.ndarray, y: np.ndarray, rows: int = 65536) -> bool:
+    """Exactly equal arrays, compared in row blocks (no N x D temporary)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x is y:
+        return True
+    return all(np.array_equal(x[a : a + rows], y[a : a + rows]) for a in range(0, x.shape[0], rows))
+
+
+def source_of(x, shift=None) -> StoredRows | None:
+    """The :class:`StoredRows` that reads ``x`` (``x + shift``'s rows less ``shift``, given
+    ``shift``), if an array of equal values was declared by :func:`stored_rows`; else None. The
+    declared array is compared value by value: models take copies of what they are given
+    (``check_data``), so the array reaching the chunk engine is an equal copy, not the same object."""
+    if not isinstance(x, np.ndarray) or x.ndim == 0:
+        return None
+    with _STORED_LOCK:
+        declared = list(_STORED)
+    for arr, src in reversed(declared):
+        if _equal(x, arr):
+            return src if shift is None else src.shifted(shift)
+    return None
+
+
+def _resolve(x):
+    """A worker's view of what it was sent: rows and stored arrays read from their store."""
+    if isinstance(x, _Rows):
+        return x.src.read(x.a, x.b)
+    if isinstance(x, StoredRows):
+        return x.whole()
+    return x
+
+
 def dask_client():
     """The distributed client this code runs under, or None (no cluster: Dask's local scheduler)."""
     try:
@@ -54,12 +204,21 @@ def _call(fn, shared, blocks, a, b, kwargs):
     return fn(*shared, *blocks, slice(a, b), **kwargs)
 
 
+def _call_stored(fn, shared, blocks, a, b, kwargs):
+    """:func:`_call` on a worker, stored arrays and rows read there first."""
+    shared = [_resolve(x) for x in shared]
+    blocks = [_resolve(x) for x in blocks]
+    return fn(*shared, *blocks, slice(a, b), **{k: _resolve(v) for k, v in kwargs.items()})
+
+
 def map_chunks(fn, spans, *, shared=(), sliced=(), **kwargs) -> list:
     """``[fn(*shared, *(x[a:b] for x in sliced), slice(a, b), **kwargs) for (a, b) in spans]``.
 
     One span: a plain call in process. Several: one task per span. On a distributed cluster the
     ``shared`` arrays and array keyword arguments go to every worker once and each span's slices
-    to one worker, so nothing large travels inside the task graph; without one, ``dask.delayed``
+    to one worker, so nothing large travels inside the task graph; an array declared by
+    :func:`stored_rows` is not sent at all: each task reads its span's rows (sliced) or the whole
+    array (shared; once per worker process) from the store. Without a cluster, ``dask.delayed``
     tasks on the local scheduler. ``fn`` must be picklable (a module-level function or a partial
     of one)."""
     if len(spans) == 1:
@@ -74,15 +233,22 @@ def map_chunks(fn, spans, *, shared=(), sliced=(), **kwargs) -> list:
             dask.delayed(_call, pure=True)(fn, sh, [x[a:b] for x in sliced], a, b, kwargs) for a, b in spans
         ]
         return list(dask.compute(*parts))
-    sh = [client.scatter(x, broadcast=True, hash=False) if isinstance(x, np.ndarray) else x for x in shared]
-    kw = {
-        k: client.scatter(v, broadcast=True, hash=False) if isinstance(v, np.ndarray) else v
-        for k, v in kwargs.items()
-    }
+
+    def send_whole(x):
+        if not isinstance(x, np.ndarray):
+            return x
+        return source_of(x) or client.scatter(x, broadcast=True, hash=False)
+
+    sh = [send_whole(x) for x in shared]
+    kw = {k: send_whole(v) for k, v in kwargs.items()}
+    stored = [source_of(x) for x in sliced]
     futures = []
     for a, b in spans:
-        blocks = client.scatter([x[a:b] for x in sliced], hash=False) if sliced else []
-        futures.append(client.submit(_call, fn, sh, blocks, a, b, kw, pure=False))
+        blocks = [
+            _Rows(src, a, b) if src is not None else client.scatter(x[a:b], hash=False)
+            for x, src in zip(sliced, stored, strict=True)
+        ]
+        futures.append(client.submit(_call_stored, fn, sh, blocks, a, b, kw, pure=False))
     return client.gather(futures)
 
 
@@ -180,7 +346,8 @@ class ChunkHost:
     def __init__(self, stats_fn, offsets, *parts):
         self.stats_fn = stats_fn
         self.offsets = list(offsets)  # chunk c holds block rows offsets[c]:offsets[c + 1]
-        self.parts = parts
+        # a chunk sent as stored rows is read here, from the store (RowChunks with ``sources``)
+        self.parts = tuple(tuple(_resolve(x) for x in part) for part in parts)
         self.rows = None
         try:
             from distributed import get_worker
@@ -248,7 +415,10 @@ class RowChunks:
 
     ``data`` is a tuple of arrays with N rows (the views); ``local`` a pytree of arrays with N rows;
     ``extra`` dynamic scalars of the objective (e.g. extra jitter). ``chunks=None`` (or >= N) means
-    one piece in process.
+    one piece in process. ``origin``: for each of ``data``, ``(array, shift)`` with
+    ``data[i] == array - shift`` (a model's centred views; ``shift`` None: the array itself); if
+    every array was declared by :func:`stored_rows`, each worker reads its chunks' rows from the
+    store (less the shift) instead of receiving them from the caller.
 
     With several chunks and a Dask client (``distributed.get_client``), the chunks are dealt to the
     workers in contiguous runs, one :class:`ChunkHost` actor per worker. The driver talks to the
@@ -262,12 +432,20 @@ class RowChunks:
     #: long-lived function (e.g. from the cached ``bound_objective``) for this to hit
     _compiled: dict = {}
 
-    def __init__(self, stats_fn, objective, data: tuple, chunks: int | None = None):
+    def __init__(self, stats_fn, objective, data: tuple, chunks: int | None = None, origin=None):
         self.stats_fn, self.objective = stats_fn, objective
         self.n = data[0].shape[0]
         self.bounds = row_spans(self.n, chunks)
         self.client = dask_client() if len(self.bounds) > 1 else None
         self.parts = [tuple(np.asarray(d[a:b]) for d in data) for a, b in self.bounds]
+        #: where each worker reads its rows (one StoredRows per data array), or None: rows are sent
+        self.sources = None
+        if self.client is not None:
+            pairs = list(origin) if origin is not None else [(d, None) for d in data]
+            if len(pairs) != len(data):
+                raise ValueError(f"origin has {len(pairs)} entries for {len(data)} data arrays")
+            found = [source_of(np.asarray(x), shift) for x, shift in pairs]
+            self.sources = found if all(f is not None for f in found) else None
         self.hosts: list = []  # (first row, end row, host): a ChunkHost, or an Actor to one
         self._host_futures: list = []
         if len(self.bounds) > 1:
@@ -333,7 +511,10 @@ class RowChunks:
                 if w is None:
                     host = ChunkHost(self.stats_fn, offsets, *parts)
                 else:
-                    sent = self.client.scatter(parts, hash=False, workers=[w], direct=True)
+                    if self.sources is not None:  # the worker reads its rows from the store
+                        sent = [tuple(_Rows(src, *self.bounds[c]) for src in self.sources) for c in idx]
+                    else:
+                        sent = self.client.scatter(parts, hash=False, workers=[w], direct=True)
                     fut = self.client.submit(
                         ChunkHost,
                         self.stats_fn,

@@ -8,6 +8,7 @@ import traceback
 
 import numpy as np
 
+from lvmcore.chunks import StoredRows, stored_rows
 from tasks.inputs import load_data, load_graph
 from tasks.registry import COV_SCALES, MODELS
 from tasks.store import PointResult
@@ -30,6 +31,20 @@ def _dask_context(est):
     return worker_client(separate_thread=True)
 
 
+def _declared(data: dict, data_path: str, graph, graph_path) -> list:
+    """The arrays this fit read from the ingested stores, with where they are stored: chunked work
+    on the cluster reads its rows there (lvmcore.chunks.stored_rows), not from this task."""
+    fp = data["stamps"]
+    out = [(data["Y"], StoredRows(data_path, "Y", expect=fp))]
+    out += [(v, StoredRows(data_path, f"view_{i}", expect=fp)) for i, v in enumerate(data["views"])]
+    if graph is not None:
+        at = {"data_fingerprint": data["fingerprint"]}
+        out.append(
+            (graph, StoredRows(graph_path, "indices", dtype=np.int64, columns=graph.shape[1], expect=at))
+        )
+    return out
+
+
 def fit_point(
     key: str,
     options: dict,
@@ -45,13 +60,15 @@ def fit_point(
     try:
         data = load_data(data_path)
         est = spec.estimator_class()(**spec.constructor_args(point, options))
+        graph = None
+        if not spec.multiview and "k" in spec.dims:
+            graph = load_graph(graph_path)[0][:, : point["k"]]
         t0 = time.perf_counter()
-        with _dask_context(est):
+        with _dask_context(est), stored_rows(*_declared(data, data_path, graph, graph_path)):
             if spec.multiview:
                 est.fit(data["views"])
-            elif "k" in spec.dims:
-                idx, _ = load_graph(graph_path)
-                est.fit(data["Y"], graph=idx[:, : point["k"]])
+            elif graph is not None:
+                est.fit(data["Y"], graph=graph)
             else:
                 est.fit(data["Y"])
             res.fit_seconds = time.perf_counter() - t0

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from prefect import task
 
-from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, stream
+from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, recipe, recipe_fingerprint, stream
+from lvmcore.data.loaders import write_store
 
 
 def dataset_spec(dataset) -> tuple[str, dict]:
@@ -23,10 +24,11 @@ def dataset_spec(dataset) -> tuple[str, dict]:
     raise ValueError(f"dataset must be a name, a path or a dict, got {type(dataset).__name__}")
 
 
-def stored_fingerprint(data_path) -> str | None:
-    """The content fingerprint an ingested data store records (None if it has none)."""
+def stored_fingerprint(data_path, which: str = "fingerprint") -> str | None:
+    """The fingerprint an ingested data store records (None if it has none): ``fingerprint`` (what
+    the sweep planned with: a named set's recipe, a file's content) or ``content_fingerprint``."""
     try:
-        return open_dataset(data_path).attrs.get("fingerprint")
+        return open_dataset(data_path).attrs.get(which)
     except ValueError:
         return None
 
@@ -39,7 +41,9 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     changed between planning and ingest) is refused rather than fitted.
 
     A .npy, .zarr or .h5ad file is copied in row blocks (lvmcore.data.stream), never held whole:
-    the worker that ingests holds one block at a time."""
+    the worker that ingests holds one block at a time. A named data set is drawn here, on the
+    worker (the flow planned from its recipe, lvmcore.data.recipe_fingerprint): a store is reused
+    only if it records this recipe and the content just drawn."""
     src, opts = dataset_spec(dataset)
     p = Path(data_path)
     if src not in DATASETS and stream.is_streamable(src):
@@ -52,6 +56,24 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
                 f"the data {src!r} changed while the sweep started (fingerprint {fp}, planned {expect}); "
                 "run the sweep again"
             )
+        return str(p)
+    if src in DATASETS:
+        fp = recipe_fingerprint(src, **opts)
+        if expect is not None and fp != expect:
+            raise ValueError(
+                f"the data set {src!r} has recipe fingerprint {fp} on this worker, the sweep planned "
+                f"{expect} (this worker's recipe: {recipe(src, **opts)}); give the flow process and "
+                "the workers the same embed-sweep, NumPy and scikit-learn versions"
+            )
+        want = load(src, **opts)
+        content = fingerprint(want)
+        if (
+            p.exists()
+            and stored_fingerprint(p) == fp
+            and stored_fingerprint(p, "content_fingerprint") == content
+        ):
+            return str(p)
+        write_store(want, p, fp, overwrite=True, content=content)
         return str(p)
     want = load(src, **opts)
     fp = fingerprint(want)

@@ -19,14 +19,18 @@ from lvmcore.data import open_dataset
 
 
 def data_fingerprint(path) -> str | None:
-    """The content fingerprint recorded in an ingested data store's attributes (None if none)."""
+    """The content fingerprint recorded in an ingested data store's attributes (None if none):
+    ``content_fingerprint``, else (a store written before it was recorded) ``fingerprint``. A named
+    data set's ``fingerprint`` is its recipe's (lvmcore.data.recipe_fingerprint); what is derived
+    from the data (the kNN graph, cached reads and evaluation references) is tied to the content."""
     import json
 
     try:
         meta = json.loads((Path(path) / "zarr.json").read_text())
     except (OSError, ValueError):
         return None
-    return meta.get("attributes", {}).get("fingerprint")
+    attrs = meta.get("attributes", {})
+    return attrs.get("content_fingerprint") or attrs.get("fingerprint")
 
 
 @functools.lru_cache(maxsize=4)
@@ -36,12 +40,15 @@ def _load_data(path: str, stamp):
     for name in ("label", "color", "truth"):
         out[name] = ds[name].values if name in ds else None
     out["truth_metric"] = ds.attrs.get("truth_metric", "euclidean")
-    out["fingerprint"] = ds.attrs.get("fingerprint")
+    out["fingerprint"] = ds.attrs.get("content_fingerprint") or ds.attrs.get("fingerprint")
+    #: the store's fingerprint attributes as read: chunked work reading the store checks them
+    out["stamps"] = {k: ds.attrs[k] for k in ("fingerprint", "content_fingerprint") if k in ds.attrs}
     return out
 
 
 def load_data(path) -> dict:
-    """Y, views, label, color, truth, truth_metric and fingerprint of an ingested data store.
+    """Y, views, label, color, truth, truth_metric, fingerprint (the content's) and stamps (the
+    store's fingerprint attributes) of an ingested data store.
 
     Cached per process by path and content fingerprint (plus the metadata file's mtime for stores
     without one): a store rewritten with other data is read again, never served from the cache."""

@@ -280,40 +280,6 @@ def test_queued_grid_points_do_not_run_side_by_side_on_a_one_thread_worker(tmp_p
         assert start >= end - 1e-3, spans  # each task starts after the previous one ended
 
 
-def test_chunked_fit_in_a_worker_task_uses_the_whole_cluster(tmp_path):
-    """A grid point with ``chunks`` runs in a Dask worker task, as in a sweep (seceded under
-    ``worker_client``): its row chunks are dealt to actors on both workers of the 2-process
-    cluster, and the fit equals the one-piece fit in process to round-off."""
-    from distributed import Client, LocalCluster
-
-    from flows.sweep import input_paths
-    from tasks.fit import fit_point
-    from tasks.ingest import ingest_dataset
-
-    data_path, _ = input_paths(str(tmp_path / "s.zarr"))
-    Path(data_path).parent.mkdir(parents=True)
-    ingest_dataset(TINY, data_path)
-    point, opts = {"latent_dim": 2, "seed": 0}, {"max_iter": 6, "init_iters": 3, "n_inducing": 12}
-    plain = fit_point("bgplvm_rbf", opts, data_path, None, (0, 0), point)
-
-    def hosted(dask_worker):
-        return sum("ChunkHost" in str(entry[0]) for entry in dask_worker.state.log)
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as lc:
-        with Client(lc) as client:
-            fut = client.submit(
-                fit_point, "bgplvm_rbf", {**opts, "chunks": 40}, data_path, None, (0, 0), point, pure=False
-            )
-            chunked = fut.result()
-            hosts = client.run(hosted)
-    assert plain.status == chunked.status == "done", (plain.error, chunked.error)
-    assert len(hosts) == 2 and all(n > 0 for n in hosts.values()), hosts  # an actor ran on each worker
-    np.testing.assert_allclose(chunked.elbo_trace, plain.elbo_trace, rtol=1e-7)
-    np.testing.assert_allclose(chunked.embedding, plain.embedding, rtol=0, atol=1e-5)
-
-
 def test_evaluation_equals_the_reference_metrics(tmp_path):
     """A grid point's stored metrics (data-side ranks cached per dataset, fast average ranks)
     equal the metrics computed from scratch: our trustworthiness / continuity (themselves checked

@@ -233,3 +233,206 @@ def test_ppca_tall_path_equals_the_full_svd():
     want = chol_solve(np.linalg.cholesky(M), W.T @ (Y - ref.mean_).T).T
     sign = np.sign(np.sum(m.embedding_ * want, axis=0))  # each column's sign is a convention
     np.testing.assert_allclose(m.embedding_ * sign, want, rtol=1e-8, atol=1e-10)
+
+
+def test_named_data_sets_are_planned_from_their_recipe_without_drawing(monkeypatch):
+    """describe of a named generator: the sizes and attributes load gives, without drawing the
+    data (the flow process plans from it; the worker that ingests draws it)."""
+    from lvmcore.data import DATASETS, recipe_fingerprint, synthetic
+
+    small = {
+        "swiss_roll": {"n": 50},
+        "lllvm_swiss_roll": {"n": 40},
+        "s_curve": {"n": 30, "seed": 2},
+        "swiss_hole": {"n": 40},
+        "severed_bowl": {"n": 40},
+        "gaussian_blob": {"n": 40},
+        "binary_tree": {"depth": 3, "n_per_node": 4},
+        "mrd_toy": {"n": 30, "noise": 0.2},
+        "digits": {"classes": 3, "n_per_class": 5},
+    }
+    assert set(small) == set(DATASETS)
+    for name, opts in small.items():
+        d, ds = describe(name, **opts), load(name, **opts)
+        assert d["sizes"] == dict(ds.sizes), name
+        assert d["attrs"] == dict(ds.attrs), name
+        assert d["fingerprint"] == recipe_fingerprint(name, **opts)
+    drawn = []
+    real = synthetic.swiss_roll
+    monkeypatch.setattr(synthetic, "swiss_roll", lambda n, seed: drawn.append(n) or real(n, seed))
+    import lvmcore.data.loaders as loaders
+
+    counted = loaders._gen_manifold(synthetic.swiss_roll, 1000)
+    monkeypatch.setitem(loaders.DATASETS, "swiss_roll", (counted, ""))
+    d = describe("swiss_roll", n=10**8)
+    assert d["sizes"]["point"] == 10**8 and d["sizes"]["feature"] == 3 and max(drawn) <= 16
+    # a bad option is refused as load refuses it, before anything is drawn at size
+    with pytest.raises(ValueError, match="bad options"):
+        describe("swiss_roll", n=100, bogus=1)
+    with pytest.raises(ValueError, match="n must be an integer"):
+        describe("swiss_roll", n=1)
+
+
+def test_recipe_fingerprint_names_the_data(monkeypatch):
+    from lvmcore.data import loaders, recipe_fingerprint
+
+    fp = recipe_fingerprint("swiss_roll", n=1000)
+    assert fp == recipe_fingerprint("swiss_roll", n=1000, seed=0) == recipe_fingerprint("swiss_roll")
+    others = [
+        recipe_fingerprint("swiss_roll", n=1001),
+        recipe_fingerprint("swiss_roll", n=1000, seed=1),
+        recipe_fingerprint("s_curve", n=1000),
+    ]
+    monkeypatch.setattr(loaders, "GENERATOR_VERSION", "other")
+    others.append(recipe_fingerprint("swiss_roll", n=1000))
+    assert len({fp, *others}) == 5
+
+
+def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
+    """The worker draws the named data set; a store of another recipe, or one that records this
+    recipe but holds other data, is rewritten; a plan made with another recipe is refused."""
+    from lvmcore.data import recipe_fingerprint
+    from lvmcore.data.loaders import write_store
+    from tasks.ingest import ingest_dataset
+    from tasks.knn import build_graph, graph_matches
+
+    spec = {"name": "swiss_roll", "n": 300, "seed": 1}
+    fp = recipe_fingerprint("swiss_roll", n=300, seed=1)
+    p = tmp_path / "data.zarr"
+    want = load("swiss_roll", n=300, seed=1)["Y"].values
+
+    def stored():
+        ds = open_dataset(p, dask=False)
+        return ds["Y"].values, ds.attrs["fingerprint"], ds.attrs["content_fingerprint"]
+
+    ingest(load("s_curve", n=300, seed=1), p)  # other data, other recipe
+    ingest_dataset(spec, str(p), fp)
+    Y, f, c = stored()
+    np.testing.assert_array_equal(Y, want)
+    assert f == fp and c == fingerprint(load("swiss_roll", n=300, seed=1))
+    mtime = (p / "zarr.json").stat().st_mtime_ns
+    ingest_dataset(spec, str(p), fp)  # the same recipe and content: kept
+    assert (p / "zarr.json").stat().st_mtime_ns == mtime
+    write_store(load("swiss_roll", n=300, seed=2), p, fp, overwrite=True)  # this recipe's name, other data
+    build_graph(str(p), 5, str(tmp_path / "g.zarr"))
+    assert graph_matches(str(tmp_path / "g.zarr"), str(p), 5, "auto")
+    ingest_dataset(spec, str(p), fp)
+    np.testing.assert_array_equal(stored()[0], want)
+    # the graph of the other data is not taken for this data's (it records the content fingerprint)
+    assert not graph_matches(str(tmp_path / "g.zarr"), str(p), 5, "auto")
+    with pytest.raises(ValueError, match="recipe fingerprint"):
+        ingest_dataset(spec, str(p), recipe_fingerprint("swiss_roll", n=300, seed=2))
+    # lvmcore.data.ingest of a name records the same fingerprint the sweep plans with
+    assert open_dataset(ingest("swiss_roll", tmp_path / "b.zarr", n=300, seed=1)).attrs["fingerprint"] == fp
+
+
+@pytest.mark.slow  # a 2-process cluster, two chunked fits and a killed worker: about 30 s here
+def test_chunked_fits_read_their_rows_from_the_store(tmp_path, cluster_client):
+    """A sweep's chunked fits run in a worker task on a real 2-process cluster (seceded under
+    ``worker_client``): the Bayesian GP-LVM's row chunks are dealt to actors on both workers, which
+    read their rows from the ingested store; GLLE's tasks read the data and the graph there. The
+    fitting task scatters none of the data or graph (GLLE's per-point model state for its weight
+    draws, computed by the fit, still goes out in slices); the results equal the in-process fits.
+    Then a worker holding row chunks is killed between two evaluations: the chunks are dealt again
+    and read from the store again."""
+    import os
+    import signal
+    import time
+
+    from lvmcore.chunks import RowChunks, StoredRows, stored_rows
+    from lvmcore.models.bgplvm import ViewStats, bound_objective
+    from tasks.fit import fit_point
+    from tasks.knn import build_graph
+
+    data_path, graph_path = str(tmp_path / "data.zarr"), str(tmp_path / "graph.zarr")
+    ingest(load("swiss_roll", n=400, seed=0), data_path, chunk_rows=64)
+    build_graph(data_path, 8, graph_path)
+
+    def fit_recording_scatters(*args):
+        """fit_point in a worker task (as a sweep runs it), with the (dtype kind, row shape) of every
+        array it scatters to the cluster (through its worker_client) recorded."""
+        import distributed
+
+        from tasks.fit import fit_point
+
+        sent, real = [], distributed.Client.scatter
+
+        def record(self, data, *a, **kw):
+            for x in data if isinstance(data, (list, tuple)) else [data]:
+                x = np.asarray(x)
+                sent.append((x.dtype.kind, x.shape[1:]))
+            return real(self, data, *a, **kw)
+
+        distributed.Client.scatter = record
+        try:
+            return fit_point(*args), sent
+        finally:
+            distributed.Client.scatter = real
+
+    def hosted(dask_worker):
+        return sum("ChunkHost" in str(entry[0]) for entry in dask_worker.state.log)
+
+    before = cluster_client.run(hosted)
+    runs = {
+        "glle_em": ({"k": 8, "latent_dim": 2, "seed": 0}, {}),
+        "bgplvm_rbf": ({"latent_dim": 2, "seed": 0}, {"max_iter": 4, "init_iters": 2, "n_inducing": 10}),
+    }
+    for key, (point, opts) in runs.items():
+        plain = fit_point(key, opts, data_path, graph_path, (0, 0), point)
+        args = (key, {**opts, "chunks": 150}, data_path, graph_path, (0, 0), point)
+        chunked, sent = cluster_client.submit(fit_recording_scatters, *args, pure=False).result()
+        assert plain.status == chunked.status == "done", (plain.error, chunked.error)
+        assert not [s for s in sent if s in (("f", (3,)), ("i", (8,)))], (key, sent)  # no rows of Y or graph
+        # GLLE scatters its per-point state for the weight draws (the recorder sees scatters);
+        # the Bayesian GP-LVM's row chunks scatter nothing at all
+        assert bool(sent) == (key == "glle_em"), (key, sent)
+        np.testing.assert_allclose(chunked.elbo_trace, plain.elbo_trace, rtol=1e-7, err_msg=key)
+        np.testing.assert_allclose(chunked.embedding, plain.embedding, rtol=0, atol=1e-5, err_msg=key)
+    after = cluster_client.run(hosted)
+    assert all(after[w] > before.get(w, 0) for w in after), (before, after)  # an actor on each worker
+
+    ds = open_dataset(data_path, dask=False)
+    Y = ds["Y"].values
+    mu = Y.mean(0)
+    rng = np.random.default_rng(1)
+    local = {"mu": rng.standard_normal((400, 2)), "logS": np.log(rng.uniform(0.1, 0.5, (400, 2)))}
+    glob = {"Z": rng.standard_normal((1, 6, 2)), "kern": [{"log_var": 0.1, "log_ls": np.zeros(2)}]}
+    glob["log_beta"] = np.array([0.3])
+    obj = bound_objective(("rbf",), True, 400, (3,))
+    want = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,)).value_and_grad(local, glob, 0.0)
+    src = StoredRows(data_path, "Y", expect={"fingerprint": ds.attrs["fingerprint"]})
+    with stored_rows((Y.copy(), src)):  # an equal copy is found (models copy what they are given)
+        r = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,), 100, origin=[(Y, mu)])
+    assert r.sources is not None and len(set(r.placement)) == 2
+
+    def check(got):
+        assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0])
+        np.testing.assert_allclose(got[1]["mu"], want[1]["mu"], rtol=1e-8, atol=1e-10)
+
+    check(r.value_and_grad(local, glob, 0.0))
+    victim = r.placement[0]
+    os.kill(cluster_client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in cluster_client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check(r.value_and_grad(local, glob, 0.0))
+    assert victim not in r.placement
+
+
+def test_stored_rows_refuse_a_store_rewritten_during_a_fit(tmp_path):
+    from lvmcore.chunks import StoredRows, source_of, stored_rows
+
+    p = ingest(load("swiss_roll", n=50, seed=0), tmp_path / "d.zarr")
+    ds = open_dataset(p, dask=False)
+    Y, fp = ds["Y"].values, ds.attrs["fingerprint"]
+    src = StoredRows(p, "Y", expect={"fingerprint": fp})
+    np.testing.assert_array_equal(src.read(5, 9), Y[5:9])
+    np.testing.assert_array_equal(src.shifted(Y.mean(0)).read(0, 50), Y - Y.mean(0))
+    other = Y.copy()
+    other[7, 1] = np.nextafter(other[7, 1], np.inf)  # one value one ulp apart: not the stored rows
+    with stored_rows((Y, src)):
+        assert source_of(Y.copy()) == src and source_of(other) is None
+    assert source_of(Y) is None  # declared only for the block
+    ingest(load("swiss_roll", n=50, seed=1), p, overwrite=True)
+    with pytest.raises(RuntimeError, match="changed while a fit read it"):
+        src.read(0, 5)

@@ -8,7 +8,10 @@ from lvmcore.data.loaders import (
     list_datasets,
     load,
     open_dataset,
+    recipe,
+    recipe_fingerprint,
     views_of,
+    write_store,
 )
 
 __all__ = [
@@ -19,5 +22,8 @@ __all__ = [
     "list_datasets",
     "load",
     "open_dataset",
+    "recipe",
+    "recipe_fingerprint",
     "views_of",
+    "write_store",
 ]

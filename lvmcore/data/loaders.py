@@ -37,7 +37,14 @@ __all__ = [
     "DATASETS",
     "views_of",
     "fingerprint",
+    "recipe",
+    "recipe_fingerprint",
+    "write_store",
 ]
+
+#: the version of the named generators' recipes: change it when a generator draws other data for
+#: the same options (a store ingested from the old recipe is then rebuilt, a result store refused)
+GENERATOR_VERSION = "2026-11-24.1"
 
 log = logging.getLogger("lvmcore.data")
 
@@ -277,6 +284,89 @@ def fingerprint(ds: xr.Dataset) -> str:
     return h.hexdigest()[:32]
 
 
+def _maker_params(name: str, options: dict) -> dict:
+    """Every option of the named generator ``name``, defaults filled in (ValueError for options it
+    does not take): ``{"n": 1000}`` and ``{"n": 1000, "seed": 0}`` draw the same data."""
+    import inspect
+
+    sig = inspect.signature(DATASETS[name][0])
+    try:
+        bound = sig.bind(**options)
+    except TypeError as e:
+        raise ValueError(f"bad options {options} for data set {name!r}: {e}") from e
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def recipe(name: str, **options) -> dict:
+    """The canonical recipe of a named data set: its name, every generator option (defaults filled
+    in), :data:`GENERATOR_VERSION` and the versions of the libraries that draw it (NumPy's bit
+    generators, scikit-learn's sheets). Equal recipes draw equal data."""
+    import sklearn
+
+    if name not in DATASETS:
+        raise ValueError(f"{name!r} is not a named data set; known names: {', '.join(DATASETS)}")
+    params = json.loads(json.dumps(_maker_params(name, options), sort_keys=True, default=str))
+    return {
+        "name": name,
+        "params": params,
+        "generator_version": GENERATOR_VERSION,
+        "numpy": np.__version__,
+        "scikit-learn": sklearn.__version__,
+    }
+
+
+def recipe_fingerprint(name: str, **options) -> str:
+    """The fingerprint of a named data set: a hash of its :func:`recipe`, known without drawing
+    the data (a sweep plans from it; the worker that ingests draws the data). The store records
+    it as its ``fingerprint`` beside the drawn data's ``content_fingerprint``."""
+    blob = json.dumps(recipe(name, **options), sort_keys=True).encode()
+    return "recipe-" + hashlib.sha256(blob).hexdigest()[:25]
+
+
+#: the option that sets a named generator's number of rows, and the value a probe draws with
+_ROWS_OPTION = {"n": 16, "n_per_node": 1}
+
+
+def _describe_named(name: str, options: dict) -> dict:
+    """:func:`describe` of a named data set without drawing it: the generator runs at a probe size
+    (16 rows, or one sample per tree node) for the variables, dimensions and attributes, and the
+    row count is scaled to the asked size (every generator here draws exactly ``n`` rows, or
+    ``n_per_node`` per node). Options it cannot take are refused as :func:`load` refuses them."""
+    params = _maker_params(name, options)  # ValueError for an option the generator lacks
+    probe = dict(options)
+    for opt, small in _ROWS_OPTION.items():
+        value = params.get(opt)
+        if (
+            opt in params
+            and isinstance(value, (int, np.integer))
+            and not isinstance(value, bool)
+            and value > small
+        ):
+            probe[opt] = small
+            ds = load(name, **probe)
+            rows = ds.sizes["point"] // small * int(value)
+            break
+    else:  # a small or an invalid size: draw it (small), or let the generator refuse it
+        ds = load(name, **options)
+        rows = ds.sizes["point"]
+    attrs = dict(ds.attrs)
+    attrs.update({k: v for k, v in load_attrs(name, options).items() if k in ("params", "seed")})
+    return {
+        "sizes": {**dict(ds.sizes), "point": rows},
+        "attrs": attrs,
+        "fingerprint": recipe_fingerprint(name, **options),
+    }
+
+
+def load_attrs(name: str, options: dict) -> dict:
+    """The ``params`` and ``seed`` attributes :func:`load` gives the named data set ``name``."""
+    maker = DATASETS[name][0]
+    params = dict(options)
+    params.setdefault("seed", 0 if "seed" in maker.__code__.co_varnames else None)
+    return _attrs(name=name, source=f"generator:{name}", params=params)
+
+
 def load(name_or_path, **options) -> xr.Dataset:
     """Load a named data set (see :func:`list_datasets`) or a user file as an xarray Dataset.
 
@@ -344,10 +434,14 @@ def open_dataset(path, *, dask: bool = True) -> xr.Dataset:
 def describe(name_or_path, **options) -> dict:
     """``{"sizes": {dim: size}, "attrs": ..., "fingerprint": ...}`` of what :func:`load` would give,
     without holding a large file: .npy, .zarr and .h5ad files are read in row blocks
-    (lvmcore.data.stream); named data sets and .csv files are loaded, described and dropped."""
+    (lvmcore.data.stream); a named data set is not drawn (its fingerprint is its
+    :func:`recipe_fingerprint`, its sizes come from a small probe); .csv files are loaded,
+    described and dropped."""
     from lvmcore.data import stream
 
-    if str(name_or_path) not in DATASETS and stream.is_streamable(name_or_path):
+    if str(name_or_path) in DATASETS:
+        return _describe_named(str(name_or_path), dict(options))
+    if stream.is_streamable(name_or_path):
         return stream.describe(name_or_path, **options)
     ds = load(name_or_path, **options)
     return {"sizes": dict(ds.sizes), "attrs": dict(ds.attrs), "fingerprint": fingerprint(ds)}
@@ -360,6 +454,8 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
     complete, so a crash never leaves a half-written store under the final name. An existing
     store is kept unless ``overwrite=True``. A .npy, .zarr or .h5ad file is copied in row blocks
     (lvmcore.data.stream.ingest_stream: memory-mapped, chunk by chunk, backed), never held whole.
+    A named data set is drawn here and recorded with its :func:`recipe_fingerprint` (what
+    :func:`describe` gives for it).
     """
     from lvmcore.data import stream
 
@@ -369,6 +465,23 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
                 ds_or_name, path, chunk_rows=chunk_rows, overwrite=overwrite, **options
             )[0]
     ds = ds_or_name if isinstance(ds_or_name, xr.Dataset) else load(ds_or_name, **options)
+    named = not isinstance(ds_or_name, xr.Dataset) and str(ds_or_name) in DATASETS
+    fp = recipe_fingerprint(str(ds_or_name), **options) if named else None
+    return write_store(ds, path, fp, chunk_rows=chunk_rows, overwrite=overwrite)
+
+
+def write_store(
+    ds: xr.Dataset,
+    path,
+    fp: str | None = None,
+    *,
+    chunk_rows: int = 4096,
+    overwrite: bool = False,
+    content: str | None = None,
+) -> Path:
+    """Write ``ds`` to a data store at ``path`` (see :func:`ingest`), recording ``fp`` as its
+    ``fingerprint`` (None: the data's content fingerprint) and the content fingerprint as
+    ``content_fingerprint`` (``content``, if the caller computed it already)."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True or choose another path")
@@ -380,7 +493,9 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
         encoding[name] = {"chunks": chunks}
     out = ds.copy()
     out.attrs = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in ds.attrs.items()}
-    out.attrs["fingerprint"] = fingerprint(ds)
+    content = content or fingerprint(ds)
+    out.attrs["fingerprint"] = fp or content
+    out.attrs["content_fingerprint"] = content
     try:
         out.to_zarr(tmp, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
         replace_dir(tmp, path)

@@ -134,7 +134,7 @@ def open_source(src, **options) -> Source:
         from lvmcore.data.loaders import open_dataset
 
         ds = open_dataset(path, dask=False)
-        attrs = {k: v for k, v in ds.attrs.items() if k != "fingerprint"}
+        attrs = {k: v for k, v in ds.attrs.items() if k not in ("fingerprint", "content_fingerprint")}
         variables = {
             name: Variable(var.dims, var.shape, var.dtype, (lambda a, b, v=var: np.asarray(v[a:b].values)))
             for name, var in ds.data_vars.items()
@@ -283,6 +283,7 @@ def ingest_stream(
 
         fp = _pass(source, rows, write)
         group.attrs["fingerprint"] = fp
+        group.attrs["content_fingerprint"] = fp
         replace_dir(tmp, path)
     finally:
         source.close()

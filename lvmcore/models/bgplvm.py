@@ -296,7 +296,11 @@ class _CollapsedGPLVM(LatentModel):
             self.times_, self.sequences_ = times, sequences
         stats_fn = ViewStats(kinds, self.shared_inducing, with_kl=not temporal)
         runner = RowChunks(
-            stats_fn, bound_objective(kinds, bool(self.shared_inducing), N, dims), Yc, self.chunks
+            stats_fn,
+            bound_objective(kinds, bool(self.shared_inducing), N, dims),
+            Yc,
+            self.chunks,
+            origin=list(zip(views, self.view_means_, strict=True)),  # stored views: read on the workers
         )
         x0, unravel = ravel_pytree((local, glob))
         x0 = np.asarray(x0)
