@@ -449,7 +449,10 @@ class RowChunks:
         self.hosts: list = []  # (first row, end row, host): a ChunkHost, or an Actor to one
         self._host_futures: list = []
         if len(self.bounds) > 1:
-            self._place()
+            try:
+                self._place()
+            except _HostLost:  # a worker went while the actors were being placed: deal again
+                self._place()
         key = (type(stats_fn).__name__, stats_fn.key(), objective)
         if key not in RowChunks._compiled:
             raw = stats_fn.raw
@@ -473,11 +476,21 @@ class RowChunks:
             if first <= a < end
         ]
 
-    #: how long placing the actors may take before it counts as a failure (s)
-    PLACE_TIMEOUT = 300.0
     #: while waiting on the actors, how often to check that their workers are still there (s)
     POLL = 5.0
     _rotation = itertools.count()
+
+    def _await_actor(self, fut, worker):
+        """The actor of ``fut``, once its worker has a free thread to start it. A worker busy with
+        another long task (a 10^6 x 50 kNN search takes minutes) delays it, which is not a
+        failure: wait as long as the worker is alive (a fixed timeout here failed the 10^6 x 50
+        sweep's Bayesian GP-LVM after 300 s behind that search), and give up only if it is lost."""
+        while True:
+            try:
+                return fut.result(timeout=self.POLL)
+            except TimeoutError:
+                if worker not in self._running_workers():
+                    raise _HostLost(f"worker {worker} was lost while placing its row chunks") from None
 
     def _running_workers(self) -> list:
         info = self.client.scheduler_info()["workers"]
@@ -526,7 +539,7 @@ class RowChunks:
                         pure=False,
                     )
                     futures.append(fut)
-                    host = fut.result(timeout=self.PLACE_TIMEOUT)
+                    host = self._await_actor(fut, w)
                     del sent  # the actor holds the arrays; the scattered copies can go
                 hosts.append((first, end, host))
         except BaseException:

@@ -132,6 +132,31 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
 
 
 @pytest.mark.slow
+def test_chunks_placed_behind_a_long_task_wait_for_the_worker(cluster_client, monkeypatch):
+    """A worker busy with another task (a sweep's 10^6 x 50 kNN search: minutes) starts the row
+    chunks' actor only when its thread is free. Placement waits for it while the worker is alive
+    (here 6 s against a 0.5 s poll) instead of failing the fit; the result equals one piece."""
+    import time
+
+    from lvmcore.chunks import RowChunks
+
+    monkeypatch.setattr(RowChunks, "POLL", 0.5)
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=300, D=4, Q=2, M=8)
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.2])}
+    workers = sorted(cluster_client.scheduler_info()["workers"])
+    busy = cluster_client.submit(time.sleep, 6.0, workers=[workers[0]], pure=False)
+    time.sleep(0.5)  # the sleep has started on the first worker
+    t0 = time.perf_counter()
+    many = _runner(["rbf"], [Y], chunks=100)
+    assert time.perf_counter() - t0 > 2.0  # it did wait behind the busy thread
+    assert busy.done() and sorted(set(many.placement)) == workers
+    v1, _, _ = _runner(["rbf"], [Y]).value_and_grad(local, glob, 0.0)
+    v3, _, _ = many.value_and_grad(local, glob, 0.0)
+    assert abs(v1 - v3) <= 1e-10 * abs(v1)
+
+
+@pytest.mark.slow
 def test_chunked_evaluation_on_two_thread_workers_and_a_lost_worker():
     """2 workers with 2 threads each, 7 chunks:
     - each actor runs its chunks on both of its threads, and the bound, gradient and statistics
