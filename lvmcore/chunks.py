@@ -485,12 +485,22 @@ class RowChunks:
         another long task (a 10^6 x 50 kNN search takes minutes) delays it, which is not a
         failure: wait as long as the worker is alive (a fixed timeout here failed the 10^6 x 50
         sweep's Bayesian GP-LVM after 300 s behind that search), and give up only if it is lost."""
+        return self._wait(
+            fut,
+            lambda: worker not in self._running_workers(),
+            f"worker {worker} was lost while placing its row chunks",
+        )
+
+    def _wait(self, fut, lost, message):
+        """``fut``'s result, checking every ``POLL`` seconds whether ``lost()``: a worker that
+        stopped answering (frozen, swapping) keeps its connection open until the scheduler drops
+        it after its time-to-live, so the wait stops then (``_HostLost(message)``), not before."""
         while True:
             try:
                 return fut.result(timeout=self.POLL)
             except TimeoutError:
-                if worker not in self._running_workers():
-                    raise _HostLost(f"worker {worker} was lost while placing its row chunks") from None
+                if lost():
+                    raise _HostLost(message) from None
 
     def _running_workers(self) -> list:
         info = self.client.scheduler_info()["workers"]
@@ -558,18 +568,8 @@ class RowChunks:
         calls = [getattr(h, method)(*args) for (_, _, h), args in zip(self.hosts, args_per_host, strict=True)]
         if self.client is None:
             return calls
-        out = []
-        for c in calls:
-            while True:
-                try:
-                    out.append(c.result(timeout=self.POLL))
-                    break
-                except TimeoutError:
-                    # a worker that stopped answering (frozen, swapping) keeps its connection
-                    # open; the scheduler drops it after its time-to-live: stop waiting then
-                    if self._hosts_lost():
-                        raise _HostLost("a worker holding row chunks was lost mid-call") from None
-        return out
+        lost = "a worker holding row chunks was lost mid-call"
+        return [self._wait(c, self._hosts_lost, lost) for c in calls]
 
     def _hosts_lost(self) -> bool:
         if self.client is None:
