@@ -220,6 +220,15 @@ def test_bound_monotone_default_and_refusals():
     assert len(tr) == m.n_iter_ == 15
     assert m.embedding_var_.shape == (150, 2) and m.embedding_cov_.shape == (150, 2, 2)
     np.testing.assert_allclose(m.embedding_var_, np.diagonal(m.embedding_cov_, axis1=1, axis2=2))
+    # embedding_cov_ is Cov(x_i - mean x): the blocks of P Sigma_x P with P the centring projector,
+    # from the dense solver's full covariance; the translation's 1 / (alpha N) is gone from it (the
+    # two agree to rounding at the scale of the marginal blocks the translation is removed from)
+    n, Q = m.embedding_.shape
+    P = np.kron(np.eye(n) - 1.0 / n, np.eye(Q))
+    rel = (P @ m.qx_.full @ P).reshape(n, Q, n, Q)[np.arange(n), :, np.arange(n), :]
+    np.testing.assert_allclose(m.embedding_cov_, rel, rtol=0, atol=1e-8 * np.abs(m.qx_.cov).max())
+    assert np.all(np.linalg.eigvalsh(m.embedding_cov_) > 0)
+    assert np.median(m.qx_.cov[:, 0, 0]) > 1 / (1e-3 * n) > 10 * np.median(m.embedding_var_)
     assert m.alpha_ == 1e-3 and m.beta_ == 1.0  # the defaults: fixed, as the k-choice study found sound
     with pytest.raises(ValueError, match="dense"):
         LLLVM(solver="sparse").fit(Y)

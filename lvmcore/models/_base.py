@@ -10,7 +10,9 @@
   (``_refuse_graph``) instead of ignoring it. MRD takes a list of views in place of ``Y``.
 - Learned state ends in ``_``: ``embedding_`` (N, Q) posterior mean or point estimate,
   ``embedding_var_`` (N, Q) marginal posterior variances or None where the model has none
-  (full covariances, where a model has them, under ``embedding_cov_`` (N, Q, Q)), ``elbo_`` (the
+  (full covariances, where a model has them, under ``embedding_cov_`` (N, Q, Q); LL-LVM's are of
+  each point relative to the centroid, its prior's translation mode removed:
+  ``lllvm.estimator.centroid_relative_cov``), ``elbo_`` (the
   model's own bound, or GLLE's log-likelihood), ``elbo_trace_`` (one entry per iteration,
   ``len == n_iter_``), ``n_iter_``.
 - Before ``fit``, every method that needs learned state raises scikit-learn's ``NotFittedError``.

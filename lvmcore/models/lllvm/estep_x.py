@@ -50,7 +50,7 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "", x0=None) -> Q
         P += np.kron(th.alpha * np.eye(n) + 2.0 * g.laplacian(), np.eye(Q))
         rhs = th.gamma * b_tilde(Y, g, qc.mean).reshape(n * Q, 1)
         mean, full, cov, cov_e, ld = dense_gaussian(g, P, rhs, rhs_name, context)
-        return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld, full=full)
+        return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld, full=full, alpha=th.alpha)
     M = ctc(qc)
     eye = np.eye(Q)
     Mpt, b = edge_reduce(g, _qx_stats, Y, g.ei, g.ej, n, M, qc.mean)
@@ -58,4 +58,4 @@ def update_qx(Y, g: LLGraph, qc: QC, th: Theta, context: str = "", x0=None) -> Q
     edge = -th.gamma * (M[g.ei] + M[g.ej]) - 2.0 * eye
     rhs = th.gamma * b.reshape(n * Q, 1)
     mean, cov, cov_e, ld = block_gaussian(g, point, edge, rhs, rhs_name, context)
-    return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld)
+    return QX(mean=mean.reshape(n, Q), cov=cov, cov_edge=cov_e, logdet_prec=ld, alpha=th.alpha)

@@ -94,13 +94,15 @@ class LLGraph:
 @dataclass
 class QX:
     """q(x): ``mean`` (N, Q); ``cov`` (N, Q, Q) = Sigma_x^(ii); ``cov_edge`` (E, Q, Q) = Sigma_x^(ij)
-    for (ei, ej); ``logdet_prec`` = log|Sigma_x^{-1}|; ``full``: the (N Q, N Q) Sigma_x (dense solver)."""
+    for (ei, ej); ``logdet_prec`` = log|Sigma_x^{-1}|; ``full``: the (N Q, N Q) Sigma_x (dense solver);
+    ``alpha``: the x prior's precision this q(x) was computed with (full-covariance solvers)."""
 
     mean: np.ndarray
     cov: np.ndarray
     cov_edge: np.ndarray
     logdet_prec: float
     full: np.ndarray | None = None
+    alpha: float | None = None
 
 
 @dataclass
