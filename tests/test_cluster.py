@@ -9,6 +9,7 @@ import pytest
 from distributed import Client
 
 from flows.cluster import compile_cache_env, normalise_cluster, start_cluster
+from lvmcore.chunks import scheduler_workers
 
 
 def test_compile_cache_dir_follows_the_environment(monkeypatch, tmp_path):
@@ -52,7 +53,7 @@ def test_a_second_worker_loads_what_the_first_compiled(monkeypatch, tmp_path):
         start_cluster(normalise_cluster({"type": "local", "n_workers": 2})) as (address, _, _),
         Client(address) as client,
     ):
-        w0, w1 = sorted(client.scheduler_info()["workers"])
+        w0, w1 = sorted(scheduler_workers(client))
         first = client.submit(compile_once, workers=[w0], pure=False).result()
         entries = sorted(p.name for p in cache.glob("*-cache"))
         second = client.submit(compile_once, workers=[w1], pure=False).result()
@@ -87,7 +88,7 @@ def test_local_cluster_listens_on_loopback_only():
     127.0.0.1 (no socket on 0.0.0.0 or ::)."""
     before = _listening(_tree_pids())
     with start_cluster(normalise_cluster(None)) as (address, dashboard, _), Client(address) as client:
-        assert len(client.scheduler_info()["workers"]) == 2
+        assert len(scheduler_workers(client)) == 2
         new = _listening(_tree_pids()) - before
     assert address.startswith("tcp://127.0.0.1:") and "127.0.0.1" in dashboard
     # scheduler + dashboard + per worker: nanny, worker (at least 6 sockets)

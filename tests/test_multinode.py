@@ -20,6 +20,7 @@ import xarray as xr
 
 from flows.server import free_port
 from flows.sweep import embed_sweep
+from lvmcore.chunks import scheduler_workers
 from tasks.store import read_status
 from tests.prefect_server import pointed_at
 
@@ -119,7 +120,7 @@ def separate_cluster(env, tmp_path):
         )
     try:
         with Client(address, timeout=60) as client:
-            _wait(lambda: len(client.scheduler_info()["workers"]) == 2, 90, "two workers")
+            _wait(lambda: len(scheduler_workers(client)) == 2, 90, "two workers")
             yield address, procs, client
     finally:
         for p in procs.values():
@@ -141,7 +142,7 @@ def test_sweep_on_separately_started_scheduler_and_workers_survives_a_lost_worke
     env, separate_cluster, tmp_path
 ):
     address, procs, client = separate_cluster
-    workers = client.scheduler_info()["workers"]
+    workers = scheduler_workers(client)
     local_dirs = {w["name"]: w.get("local_directory", "") for w in workers.values()}
     assert all(f"{n}/dask-scratch" in d for n, d in local_dirs.items()), local_dirs
     pid_of = {"node-1": procs["worker1"].pid, "node-2": procs["worker2"].pid}  # no nanny in between
@@ -168,7 +169,7 @@ def test_sweep_on_separately_started_scheduler_and_workers_survives_a_lost_worke
                 raise AssertionError("the flow ended before the fault could be injected")
             if _n_done(store) < 2:
                 return False
-            by_addr = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+            by_addr = {a: w["name"] for a, w in scheduler_workers(client).items()}
             for addr, keys in client.processing().items():
                 if keys:  # past ingest and kNN, every task is a grid point
                     victim["name"] = by_addr[addr]
@@ -184,7 +185,7 @@ def test_sweep_on_separately_started_scheduler_and_workers_survives_a_lost_worke
         if flow.poll() is None:
             os.killpg(flow.pid, signal.SIGKILL)
     assert killed_at < N_POINTS, "the sweep finished before the worker was killed"
-    survivors = [w["name"] for w in client.scheduler_info()["workers"].values()]
+    survivors = [w["name"] for w in scheduler_workers(client).values()]
     assert survivors == [n for n in ("node-1", "node-2") if n != victim["name"]]
 
     reference = tmp_path / "reference.zarr"

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from lvmcore.chunks import scheduler_workers
 from lvmcore.data import describe, fingerprint, ingest, load, open_dataset, stream
 
 
@@ -413,7 +414,7 @@ def test_chunked_fits_read_their_rows_from_the_store(tmp_path, cluster_client):
     victim = r.placement[0]
     os.kill(cluster_client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while victim in cluster_client.scheduler_info()["workers"] and time.monotonic() < deadline:
+    while victim in scheduler_workers(cluster_client) and time.monotonic() < deadline:
         time.sleep(0.1)
     check(r.value_and_grad(local, glob, 0.0))
     assert victim not in r.placement
