@@ -28,16 +28,28 @@ if "EMBED_SWEEP_NATIVE_DIR" not in os.environ:
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cluster_client():
-    """A real 2-process Dask LocalCluster (one thread per worker) and its client, per test module."""
-    from distributed import Client, LocalCluster
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """One real 2-process Dask LocalCluster (one thread per worker) for the whole run, without a
+    client: its start and each worker's imports and compilations are paid once, not per module
+    or test. A test connects with ``Client(shared_cluster)`` for as long as it needs one (the
+    client is Dask's default only while it is open). Tests that kill workers or need other
+    worker settings start their own cluster."""
+    from distributed import LocalCluster
 
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
     ) as lc:
-        with Client(lc) as client:
-            yield client
+        yield lc
+
+
+@pytest.fixture(scope="module")
+def cluster_client(shared_cluster):
+    """A client of the shared cluster, the default client for the rest of the module."""
+    from distributed import Client
+
+    with Client(shared_cluster) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

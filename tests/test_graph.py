@@ -87,14 +87,13 @@ def test_exact_far_from_origin_and_tight():
     np.testing.assert_allclose(dist, ref_d, rtol=1e-6)
 
 
-def test_exact_on_distributed_cluster(cloud):
-    from distributed import Client, LocalCluster
+def test_exact_on_distributed_cluster(cloud, shared_cluster):
+    from distributed import Client
 
     local = graph.knn(cloud, 12, method="exact", block_rows=128)
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cl:
-        with Client(cl) as client:
-            on_cluster = graph.knn(cloud, 12, method="exact", block_rows=128)
-            ran = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
+    with Client(shared_cluster) as client:
+        on_cluster = graph.knn(cloud, 12, method="exact", block_rows=128)
+        ran = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
     assert len(ran) == 2
     np.testing.assert_array_equal(on_cluster[0], local[0])
     np.testing.assert_array_equal(on_cluster[1], local[1])

@@ -293,16 +293,15 @@ def test_chunked_statistics_equal_unchunked(roll300):
         QLLVM(chunks=0).fit(Y)
 
 
-def test_chunked_statistics_on_a_local_cluster(roll300):
-    from distributed import Client, LocalCluster
+def test_chunked_statistics_on_a_local_cluster(roll300, shared_cluster):
+    from distributed import Client
 
     Y, _, _ = roll300
     Y = Y[:120]
     idx, _ = knn(Y, 6)
     kw = dict(n_neighbors=6, solver="dense", max_iter=2, tol=0, random_state=0)
     ref = QLLVM(**kw).fit(Y, idx)
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
-        with Client(cluster):
-            m = QLLVM(chunks=50, **kw).fit(Y, idx)
+    with Client(shared_cluster):
+        m = QLLVM(chunks=50, **kw).fit(Y, idx)
     np.testing.assert_allclose(m.elbo_trace_, ref.elbo_trace_, rtol=1e-10)
     np.testing.assert_allclose(m.embedding_, ref.embedding_, rtol=1e-8, atol=1e-10)
