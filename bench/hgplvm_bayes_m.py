@@ -3,7 +3,7 @@
     python bench/hgplvm_bayes_m.py --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
                                    [--out /tmp/bm.csv] [--max-iter 3000]
 
-Per data set, seed and M (an integer, or "n" for M = N with Z started at every initial mean), one
+Per data set, seed and M (an integer, "auto", or "n" for M = N with Z started at every initial mean), one
 Bayesian fit (kappa = 100, Q = 2, constructor defaults otherwise, overridden by --kw), then the
 bound's parts at the fitted state from H = 50 fresh Monte-Carlo samples per point:
 
@@ -70,13 +70,17 @@ def main():
     ap.add_argument("--kw", default="{}")
     ap.add_argument("--max-iter", type=int, default=3000)
     ap.add_argument("--out", default="/tmp/hgplvm_bayes_m.csv")
+    ap.add_argument("--beta-start", default="var", choices=["var", "ppca"], help="a learned beta's start")
     a = ap.parse_args()
     import jax
 
+    import lvmcore.models.hgplvm as hg
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
     from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    hg._learn_beta_start = a.beta_start
 
     kw = json.loads(a.kw)
     new = not os.path.exists(a.out)
@@ -93,7 +97,7 @@ def main():
                     Y, node, codes, _ = binary_tree(int(data), seed=seed)
                     Dh = cdist(codes[node], codes[node], "cityblock")
                 for mm in a.m:
-                    M = Y.shape[0] if mm == "n" else int(mm)
+                    M = Y.shape[0] if mm == "n" else ("auto" if mm == "auto" else int(mm))
                     params = dict(n_components=2, kappa=100.0, variant="bayesian", max_iter=a.max_iter)
                     params.update(random_state=seed, n_inducing=M)
                     t0 = time.perf_counter()
@@ -111,7 +115,9 @@ def main():
                     b, fit, tr, kl = bound_parts(m, Y)
                     rmax = float(np.arccosh(np.maximum(L[:, 0], 1.0)).max())
                     medS = float(np.median(m.embedding_var_))
-                    row = [data, seed, M, a.kw, pr, ql, qg, f"{sec:.1f}", m.n_iter_, f"{m.sigma_:.4g}",
+                    M = m.inducing_.shape[0]
+                    tag = a.kw + " beta0=" + a.beta_start
+                    row = [data, seed, M, tag, pr, ql, qg, f"{sec:.1f}", m.n_iter_, f"{m.sigma_:.4g}",
                            f"{m.beta_:.4g}", f"{rmax:.3f}", f"{medS:.3g}", f"{b:.1f}", f"{fit:.1f}",
                            f"{tr:.1f}", f"{kl:.1f}"]  # fmt: skip
                     w.writerow(row)
