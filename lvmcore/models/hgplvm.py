@@ -72,6 +72,7 @@ _LOG2PI = float(np.log(2.0 * np.pi))
 _JITTER = 1e-6
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
+_learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
 
@@ -556,6 +557,10 @@ class HyperboloidGPLVM(LatentModel):
             noise_var = float(mode)
         noise_fixed = noise_var is not None
         log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
+        if noise_var is None and _learn_beta_start == "ppca":  # experiment (bench/hgplvm_bayes_m.py)
+            nv = ppca_noise_variance(Y, int(self.n_components))
+            if nv is not None:
+                log_beta0 = -np.log(max(nv, 1e-6 * var_y))
         prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
         q = int(self.n_components)
         variant = self.variant
