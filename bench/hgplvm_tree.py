@@ -40,7 +40,8 @@ def summary(path):
     """Markdown table (mean +- sd over seeds, n seeds) per data set and method from the CSV rows."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    order = ["pca", "point", "sparse", "bayesian", "bayesian-ppca", "bayesian-warm"]
+    order = ["pca", "point", "point-r1", "point-r0.3", "point-r0.3-lr0.1", "sparse", "bayesian"]
+    order += ["bayesian-ppca", "bayesian-warm"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 

@@ -11,10 +11,13 @@ from lvmcore.manifolds.lorentz import check_point, origin, pairwise_dist, to_poi
 from lvmcore.metrics import pearson_distance_correlation
 from lvmcore.models.hgplvm import (
     _PATIENCE,
+    _POINT_INIT_SCALE,
     HyperboloidGPLVM,
+    _chol_inverse_lower,
     _kern,
     _pca,
     _rgrad,
+    _symmetrize_lower,
     bayesian_objective,
     chol_inverse,
     lift,
@@ -129,6 +132,8 @@ def test_point_step_inverse_by_lapack_matches_traced(tiny):
     K, E, dE = point_kernel(X, 0.3, 1.2, KAPPA)
     Ki, logdet = chol_inverse(K)
     np.testing.assert_allclose(Ki @ np.asarray(K), np.eye(N), atol=1e-9)
+    # the fit's path: potri's lower triangle, symmetrised inside the compiled step
+    np.testing.assert_array_equal(np.asarray(_symmetrize_lower(_chol_inverse_lower(K)[0])), Ki)
     assert logdet == pytest.approx(np.linalg.slogdet(np.asarray(K))[1], rel=1e-12)
     got = point_grads(X, 0.3, 1.2, Y, E, dE, Ki, logdet)
     ref = point_value_and_grad(X, 0.3, 1.2, Y, KAPPA)
@@ -446,6 +451,18 @@ def test_bayesian_warm_start_from_sparse():
     for got, start in ((b.lorentz_embedding_, sp.lorentz_embedding_), (b.inducing_, sp.inducing_)):
         d = np.asarray(pairwise_dist(got, start)).diagonal()
         assert np.max(d) <= 0.05 * (1 + 1e-6) and np.max(d) > 0
+
+
+def test_point_starts_from_pca_near_the_origin():
+    """init_scale="auto": the point variant starts from PCA scaled to tangent radius 0.2 (the fit
+    maps these tangent vectors by expmap0, so they are the hyperbolic radii), the others from
+    radius 1; an explicit init_scale overrides it."""
+    Y, *_ = binary_tree(3, n_per_node=5, seed=1)
+    norms = np.linalg.norm(_pca(Y, 2), axis=1)
+    for kw, r0 in (({}, _POINT_INIT_SCALE), ({"variant": "sparse"}, 1.0), ({"init_scale": 0.7}, 0.7)):
+        P = HyperboloidGPLVM(**kw)._init_tangent(Y, np.random.default_rng(0))
+        np.testing.assert_allclose(np.linalg.norm(P, axis=1), r0 * norms / norms.max(), atol=1e-5)
+    assert _POINT_INIT_SCALE == 0.2
 
 
 def test_convergence_rule_stops_before_the_budget():
