@@ -27,7 +27,16 @@
    unfolding score of both embeddings. ``--chunks C`` runs the per-point work in chunks of C
    points over a 2-worker ``distributed.LocalCluster``.
 
-       python bench/glle_scale.py fit 1000000 [--chunks 250000]
+       python bench/glle_scale.py fit 1000000 [--chunks 250000] [--data roll50] [--sweep] [--graph-dir D]
+
+   ``--data roll50``: bench/scale.py's 50-D roll (pynndescent graph, cached in D); ``--sweep``:
+   then the sweep's generations (3 + one per covariance scale), with the peak RSS per phase.
+
+4. The pinned LU's size (``fill``): stored entries per point, CPU time and off-diagonal pivots of
+   the factor for the LLE weights and for a generation's draw at a = 10, with static and with
+   threshold pivoting, on roll3 and roll50 at each n.
+
+       python bench/glle_scale.py fill 10000 30000 100000 300000 [roll3|roll50] [--graph-dir D]
 """
 
 import json
@@ -334,6 +343,41 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
             )
 
 
+def fill(ns, kinds=("roll3", "roll50"), graph_dir=None):
+    """The pinned LU's size on each data set and n: for the LLE (mean) weights and for one draw of
+    a generation at a = 10 (``GLLE.sample_weights(random_state=3, cov_scale=10)``), SuperLU's
+    stored entries per point, its CPU seconds and the off-diagonal pivots, with the static pivots
+    ``embed`` uses now (threshold 0) and with session 3's threshold partial pivoting (0.1). One
+    process per (data, n); the METIS ordering is the one GLLE computes."""
+    import scipy.sparse as sp
+
+    import lvmcore.models.glle as G
+    from lvmcore import lle
+
+    print("data n pivot weights stored_per_point cpu_s offdiag_pivots", flush=True)
+    for kind in kinds:
+        for n in ns:
+            Y, _ = roll(kind, n)
+            idx, _ = neighbours(kind, Y, graph_dir)
+            real = G.embed
+            G.embed = lambda W, q, **kw: (np.zeros((W.shape[0], q)), None)  # the fit without eigensolves
+            try:
+                m = G.GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(Y, idx)
+            finally:
+                G.embed = real
+            del Y
+            for name, w in (("mean", m.weights_), ("a=10", m.sample_weights(random_state=3, cov_scale=10.0))):
+                A = (sp.identity(n, format="csr") - lle.weight_matrix(w, idx)).tocsr()[m._order][:, m._order]
+                App = A[:-1, :-1].tocsc()
+                for pivot in (0.0, 0.1):
+                    c0 = time.process_time()
+                    lu = lle._PinnedFactor(App, pivot).lu
+                    cpu = time.process_time() - c0
+                    off = int(np.sum(lu.perm_r != np.arange(n - 1)))
+                    print(kind, n, pivot, name, f"{lu.nnz / n:.0f} {cpu:.1f} {off}", flush=True)
+                    del lu
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_solve":
         _solve(*sys.argv[2:5])
@@ -344,6 +388,11 @@ if __name__ == "__main__":
         gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
         ns = [int(a) for a in args if a.isdigit() and (c is None or int(a) != c)]
         fit(ns, c, kind=kind, sweep="--sweep" in args, graph_dir=gdir)
+    elif len(sys.argv) > 1 and sys.argv[1] == "fill":
+        args = sys.argv[2:]
+        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
+        kinds = tuple(a for a in args if a in ("roll3", "roll50")) or ("roll3", "roll50")
+        fill([int(a) for a in args if a.isdigit()], kinds, gdir)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS
