@@ -27,7 +27,16 @@
    unfolding score of both embeddings. ``--chunks C`` runs the per-point work in chunks of C
    points over a 2-worker ``distributed.LocalCluster``.
 
-       python bench/glle_scale.py fit 1000000 [--chunks 250000]
+       python bench/glle_scale.py fit 1000000 [--chunks 250000] [--data roll50] [--sweep] [--graph-dir D]
+
+   ``--data roll50``: bench/scale.py's 50-D roll (pynndescent graph, cached in D); ``--sweep``:
+   then the sweep's generations (3 + one per covariance scale), with the peak RSS per phase.
+
+4. The pinned LU's size (``fill``): stored entries per point, CPU time and off-diagonal pivots of
+   the factor for the LLE weights and for a generation's draw at a = 10, with static and with
+   threshold pivoting, on roll3 and roll50 at each n.
+
+       python bench/glle_scale.py fill 10000 30000 100000 300000 [roll3|roll50] [--graph-dir D]
 """
 
 import json
@@ -182,28 +191,115 @@ def eigen(ns, solvers=SOLVERS):
             )
 
 
-def fit(ns, chunks=None):
-    """Time ``GLLE(method="em").fit`` by phase: the model's module-level calls are wrapped."""
+def roll(kind: str, n: int):
+    """(Y, t) of ``bench/scale.py``'s data: ``roll3`` the 3-D swiss roll, ``roll50`` the same roll
+    through a fixed random orthonormal 3 -> 50 map plus N(0, 0.05^2) noise per dimension (the same
+    generator and seeds as ``bench/scale.py make_data``, so the same array)."""
+    from lvmcore.data.synthetic import swiss_roll
+
+    Y3, t = swiss_roll(n, 0)
+    if kind == "roll3":
+        return Y3, t[:, 0]
+    if kind != "roll50":
+        raise ValueError(f"--data must be roll3 or roll50, got {kind!r}")
+    rng = np.random.default_rng(50)
+    Q, _ = np.linalg.qr(rng.standard_normal((50, 3)))
+    Y = np.empty((n, 50))
+    for a in range(0, n, 65536):
+        b = min(a + 65536, n)
+        Y[a:b] = Y3[a:b] @ Q.T + 0.05 * rng.standard_normal((b - a, 50))
+    return Y, t[:, 0]
+
+
+def neighbours(kind: str, Y, graph_dir: str | None):
+    """The sweep's graph: the exact kNN by cKDTree for roll3, pynndescent (``lvmcore.graph.knn``
+    method "approx", what the sweep's "auto" picks at 10^6 x 50) for roll50; with ``graph_dir``
+    the roll50 graph is cached there as idx_roll50_<n>.npy. Returns (idx, seconds)."""
+    from scipy.spatial import cKDTree
+
+    from lvmcore.graph import knn
+
+    n = Y.shape[0]
+    path = os.path.join(graph_dir, f"idx_{kind}_{n}.npy") if graph_dir else None
+    if path and os.path.exists(path):
+        return np.load(path), float("nan")
+    t0 = time.perf_counter()
+    idx = cKDTree(Y).query(Y, k=11)[1][:, 1:] if kind == "roll3" else knn(Y, 10, method="approx")[0]
+    took = time.perf_counter() - t0
+    if path:
+        np.save(path, idx)
+    return idx, took
+
+
+class RssSampler:
+    """Samples this process's RSS (VmRSS) every ``dt`` s in a thread; ``peak(label)`` is the
+    largest value seen while ``label`` was the current phase (set by ``phase``)."""
+
+    def __init__(self, dt=0.05):
+        import threading
+
+        self.dt, self.cur, self.peaks, self.stop = dt, "start", {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def rss():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self):
+        while not self.stop.is_set():
+            r = self.rss()
+            self.peaks[self.cur] = max(self.peaks.get(self.cur, 0), r)
+            self.stop.wait(self.dt)
+
+    def phase(self, label):
+        r = self.rss()
+        self.peaks[self.cur] = max(self.peaks.get(self.cur, 0), r)
+        self.cur = label
+        self.peaks[label] = max(self.peaks.get(label, 0), r)
+
+
+def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
+    """Time ``GLLE(method="em").fit`` by phase (the model's module-level calls are wrapped), with
+    the peak RSS of each phase sampled by a thread and, for every sparse factorisation, its
+    stored entries (SuperLU's ``nnz``: the supernodal L blocks and U) and wall time. ``sweep``:
+    then the sweep's generations as ``tasks/fit.py`` runs them (``sample(3, random_state=seed)``
+    and one ``sample(1, random_state=seed, cov_scale=a)`` per ``COV_SCALES`` value)."""
     from contextlib import nullcontext
 
-    from scipy.spatial import cKDTree
-    from sklearn.datasets import make_swiss_roll
+    import scipy.sparse.linalg as sla
 
     import lvmcore.models.glle as G
 
-    spent = {}
+    spent, lus = {}, []
+    sampler = RssSampler()
 
     def wrap(name, f):
         def timed_call(*a, **kw):
+            sampler.phase(f"{name}#{len(spent.get(name, []))}")
             t0 = time.perf_counter()
             out = f(*a, **kw)
             spent.setdefault(name, []).append(time.perf_counter() - t0)
+            sampler.phase("other")
             return out
 
         return timed_call
 
     for name in ("map_points", "em_iterations", "fill_reducing_order", "embed", "weight_matrix"):
         setattr(G, name, wrap(name, getattr(G, name)))
+    real_splu = sla.splu
+
+    def splu(*a, **kw):
+        t0 = time.perf_counter()
+        lu = real_splu(*a, **kw)
+        lus.append((lu.nnz, time.perf_counter() - t0, sampler.rss()))
+        return lu
+
+    sla.splu = splu
     if chunks:
         from distributed import Client, LocalCluster
 
@@ -213,24 +309,73 @@ def fit(ns, chunks=None):
     with ctx:
         for n in ns:
             spent.clear()
-            Y, t = make_swiss_roll(n, random_state=0)
-            t0 = time.perf_counter()
-            idx = cKDTree(Y).query(Y, k=11)[1][:, 1:]
-            anchor = time.perf_counter() - t0
+            lus.clear()
+            Y, t = roll(kind, n)
+            idx, anchor = neighbours(kind, Y, graph_dir)
+            sampler.phase("other")
+            base = sampler.rss()
             t0 = time.perf_counter()
             m = G.GLLE(method="em", n_neighbors=10, n_components=2, chunks=chunks, random_state=0).fit(Y, idx)
             total = time.perf_counter() - t0
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            if sweep:
+                from tasks.registry import COV_SCALES
+
+                t1 = time.perf_counter()
+                m.sample(3, random_state=0)
+                for a in COV_SCALES:
+                    m.sample(1, random_state=0, cov_scale=a)
+                gen = time.perf_counter() - t1
+            sampler.phase("end")
             sub = np.random.default_rng(0).choice(n, min(n, UNFOLD_POINTS), replace=False)
             phases = " ".join(f"{k}=" + "+".join(f"{v:.1f}" for v in vs) for k, vs in spent.items())
+            shown = ("embed", "map", "fill")
+            peaks = " ".join(f"{k}:{v / 2**30:.2f}" for k, v in sampler.peaks.items() if k.startswith(shown))
             print(
-                f"n={n} chunks={chunks} anchor(kNN)={anchor:.1f}s fit={total:.1f}s "
-                f"fit/anchor={total / anchor:.2f} "
-                f"peak_rss={rss:.2f}GB em_iter={m.n_iter_} | {phases} | unfolding lle="
-                f"{unfolding(m.lle_embedding_[sub], t[sub]):.4f} "
+                f"n={n} data={kind} chunks={chunks} kNN={anchor:.1f}s fit={total:.1f}s "
+                + (f"sweep_generations={gen:.1f}s " if sweep else "")
+                + f"rss_before_fit={base / 2**30:.2f}GB peak_rss={max(sampler.peaks.values()) / 2**30:.2f}GB "
+                f"em_iter={m.n_iter_} | {phases} | peak RSS GB per phase {peaks} | splu (stored entries "
+                "per point, s, RSS GB after) "
+                + " ".join(f"{z / n:.0f},{s:.1f},{r / 2**30:.2f}" for z, s, r in lus)
+                + f" | unfolding lle={unfolding(m.lle_embedding_[sub], t[sub]):.4f} "
                 f"generation={unfolding(m.embedding_[sub], t[sub]):.4f}",
                 flush=True,
             )
+
+
+def fill(ns, kinds=("roll3", "roll50"), graph_dir=None):
+    """The pinned LU's size on each data set and n: for the LLE (mean) weights and for one draw of
+    a generation at a = 10 (``GLLE.sample_weights(random_state=3, cov_scale=10)``), SuperLU's
+    stored entries per point, its CPU seconds and the off-diagonal pivots, with the static pivots
+    ``embed`` uses now (threshold 0) and with session 3's threshold partial pivoting (0.1). One
+    process per (data, n); the METIS ordering is the one GLLE computes."""
+    import scipy.sparse as sp
+
+    import lvmcore.models.glle as G
+    from lvmcore import lle
+
+    print("data n pivot weights stored_per_point cpu_s offdiag_pivots", flush=True)
+    for kind in kinds:
+        for n in ns:
+            Y, _ = roll(kind, n)
+            idx, _ = neighbours(kind, Y, graph_dir)
+            real = G.embed
+            G.embed = lambda W, q, **kw: (np.zeros((W.shape[0], q)), None)  # the fit without eigensolves
+            try:
+                m = G.GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(Y, idx)
+            finally:
+                G.embed = real
+            del Y
+            for name, w in (("mean", m.weights_), ("a=10", m.sample_weights(random_state=3, cov_scale=10.0))):
+                A = (sp.identity(n, format="csr") - lle.weight_matrix(w, idx)).tocsr()[m._order][:, m._order]
+                App = A[:-1, :-1].tocsc()
+                for pivot in (0.0, 0.1):
+                    c0 = time.process_time()
+                    lu = lle._PinnedFactor(App, pivot).lu
+                    cpu = time.process_time() - c0
+                    off = int(np.sum(lu.perm_r != np.arange(n - 1)))
+                    print(kind, n, pivot, name, f"{lu.nnz / n:.0f} {cpu:.1f} {off}", flush=True)
+                    del lu
 
 
 if __name__ == "__main__":
@@ -239,7 +384,15 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "fit":
         args = sys.argv[2:]
         c = int(args[args.index("--chunks") + 1]) if "--chunks" in args else None
-        fit([int(a) for a in args if a.isdigit() and (c is None or int(a) != c)], c)
+        kind = args[args.index("--data") + 1] if "--data" in args else "roll3"
+        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
+        ns = [int(a) for a in args if a.isdigit() and (c is None or int(a) != c)]
+        fit(ns, c, kind=kind, sweep="--sweep" in args, graph_dir=gdir)
+    elif len(sys.argv) > 1 and sys.argv[1] == "fill":
+        args = sys.argv[2:]
+        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
+        kinds = tuple(a for a in args if a in ("roll3", "roll50")) or ("roll3", "roll50")
+        fill([int(a) for a in args if a.isdigit()], kinds, gdir)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS

@@ -23,9 +23,21 @@ LANCZOS_MAXITER = 1000
 #: the pinned point is moved when its entry of the left null vector u is below this times
 #: max|u| (the pinned system A_pp is singular when u_p = 0, ill-conditioned when it is small)
 PIN_MIN_RATIO = 1e-6
-#: SuperLU's partial-pivoting threshold: the diagonal (1, as W has none) is kept unless it is
-#: below this times the column's largest entry (|weights| of order 1)
-PIVOT_THRESHOLD = 0.1
+#: SuperLU's pivot threshold: 0 keeps every nonzero diagonal pivot (static pivoting), so the
+#: factor has the structure of the symmetrised pattern under the ordering for every draw of the
+#: weights on one graph. Threshold partial pivoting (0.1, the setting of session 3) swaps rows
+#: where a sampled weight exceeds ten times the diagonal: on GLLE's generations at a = 10 of the
+#: 50-D roll it made 8,391 off-diagonal pivots at 10^5 points and 4.3x the stored entries
+#: (bench/README.md, "GLLE at 10^6 in 50-D"); at 10^6 that no longer fits a worker
+PIVOT_THRESHOLD = 0.0
+#: every pinned solve is refined (x += LU^-1 (b - A_pp x)) while its relative residual is above
+#: REFINE_TOL and the last step at least halved it, at most REFINE_MAXITER steps (LAPACK's rule)
+REFINE_TOL = 1e-12
+REFINE_MAXITER = 5
+#: a static-pivot factor whose refined test solves stay above this relative residual is replaced
+#: by a threshold-pivoting one (FALLBACK_PIVOT_THRESHOLD)
+ACCEPT_RESIDUAL = 1e-9
+FALLBACK_PIVOT_THRESHOLD = 0.1
 #: the solver "auto" uses above DENSE_MAX_N points (bench/README.md, GLLE eigensolver, session 3)
 AUTO_SPARSE = "pinned_lu"
 SOLVERS = ("auto", "dense", "pinned_lu")
@@ -120,6 +132,39 @@ def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
     return np.asarray(perm, dtype=np.int64)
 
 
+class _PinnedFactor:
+    """SuperLU factor of A_pp (A = I - W without the row and column of the pinned point, in the
+    ordering's coordinates) with refined solves. ``pivot``: SuperLU's diagonal pivot threshold."""
+
+    def __init__(self, App: sp.csc_matrix, pivot: float):
+        from scipy.sparse.linalg import splu
+
+        self.App = App
+        self.lu = splu(App, permc_spec="NATURAL", diag_pivot_thresh=pivot, options={"SymmetricMode": True})
+        self.residual = 0.0  # largest relative residual of a refined solve so far
+
+    def solve(self, b, trans=False):
+        op = self.App.T if trans else self.App
+        t = "T" if trans else "N"
+        x = self.lu.solve(b, trans=t)
+        nb = np.linalg.norm(b)
+        if nb == 0.0:
+            return x
+        rel = np.linalg.norm(b - op @ x) / nb
+        for _ in range(REFINE_MAXITER):
+            if rel <= REFINE_TOL:
+                break
+            x_new = x + self.lu.solve(b - op @ x, trans=t)
+            rel_new = np.linalg.norm(b - op @ x_new) / nb
+            if rel_new > 0.5 * rel:
+                if rel_new < rel:
+                    x, rel = x_new, rel_new
+                break
+            x, rel = x_new, rel_new
+        self.residual = max(self.residual, rel)
+        return x
+
+
 def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_ratio: float = PIN_MIN_RATIO):
     """Bottom ``q`` right singular vectors of A = I - W orthogonal to the constant vector (= M's
     bottom eigenvectors) by Lanczos on M^+ applied through a sparse LU of A, never forming M.
@@ -133,38 +178,46 @@ def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_rati
     accuracy of the singular vectors at eps ||A|| / gap(sigma) instead of eps ||M|| / gap(lambda):
     at 10^6 points M's bottom eigenvalues (6.5e-15, 6.1e-14) are near ||M|| eps (~3e-15).
 
+    The factor keeps the diagonal pivots (``PIVOT_THRESHOLD`` = 0: its fill is the symmetric
+    pattern's, the same for every draw of the weights) and each solve is refined
+    (``_PinnedFactor.solve``); if the refined u solve or a random test solve stays above
+    ``ACCEPT_RESIDUAL``, the factor is redone with threshold partial pivoting.
+
     ``order``: ``fill_reducing_order(W)``; p is the last point in it, so the ordering stays a
     nested dissection of A_pp. Returns (eigenvalues ||A v||^2 (q,), unit vectors (n, q))."""
-    from scipy.sparse.linalg import LinearOperator, eigsh, splu
+    from scipy.sparse.linalg import LinearOperator, eigsh
 
     n = W.shape[0]
     A = (sp.identity(n, format="csr") - W).tocsr()[order][:, order]  # the ordering's coordinates
+    test = np.random.default_rng(random_state).standard_normal(n - 1)
 
-    def factor(pin):
+    def factor(A, pin):
         keep = np.ones(n, dtype=bool)
         keep[pin] = False
-        lu = splu(
-            A[keep][:, keep].tocsc(),
-            permc_spec="NATURAL",
-            diag_pivot_thresh=PIVOT_THRESHOLD,
-            options={"SymmetricMode": True},
-        )
-        u = np.empty(n)
-        u[pin] = 1.0
-        u[keep] = lu.solve(-A[[pin]][:, keep].toarray().ravel(), trans="T")  # A^T u = 0, u_p = 1
-        return keep, lu, u
+        rhs = -A[[pin]][:, keep].toarray().ravel()
+        App = A[keep][:, keep].tocsc()
+        for pivot in (PIVOT_THRESHOLD, FALLBACK_PIVOT_THRESHOLD):
+            lu = _PinnedFactor(App, pivot)
+            u = np.empty(n)
+            u[pin] = 1.0
+            u[keep] = lu.solve(rhs, trans=True)  # A^T u = 0, u_p = 1
+            lu.solve(test)
+            if lu.residual <= ACCEPT_RESIDUAL or pivot == FALLBACK_PIVOT_THRESHOLD:
+                return keep, lu, u
+            del lu  # one factor in memory at a time
 
-    keep, lu, u = factor(n - 1)
+    keep, lu, u = factor(A, n - 1)
     if 1.0 < pin_ratio * np.max(np.abs(u)):
         pin = int(np.argmax(np.abs(u)))
         del keep, lu, u  # one factor in memory at a time
-        keep, lu, u = factor(pin)
+        keep, lu, u = factor(A, pin)
+    del A
     u /= np.linalg.norm(u)
 
     def apply(b):
         b = b - b.mean()
         z = np.zeros(n)
-        z[keep] = lu.solve(b[keep], trans="T")
+        z[keep] = lu.solve(b[keep], trans=True)
         z -= (u @ z) * u
         x = np.zeros(n)
         x[keep] = lu.solve(z[keep])
@@ -174,11 +227,11 @@ def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_rati
     v0 = np.random.default_rng(random_state).uniform(-1.0, 1.0, n)
     _, vecs = eigsh(op, q, which="LA", v0=v0, tol=LANCZOS_TOL, maxiter=LANCZOS_MAXITER)
     vecs /= np.linalg.norm(vecs, axis=0)
-    vals = np.sum((A @ vecs) ** 2, axis=0)
-    o = np.argsort(vals)
     out = np.empty((n, q))
-    out[order] = vecs[:, o]
-    return vals[o], out
+    out[order] = vecs
+    vals = np.sum((out - W @ out) ** 2, axis=0)
+    o = np.argsort(vals)
+    return vals[o], out[:, o]
 
 
 def resolve_solver(solver: str, n: int) -> str:

@@ -4,6 +4,7 @@ the paper's unfolding protocol and bad input."""
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from scipy.spatial import procrustes
 
 from lvmcore.data import synthetic as S
@@ -343,3 +344,53 @@ def test_bad_input():
         GLLE().sample(2)
     with pytest.raises(ValueError, match=r"graph must be kNN indices of shape \(50, k\)"):
         GLLE(n_components=2, n_neighbors=5).fit(Y, graph=np.zeros((49, 5), dtype=int))
+
+
+def test_pinned_lu_static_pivots_keep_the_fill_on_sampled_weights(monkeypatch):
+    """A generation's sampled weights (a = 10) on a noisy 50-D roll: SuperLU's threshold partial
+    pivoting (0.1) swaps rows and grows the factor beyond the mean weights' (what ran a worker out
+    of memory at 10^6); the static-pivot factor has exactly the mean weights' stored entries, and
+    with refined solves the pinned LU still gives the dense eigh's bottom eigenvectors, as does the
+    threshold-pivoting fallback when it is forced."""
+    from scipy.linalg import subspace_angles
+
+    import lvmcore.lle as L
+
+    n = 1000
+    Y3, _ = S.swiss_roll(n, seed=0)
+    rng = np.random.default_rng(50)
+    Q, _ = np.linalg.qr(rng.standard_normal((50, 3)))
+    Y = Y3 @ Q.T + 0.05 * rng.standard_normal((n, 50))
+    idx, _ = knn(Y, 10, method="tree")
+    m = GLLE(n_components=2, n_neighbors=10, random_state=0).fit(Y, idx)
+    W_mean = weight_matrix(m.weights_, idx)
+    W = weight_matrix(m.sample_weights(random_state=3, cov_scale=10.0), idx)
+
+    def pinned(W, pivot):
+        A = (sp.identity(n, format="csr") - W).tocsr()[m._order][:, m._order]
+        return L._PinnedFactor(A[:-1, :-1].tocsc(), pivot).lu
+
+    static = pinned(W, L.PIVOT_THRESHOLD)
+    assert static.nnz == pinned(W_mean, L.PIVOT_THRESHOLD).nnz
+    assert np.array_equal(static.perm_r, np.arange(n - 1))  # every diagonal pivot kept
+    assert pinned(W, 0.1).nnz > 1.1 * static.nnz
+
+    A = np.eye(n) - W.toarray()
+    vals_ref, vecs_ref = np.linalg.eigh(A.T @ A)
+    vals, vecs = _pinned_lu(W, 2, m._order, 0)
+    assert np.max(subspace_angles(vecs_ref[:, 1:3], vecs)) < 1e-6
+    np.testing.assert_allclose(vals, vals_ref[1:3], rtol=1e-6)
+
+    used = []
+    real = L._PinnedFactor
+
+    def recording(App, pivot):
+        used.append(pivot)
+        return real(App, pivot)
+
+    monkeypatch.setattr(L, "_PinnedFactor", recording)
+    monkeypatch.setattr(L, "ACCEPT_RESIDUAL", -1.0)  # reject every static-pivot factor
+    vals_fb, vecs_fb = _pinned_lu(W, 2, m._order, 0)
+    assert used == [L.PIVOT_THRESHOLD, L.FALLBACK_PIVOT_THRESHOLD]
+    assert np.max(subspace_angles(vecs_ref[:, 1:3], vecs_fb)) < 1e-6
+    np.testing.assert_allclose(vals_fb, vals_ref[1:3], rtol=1e-6)
