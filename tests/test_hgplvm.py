@@ -371,7 +371,7 @@ def test_bad_data():
         HyperboloidGPLVM().fit(np.zeros(5))
 
 
-def test_bayesian_chunked_map_reduce_equals_in_process(tree):
+def test_bayesian_chunked_map_reduce_equals_in_process(tree, shared_cluster):
     """The Monte-Carlo psi statistics map-reduced over row chunks on a 2-process LocalCluster: the
     bound equals the one-piece evaluation to 1e-10 and the gradients to 1e-9 relative (measured
     3e-10 for the latent points: shape-dependent XLA fusion changes rounding, and the gradient
@@ -379,7 +379,7 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
     same trajectory (Adam divides by the gradient's running scale, which magnifies round-off in
     near-zero gradient entries, hence the absolute tolerance on the points)."""
     import jax
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from lvmcore.chunks import RowChunks
     from lvmcore.models.hgplvm import MCStats, mc_objective
@@ -394,12 +394,7 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree):
     one = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), None).value_and_grad(local, glob)
     kw = dict(variant="bayesian", n_inducing=20, max_iter=5, tol=0, random_state=3, fix_variance_iter=2)
     plain = HyperboloidGPLVM(**kw).fit(Y)
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as lc,
-        Client(lc),
-    ):
+    with Client(shared_cluster):
         many = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), 40).value_and_grad(local, glob)
         chunked = HyperboloidGPLVM(chunks=40, **kw).fit(Y)
     assert abs(many[0] - one[0]) <= 1e-10 * abs(one[0])
