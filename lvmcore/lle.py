@@ -150,17 +150,19 @@ class _PinnedFactor:
         nb = np.linalg.norm(b)
         if nb == 0.0:
             return x
-        rel = np.linalg.norm(b - op @ x) / nb
+        r = b - op @ x
+        rel = np.linalg.norm(r) / nb
         for _ in range(REFINE_MAXITER):
             if rel <= REFINE_TOL:
                 break
-            x_new = x + self.lu.solve(b - op @ x, trans=t)
-            rel_new = np.linalg.norm(b - op @ x_new) / nb
+            x_new = x + self.lu.solve(r, trans=t)
+            r_new = b - op @ x_new
+            rel_new = np.linalg.norm(r_new) / nb
             if rel_new > 0.5 * rel:
                 if rel_new < rel:
                     x, rel = x_new, rel_new
                 break
-            x, rel = x_new, rel_new
+            x, r, rel = x_new, r_new, rel_new
         self.residual = max(self.residual, rel)
         return x
 
