@@ -73,6 +73,7 @@ _JITTER = 1e-6
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
 _learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
+_center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
@@ -566,7 +567,7 @@ class HyperboloidGPLVM(LatentModel):
         if n < 2:
             raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
         t_start = time.perf_counter()
-        mean = Y.mean(0)
+        mean = Y.mean(0) if _center_data else np.zeros(d)
         Yc = jnp.asarray(Y - mean)
         rng = np.random.default_rng(self.random_state)
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
