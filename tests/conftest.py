@@ -30,11 +30,11 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def shared_cluster():
-    """One real 2-process Dask LocalCluster (one thread per worker) for the whole run, without a
-    client: its start and each worker's imports and compilations are paid once, not per module
-    or test. A test connects with ``Client(shared_cluster)`` for as long as it needs one (the
-    client is Dask's default only while it is open). Tests that kill workers or need other
-    worker settings start their own cluster."""
+    """One real 2-process Dask LocalCluster (one thread per worker) per test process (``.ci/test``
+    runs two, pytest-xdist), without a client: its start and each worker's imports and
+    compilations are paid once, not per module or test. A test connects with
+    ``Client(shared_cluster)`` for as long as it needs one (the client is Dask's default only
+    while it is open). Tests that kill workers or need other worker settings start their own."""
     from distributed import LocalCluster
 
     with LocalCluster(
@@ -54,10 +54,11 @@ def cluster_client(shared_cluster):
 
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
-    """One real Prefect API server for every module that needs one (its start costs 10-35 s on
-    the test machine); a module points itself at it with ``tests.prefect_server.pointed_at``, or
-    passes its environment to the commands it starts. Flow runs and artifacts are told apart by
-    store path; work pools are created with ``--overwrite``."""
+    """One real Prefect API server per test process for every module that needs one (its start
+    costs 10-35 s on the test machine); a module points itself at it with
+    ``tests.prefect_server.pointed_at``, or passes its environment to the commands it starts.
+    Flow runs and artifacts are told apart by store path; work pools are created with
+    ``--overwrite``."""
     from tests.prefect_server import prefect_server
 
     with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
