@@ -19,7 +19,12 @@ Rows go to --out (CSV).
 Experiments (issue 24, session 5): ``--raw`` fits the raw Y (private switch ``_center_data`` False,
 as the authors' code does); ``--noise-c C`` fixes the noise variance at C x the 2-D PPCA level of
 each data set (:func:`lvmcore.models.hgplvm.ppca_noise_variance`); ``--kl-anneal T`` sets the private
-switch ``_kl_anneal`` (the KL's weight rises from 0 to 1 over T iterations, then eq. 6)."""
+switch ``_kl_anneal`` (the KL's weight rises from 0 to 1 over T iterations, then eq. 6).
+``--estimates`` fits nothing: per data set and seed it prints noise estimates from Y alone (the
+2-D PPCA level; the local 2-D noise, the mean over points of the D - 2 smallest eigenvalues of the
+covariance of each point's k nearest neighbours, k = 10, 20, 40, as a multiple of the PPCA level;
+Minka's PPCA dimension, scikit-learn ``n_components="mle"``) and the sparse bound (eq. 5) of the
+raw Y minus that of the centred Y at a PCA layout of radius 2.2 (Z every 5th point)."""
 
 import os
 
@@ -68,6 +73,40 @@ def bound_parts(m, Y, H=50, seed=0):
         return float(b - kl), float(b + trace), float(trace), float(kl)
 
 
+def estimates(Y, sigma, beta):
+    """Print the noise estimates and the raw-minus-centred bound gap of ``--estimates``."""
+    import jax
+    import jax.numpy as jnp
+    from sklearn.decomposition import PCA
+    from sklearn.neighbors import NearestNeighbors
+
+    from lvmcore.manifolds.lorentz import expmap0
+    from lvmcore.models.hgplvm import _pca, ppca_noise_variance, sparse_objective
+
+    p = ppca_noise_variance(Y, 2)
+    loc = []
+    for k in (10, 20, 40):
+        _, idx = NearestNeighbors(n_neighbors=k + 1).fit(Y).kneighbors(Y)
+        nv = []
+        for ix in idx:
+            ev = np.sort(np.linalg.svd(Y[ix] - Y[ix].mean(0), compute_uv=False) ** 2 / len(ix))[::-1]
+            nv.append(np.pad(ev, (0, max(0, Y.shape[1] - len(ev))))[2:].mean())
+        loc.append(round(float(np.mean(nv)) / p, 4))
+    k_mle = PCA(n_components="mle").fit(Y).n_components_
+    with jax.enable_x64(True):
+        P = _pca(Y, 2)
+        X = expmap0(jnp.asarray(2.2 * P / np.linalg.norm(P, axis=1).max()))
+        args = (X, X[::5], np.log(sigma), np.log(beta))
+        gap = float(sparse_objective(*args, jnp.asarray(Y), 100.0)) - float(
+            sparse_objective(*args, jnp.asarray(Y - Y.mean(0)), 100.0)
+        )
+    m2 = float(np.sum(Y.mean(0) ** 2))
+    print(
+        f"ppca {p:.5g} local/ppca k=10,20,40 {loc} mle_dim {k_mle} of D={Y.shape[1]}; raw-centred bound "
+        f"{gap:.2f} nats (sigma {sigma}, beta {beta}; -sum m^2/(2 sigma) = {-m2 / (2 * sigma):.2f})"
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", nargs="+", default=["4"])
@@ -80,6 +119,7 @@ def main():
     ap.add_argument("--raw", action="store_true", help="fit the raw Y (no centring; _center_data False)")
     ap.add_argument("--noise-c", type=float, default=None, help="noise variance = C x the 2-D PPCA level")
     ap.add_argument("--kl-anneal", type=int, default=0, help="KL weight 0 -> 1 over these iterations")
+    ap.add_argument("--estimates", action="store_true", help="noise estimates and the raw-Y gap; no fit")
     a = ap.parse_args()
     import jax
 
@@ -107,6 +147,10 @@ def main():
                 else:
                     Y, node, codes, _ = binary_tree(int(data), seed=seed)
                     Dh = cdist(codes[node], codes[node], "cityblock")
+                if a.estimates:  # sigma, beta of the learned-noise fits (depth 4 seed 0, myeloid seed 0)
+                    print(data, seed, end=" ")
+                    estimates(Y, *((0.08, 1.2e4) if data == "myeloid" else (1.0, 340.0)))
+                    continue
                 for mm in a.m:
                     M = Y.shape[0] if mm == "n" else ("auto" if mm == "auto" else int(mm))
                     params = dict(n_components=2, kappa=100.0, variant="bayesian", max_iter=a.max_iter)
