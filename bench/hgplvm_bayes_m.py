@@ -2,6 +2,7 @@
 
     python bench/hgplvm_bayes_m.py --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
                                    [--out /tmp/bm.csv] [--max-iter 3000]
+                                   [--raw] [--noise-c 0.25] [--kl-anneal 500] [--mean-bias]
 
 Per data set, seed and M (an integer, "auto", or "n" for M = N with Z started at every initial mean), one
 Bayesian fit (kappa = 100, Q = 2, constructor defaults otherwise, overridden by --kw), then the
@@ -13,7 +14,17 @@ bound's parts at the fitted state from H = 50 fresh Monte-Carlo samples per poin
 
 printed beside the score (trees: Pearson of hyperbolic latent distances vs Hamming distances of the
 node codes; myeloid: Qlocal / Qglobal), sigma, beta, the largest latent radius and the median S.
-Rows go to --out (CSV)."""
+Rows go to --out (CSV).
+
+Experiments (issue 24, session 5): ``--raw`` fits the raw Y (private switch ``_center_data`` False,
+as the authors' code does); ``--noise-c C`` fixes the noise variance at C x the 2-D PPCA level of
+each data set (:func:`lvmcore.models.hgplvm.ppca_noise_variance`); ``--kl-anneal T`` sets the private
+switch ``_kl_anneal`` (the KL's weight rises from 0 to 1 over T iterations, then eq. 6).
+``--estimates`` fits nothing: per data set and seed it prints noise estimates from Y alone (the
+2-D PPCA level; the local 2-D noise, the mean over points of the D - 2 smallest eigenvalues of the
+covariance of each point's k nearest neighbours, k = 10, 20, 40, as a multiple of the PPCA level;
+Minka's PPCA dimension, scikit-learn ``n_components="mle"``) and the sparse bound (eq. 5) of the
+raw Y minus that of the centred Y at a PCA layout of radius 2.2 (Z every 5th point)."""
 
 import os
 
@@ -46,7 +57,7 @@ def bound_parts(m, Y, H=50, seed=0):
     from lvmcore.psi.monte_carlo import mc_psi_chunk
 
     with jax.enable_x64(True):
-        Yc = jnp.asarray(Y - Y.mean(0))
+        Yc = jnp.asarray(Y - m.mean_)
         n, d = Yc.shape
         mu = jnp.asarray(m.lorentz_embedding_)
         S = jnp.asarray(m.embedding_var_)
@@ -62,6 +73,40 @@ def bound_parts(m, Y, H=50, seed=0):
         return float(b - kl), float(b + trace), float(trace), float(kl)
 
 
+def estimates(Y, sigma, beta):
+    """Print the noise estimates and the raw-minus-centred bound gap of ``--estimates``."""
+    import jax
+    import jax.numpy as jnp
+    from sklearn.decomposition import PCA
+    from sklearn.neighbors import NearestNeighbors
+
+    from lvmcore.manifolds.lorentz import expmap0
+    from lvmcore.models.hgplvm import _pca, ppca_noise_variance, sparse_objective
+
+    p = ppca_noise_variance(Y, 2)
+    loc = []
+    for k in (10, 20, 40):
+        _, idx = NearestNeighbors(n_neighbors=k + 1).fit(Y).kneighbors(Y)
+        nv = []
+        for ix in idx:
+            ev = np.sort(np.linalg.svd(Y[ix] - Y[ix].mean(0), compute_uv=False) ** 2 / len(ix))[::-1]
+            nv.append(np.pad(ev, (0, max(0, Y.shape[1] - len(ev))))[2:].mean())
+        loc.append(round(float(np.mean(nv)) / p, 4))
+    k_mle = PCA(n_components="mle").fit(Y).n_components_
+    with jax.enable_x64(True):
+        P = _pca(Y, 2)
+        X = expmap0(jnp.asarray(2.2 * P / np.linalg.norm(P, axis=1).max()))
+        args = (X, X[::5], np.log(sigma), np.log(beta))
+        gap = float(sparse_objective(*args, jnp.asarray(Y), 100.0)) - float(
+            sparse_objective(*args, jnp.asarray(Y - Y.mean(0)), 100.0)
+        )
+    m2 = float(np.sum(Y.mean(0) ** 2))
+    print(
+        f"ppca {p:.5g} local/ppca k=10,20,40 {loc} mle_dim {k_mle} of D={Y.shape[1]}; raw-centred bound "
+        f"{gap:.2f} nats (sigma {sigma}, beta {beta}; -sum m^2/(2 sigma) = {-m2 / (2 * sigma):.2f})"
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", nargs="+", default=["4"])
@@ -71,6 +116,10 @@ def main():
     ap.add_argument("--max-iter", type=int, default=3000)
     ap.add_argument("--out", default="/tmp/hgplvm_bayes_m.csv")
     ap.add_argument("--beta-start", default="var", choices=["var", "ppca"], help="a learned beta's start")
+    ap.add_argument("--raw", action="store_true", help="fit the raw Y (no centring; _center_data False)")
+    ap.add_argument("--noise-c", type=float, default=None, help="noise variance = C x the 2-D PPCA level")
+    ap.add_argument("--kl-anneal", type=int, default=0, help="KL weight 0 -> 1 over these iterations")
+    ap.add_argument("--estimates", action="store_true", help="noise estimates and the raw-Y gap; no fit")
     a = ap.parse_args()
     import jax
 
@@ -81,6 +130,8 @@ def main():
     from lvmcore.models.hgplvm import HyperboloidGPLVM
 
     hg._learn_beta_start = a.beta_start
+    hg._center_data = not a.raw
+    hg._kl_anneal = a.kl_anneal
 
     kw = json.loads(a.kw)
     new = not os.path.exists(a.out)
@@ -96,10 +147,16 @@ def main():
                 else:
                     Y, node, codes, _ = binary_tree(int(data), seed=seed)
                     Dh = cdist(codes[node], codes[node], "cityblock")
+                if a.estimates:  # sigma, beta of the learned-noise fits (depth 4 seed 0, myeloid seed 0)
+                    print(data, seed, end=" ")
+                    estimates(Y, *((0.08, 1.2e4) if data == "myeloid" else (1.0, 340.0)))
+                    continue
                 for mm in a.m:
                     M = Y.shape[0] if mm == "n" else ("auto" if mm == "auto" else int(mm))
                     params = dict(n_components=2, kappa=100.0, variant="bayesian", max_iter=a.max_iter)
                     params.update(random_state=seed, n_inducing=M)
+                    if a.noise_c is not None:
+                        params["noise"] = a.noise_c * hg.ppca_noise_variance(Y, 2)
                     t0 = time.perf_counter()
                     m = HyperboloidGPLVM(**{**params, **kw}).fit(Y)
                     sec = time.perf_counter() - t0
@@ -116,7 +173,7 @@ def main():
                     rmax = float(np.arccosh(np.maximum(L[:, 0], 1.0)).max())
                     medS = float(np.median(m.embedding_var_))
                     M = m.inducing_.shape[0]
-                    tag = a.kw + " beta0=" + a.beta_start
+                    tag = f"{a.kw} beta0={a.beta_start} raw={a.raw} noise_c={a.noise_c} anneal={a.kl_anneal}"
                     row = [data, seed, M, tag, pr, ql, qg, f"{sec:.1f}", m.n_iter_, f"{m.sigma_:.4g}",
                            f"{m.beta_:.4g}", f"{rmax:.3f}", f"{medS:.3g}", f"{b:.1f}", f"{fit:.1f}",
                            f"{tr:.1f}", f"{kl:.1f}"]  # fmt: skip

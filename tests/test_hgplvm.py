@@ -97,6 +97,20 @@ def test_bayesian_bound_is_sparse_bound_minus_kl_at_vanishing_variance(tiny):
     assert abs(kl) > 100.0  # the KL of a near-point mass is large: the identity is not trivially 0 = 0
 
 
+def test_bayesian_kl_weight_scales_only_the_kl(tiny):
+    """The KL warm-up's weight (experiment switch ``_kl_anneal``) multiplies the KL alone; weight 1 is
+    eq. 6 (the default)."""
+    Y, Xs, Z, eps, log_S = tiny
+    X = lift(Xs)
+    kl = float(mc_psi_chunk(X, jnp.exp(log_S), eps, Y, Z, np.exp(0.3), KAPPA)[3])
+    full = float(bayesian_objective(X, log_S, Z, 0.3, 1.2, Y, KAPPA, eps))
+    assert float(bayesian_objective(X, log_S, Z, 0.3, 1.2, Y, KAPPA, eps, 0.0, 1.0)) == full
+    for w in (0.0, 0.25):
+        val = float(bayesian_objective(X, log_S, Z, 0.3, 1.2, Y, KAPPA, eps, 0.0, w))
+        assert val == pytest.approx(full + (1.0 - w) * kl, rel=1e-12)
+    assert abs(kl) > 1.0
+
+
 def test_point_value_and_grad_matches_autodiff_and_finite_differences(tiny):
     """The hand-written eq. (4) gradient (one host Cholesky) against autodiff of point_objective
     (same value, same Riemannian gradient, same hyperparameter gradients) and against central
