@@ -74,6 +74,7 @@ _PATIENCE = 6  # windows without progress before the convergence rule stops a fi
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
 _learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
 _center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
+_MEAN_AUTO = "zero"  # mean="auto" for point and sparse
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
@@ -90,13 +91,25 @@ _kern = he_kernel
 
 
 @x64
-def point_objective(X, log_sigma, log_beta, Y, kappa):
-    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D)."""
+def point_objective(X, log_sigma, log_beta, Y, kappa, restricted=False):
+    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D);
+    ``restricted``: with a flat-prior constant mean per column of Y integrated out (REML)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
     beta = jnp.exp(log_beta)
     K = _kern(X, X, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
     L = jnp.linalg.cholesky(K)
+    if restricted:  # y^T K^-1 y - (1^T K^-1 y)^2 / 1^T K^-1 1, and -D/2 log(1^T K^-1 1 / 2 pi)
+        A = jax.scipy.linalg.solve_triangular(L, jnp.concatenate([Y, jnp.ones((n, 1))], axis=1), lower=True)
+        a, a1 = A[:, :d], A[:, d]
+        s = jnp.sum(a1 * a1)
+        quad = jnp.sum(a * a) - jnp.sum((a1 @ a) ** 2) / s
+        return (
+            -0.5 * (n - 1) * d * _LOG2PI
+            - d * jnp.sum(jnp.log(jnp.diag(L)))
+            - 0.5 * d * jnp.log(s)
+            - 0.5 * quad
+        )
     a = jax.scipy.linalg.solve_triangular(L, Y, lower=True)
     return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
 
@@ -198,12 +211,34 @@ def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
 
 
 @x64
-def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa):
-    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z)."""
+def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa, restricted=False):
+    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z);
+    ``restricted``: with a constant mean per column integrated out (:func:`_bound_reml`)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
     Knm = _kern(X, Z, sigma, kappa)
+    if restricted:
+        return _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa)
     return _bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa)
+
+
+def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
+    """The sparse bound (eq. 5) with its Gaussian term restricted: a flat-prior constant mean per
+    column integrated out of N(y_d | m_d 1, Q + beta^-1 I).  With A = Q + beta^-1 I and the ones
+    vector as an extra column, [Y 1]^T A^-1 [Y 1] = beta [Y 1]^T [Y 1] - beta^2 c^T c (c the
+    bound's L_A^-1 L_m^-1 Knm^T [Y 1]); the restricted term replaces y^T A^-1 y by
+    y^T A^-1 y - (1^T A^-1 y)^2 / (1^T A^-1 1) and adds -D/2 log(1^T A^-1 1) + D/2 log 2 pi."""
+    n, d = Y.shape
+    sigma, beta = jnp.exp(log_sigma), jnp.exp(log_beta)
+    one = jnp.ones((n, 1), Y.dtype)
+    Ya = jnp.concatenate([Y, one], axis=1)
+    Kmm = _kern(Z, Z, sigma, kappa)
+    t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, _JITTER)
+    cy, c1 = t.c[:, :d], t.c[:, d]
+    f = collapsed.bound(t._replace(c=cy), n * sigma, jnp.sum(Y * Y), log_beta, n, d)
+    m11 = beta * n - beta**2 * jnp.sum(c1 * c1)
+    m1d = beta * jnp.sum(Y, axis=0) - beta**2 * (c1 @ cy)
+    return f + 0.5 * jnp.sum(m1d * m1d) / m11 - 0.5 * d * jnp.log(m11) + 0.5 * d * _LOG2PI
 
 
 @x64
@@ -253,11 +288,11 @@ def _adam_step(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
     return p, m, v
 
 
-def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa):
+def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
     if variant == "point":
-        return point_objective(X, hyp[0], hyp[1], Y, kappa)
+        return point_objective(X, hyp[0], hyp[1], Y, kappa, restricted)
     if variant == "sparse":
-        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa)
+        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa, restricted)
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2])
 
 
@@ -283,13 +318,13 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
 _apply_updates_jit = jax.jit(_apply_updates, static_argnames=("variant", "use_radam"))
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
-def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam):
+@functools.partial(jax.jit, static_argnames=("variant", "use_radam", "restricted"))
+def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam, restricted=False):
     """One step of the sparse or Bayesian variant (compiled once per variant/optimizer/shape,
     shared by all instances): objective and gradients by autodiff, then the updates.  ``hmask``
     (3,) zeroes the gradient of a fixed hyperparameter (log sigma, log beta, log prior variance).
     """
-    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa)
+    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa, restricted=restricted)
     args = (state["X"], state["hyp"], state["log_S"], state["Z"])
     f, g = jax.value_and_grad(obj, argnums=(0, 1, 2, 3))(*args)
     grads = {"X": g[0], "hyp": g[1] * hmask, "log_S": g[2], "Z": g[3]}
@@ -307,6 +342,18 @@ def _point_step(state, E, dE, Ki_lower, logdet, t, Y, lr, hlr, scale, hmask, use
     f, gX, g_ls, g_lb = point_grads(state["X"], state["hyp"][0], state["hyp"][1], Y, E, dE, Ki, logdet)
     grads = {"X": gX, "hyp": jnp.stack([g_ls, g_lb, jnp.zeros_like(g_ls)]) * hmask}
     return _apply_updates(state, grads, t, False, lr, hlr, scale, "point", use_radam), f
+
+
+@jax.jit
+def _reml_projection(Ki_lower, logdet):
+    """(P, log|K| + log 1^T K^-1 1) with P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1) from K^-1's lower
+    triangle: with them in place of (K^-1, log|K|), :func:`point_grads` gives the restricted
+    likelihood (a flat-prior constant mean per column integrated out) and its gradients (the
+    -log 2 pi makes the value exact: the integral over each column's mean adds D/2 log 2 pi)."""
+    Ki = _symmetrize_lower(Ki_lower)
+    u = jnp.sum(Ki, axis=1)
+    s = jnp.sum(u)
+    return Ki - jnp.outer(u, u) / s, logdet + jnp.log(s) - _LOG2PI
 
 
 class MCStats(JitStats):
@@ -465,6 +512,7 @@ class HyperboloidGPLVM(LatentModel):
         "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
         "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "mean": [StrOptions({"auto", "zero", "integrated"})],
         "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
         "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
@@ -487,6 +535,7 @@ class HyperboloidGPLVM(LatentModel):
         init_scale="auto",
         fix_variance_iter=50,
         noise="auto",
+        mean="auto",
         prior_scale=1.0,
         chunks=None,
         random_state=None,
@@ -505,6 +554,7 @@ class HyperboloidGPLVM(LatentModel):
         self.init_scale = init_scale
         self.fix_variance_iter = fix_variance_iter
         self.noise = noise
+        self.mean = mean
         self.prior_scale = prior_scale
         self.chunks = chunks
         self.random_state = random_state
@@ -516,6 +566,11 @@ class HyperboloidGPLVM(LatentModel):
                 f"init='sparse' (a warm start from the sparse variant) is for variant='bayesian', got "
                 f"variant={self.variant!r}; use init='auto' or 'pca'"
             )
+        if self.mean == "integrated" and self.variant == "bayesian":
+            raise ValueError(
+                "mean='integrated' (a constant mean integrated out) is for the point and sparse "
+                "variants, got variant='bayesian'; use mean='auto' or 'zero'"
+            )
         nz = self.noise
         if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
             raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
@@ -525,6 +580,12 @@ class HyperboloidGPLVM(LatentModel):
         if self.noise == "auto":
             return "learn" if self.variant == "bayesian" else "ppca"
         return self.noise
+
+    def _restricted(self):
+        """mean with "auto" resolved: True where a constant mean is integrated out (restricted)."""
+        if self.mean == "auto":
+            return _MEAN_AUTO == "integrated" and self.variant != "bayesian"
+        return self.mean == "integrated"
 
     def _init_scale(self):
         """init_scale with "auto" resolved: ``_POINT_INIT_SCALE`` for the point variant, 1 otherwise."""
@@ -590,6 +651,7 @@ class HyperboloidGPLVM(LatentModel):
         prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
         q = int(self.n_components)
         variant = self.variant
+        restricted = self._restricted()
         P = self._init_tangent(Y, rng)
         X = expmap0(jnp.asarray(P))
         warm_fit = None
@@ -648,13 +710,15 @@ class HyperboloidGPLVM(LatentModel):
             elif variant == "point":  # K^-1 by LAPACK between two compiled halves (chol_inverse)
                 K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
                 Ki_lower, logdet = _chol_inverse_lower(K)
+                if restricted:
+                    Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
                 state, f = _point_step(
                     state, E, dE, Ki_lower, logdet, float(it), Yc, lr, hlr, scale, hmask, use_radam=use_radam
                 )
             else:
                 state, f = _fit_step(
                     state, float(it), eps, upd_S, Yc, kappa, lr, hlr, scale, hmask,
-                    variant=variant, use_radam=use_radam,
+                    variant=variant, use_radam=use_radam, restricted=restricted,
                 )  # fmt: skip
             f = float(f)
             if not np.isfinite(f):
@@ -686,6 +750,7 @@ class HyperboloidGPLVM(LatentModel):
         self.embedding_var_ = np.asarray(jnp.exp(state["log_S"])) if variant == "bayesian" else None
         self.inducing_ = np.asarray(_renorm(state["Z"])) if variant != "point" else None
         self.mean_ = mean
+        self.restricted_ = restricted
         self._Y = np.asarray(Yc)
         self._key = np.asarray(key)
         self.fit_time_ = time.perf_counter() - t_start
@@ -734,6 +799,10 @@ class HyperboloidGPLVM(LatentModel):
             sigma, beta = self.sigma_, self.beta_
             K = _kern(Xtr, Xtr, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(ntr)
             L = jnp.linalg.cholesky(K)
+            if self.restricted_:  # the constant mean's estimate (GLS), taken off both
+                k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
+                m_hat = (k1 @ Ytr) / jnp.sum(k1)
+                Ytr, Yn = Ytr - m_hat, Yn - m_hat
             alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
 
             def obj(Xn, log_S, eps):
@@ -750,7 +819,8 @@ class HyperboloidGPLVM(LatentModel):
             if self.variant == "sparse":
 
                 def obj(Xn, log_S, eps):
-                    return sparse_objective(jnp.concatenate([Xtr, Xn]), Z, hyp[0], hyp[1], Yall, kappa)
+                    Xall = jnp.concatenate([Xtr, Xn])
+                    return sparse_objective(Xall, Z, hyp[0], hyp[1], Yall, kappa, self.restricted_)
 
             else:
                 log_S_tr = jnp.log(jnp.asarray(self.embedding_var_))
