@@ -65,7 +65,7 @@ from lvmcore import collapsed
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
-from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
+from lvmcore.manifolds.lorentz import expmap, expmap0, inner, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
 from lvmcore.precision import x64
 from lvmcore.psi.monte_carlo import mc_psi_chunk
@@ -87,6 +87,7 @@ _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see 
 _learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
 _center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
 _MEAN_AUTO = "integrated"  # mean="auto" for point and sparse (the Bayesian variant keeps "zero")
+_drift_every = 0  # experiment: every this many iterations, a line search along the averaged drift
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
@@ -366,6 +367,59 @@ def _reml_projection(Ki_lower, logdet):
     u = jnp.sum(Ki, axis=1)
     s = jnp.sum(u)
     return Ki - jnp.outer(u, u) / s, logdet + jnp.log(s) - _LOG2PI
+
+
+@jax.jit
+def _tangent0(X):
+    return logmap0(X)
+
+
+@jax.jit
+def _drift_move(X, A_now, A_prev, a):
+    """Each point moved by a times its averaged drift (tangent at the origin: average now minus
+    average a stretch earlier, mapped from the average's tangent space to the point's)."""
+    P_now, P_prev = expmap0(A_now), expmap0(A_prev)
+    v = -logmap(P_now, P_prev)
+    v = proj(X, transp(P_now, X, v))
+    return _renorm(expmap(X, a * v))
+
+
+def _point_value(X, ls, lb, Y, kappa, restricted):
+    K, _, _ = _point_kernel_jit(X, ls, lb, kappa)
+    try:
+        Ki_lower, logdet = _chol_inverse_lower(K)
+    except np.linalg.LinAlgError:
+        return -np.inf
+    if restricted:
+        Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
+    Ki = np.asarray(_symmetrize_lower(Ki_lower))
+    Yn = np.asarray(Y)
+    n, d = Yn.shape
+    return float(-0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * np.sum(Yn * (Ki @ Yn)))
+
+
+def _drift_search(state, avg, prev, Y, kappa, restricted):
+    """a = 1, 2, 4, ... times the averaged drift of the points (and of log sigma) from the
+    current state while eq. (4) rises; returns (state, a or 0)."""
+    lb = state["hyp"][1]
+    f0 = _point_value(state["X"], state["hyp"][0], lb, Y, kappa, restricted)
+    best, a = None, 1.0
+    while a <= 64:
+        X = _drift_move(state["X"], avg["X"], prev["X"], a)
+        ls = state["hyp"][0] + a * (avg["ls"] - prev["ls"])
+        f = _point_value(X, ls, lb, Y, kappa, restricted)
+        if not f > f0:
+            break
+        f0, best = f, (X, ls, a)
+        a *= 2
+    if best is None:
+        return state, 0.0
+    X, ls, a = best
+    s = dict(state)
+    s["mX"] = proj(X, transp(state["X"], X, state["mX"]))
+    s["X"] = X
+    s["hyp"] = state["hyp"].at[0].set(ls)
+    return s, a
 
 
 class MCStats(JitStats):
@@ -709,6 +763,7 @@ class HyperboloidGPLVM(LatentModel):
         patience = _PATIENCE_BAYES if variant == "bayesian" else _PATIENCE
         warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
         trace, means, converged, it = [], [], False, 0
+        self._drift_moves, acc, prev = [], None, None
         for it in range(1, int(self.max_iter) + 1):
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
             upd_S = variant == "bayesian" and it > warm
@@ -743,6 +798,16 @@ class HyperboloidGPLVM(LatentModel):
                     f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
                 )
             trace.append(f)
+            if _drift_every and variant == "point":
+                tx, tl = _tangent0(state["X"]), state["hyp"][0]
+                acc = (tx, tl) if acc is None else (acc[0] + tx, acc[1] + tl)
+                if it % _drift_every == 0:
+                    avg = {"X": acc[0] / _drift_every, "ls": acc[1] / _drift_every}
+                    acc = None
+                    if prev is not None:
+                        state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
+                        self._drift_moves.append((it, a_drift))
+                    prev = avg
             if it % window == 0:
                 if _monitor is not None:
                     _monitor(it, state)
