@@ -41,7 +41,7 @@ def summary(path):
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     order = ["pca", "point", "point-r1", "point-r0.3", "point-r0.3-lr0.1", "sparse", "bayesian"]
-    order += ["bayesian-ppca", "bayesian-warm", "point-int", "sparse-int"]
+    order += ["bayesian-ppca", "bayesian-warm", "point-int", "sparse-int", "sparse-int-10k", "sparse-10k"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 
