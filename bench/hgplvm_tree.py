@@ -3,7 +3,7 @@
     python bench/hgplvm_tree.py [--data 4 5 6 myeloid] [--seeds 10] [--first-seed 0]
                                 [--variants point sparse bayesian] [--max-iter 3000]
                                 [--out bench/hgplvm_tree.csv] [--append] [--no-pca]
-                                [--kw '{"noise": "ppca"}'] [--trace]
+                                [--kw '{"noise": "ppca"}'] [--trace] [--label int]
     python bench/hgplvm_tree.py --summary bench/hgplvm_tree.csv     # markdown table from the rows
 
 Trees (depth 4, 5, 6; our generator, seed = the run's seed): per seed and variant, the Pearson
@@ -41,7 +41,7 @@ def summary(path):
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     order = ["pca", "point", "point-r1", "point-r0.3", "point-r0.3-lr0.1", "sparse", "bayesian"]
-    order += ["bayesian-ppca", "bayesian-warm"]
+    order += ["bayesian-ppca", "bayesian-warm", "point-int", "sparse-int", "sparse-int-10k", "sparse-10k"]
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 
@@ -78,6 +78,7 @@ def main():
     ap.add_argument("--max-iter", type=int, default=3000)
     ap.add_argument("--out", default="bench/hgplvm_tree.csv")
     ap.add_argument("--kw", default="{}", help='JSON of constructor overrides, e.g. \'{"noise": "ppca"}\'')
+    ap.add_argument("--label", default="", help="suffix for the method names in the rows (point-LABEL)")
     ap.add_argument("--trace", action="store_true", help="print score, sigma, beta, radius, S every 100 it")
     a = ap.parse_args()
     if a.summary:
@@ -147,7 +148,7 @@ def main():
                     L = m.lorentz_embedding_
                     with jax.enable_x64(True):
                         D = np.asarray(pairwise_dist(L, L))
-                    res.append((variant, D, sec, m.n_iter_))
+                    res.append((f"{variant}-{a.label}" if a.label else variant, D, sec, m.n_iter_))
                 for name, D, sec, its in res:
                     pr = dc = ql = qg = ""
                     if data == "myeloid":

@@ -16,6 +16,7 @@ from lvmcore.models.hgplvm import (
     _chol_inverse_lower,
     _kern,
     _pca,
+    _reml_projection,
     _rgrad,
     _symmetrize_lower,
     bayesian_objective,
@@ -197,6 +198,61 @@ def test_sparse_bound_with_all_points_is_exact(tiny):
     assert sub < exact
 
 
+def _restricted_brute(K, Y):
+    """log of the integral over a constant mean per column (flat prior) of prod_d N(y_d | m_d 1, K),
+    by NumPy inverse and determinant."""
+    n, d = Y.shape
+    Ki = np.linalg.inv(K)
+    o = np.ones(n)
+    s = o @ Ki @ o
+    P = Ki - np.outer(Ki @ o, Ki @ o) / s
+    logdet = np.linalg.slogdet(K)[1]
+    return -0.5 * (n - 1) * d * np.log(2 * np.pi) - 0.5 * d * (logdet + np.log(s)) - 0.5 * np.sum(Y * (P @ Y))
+
+
+def test_restricted_likelihood_brute_force_invariances_and_gradients(tiny):
+    """mean="integrated": eq. (4) with a constant mean per column integrated out (REML).  Equal to
+    the brute-force integral; unchanged by a shift of Y and by a constant added to the kernel (the
+    HE kernel at kappa >> the latent spread is nearly sigma (1 1^T - D / kappa): that constant part
+    no longer rewards a smaller sigma); the fit's path (_reml_projection + point_grads) gives
+    autodiff's value and gradients; the sparse bound with Z = X equals it."""
+    Y, Xs = (jnp.asarray(np.asarray(a, dtype=np.float64)) for a in tiny[:2])  # (tiny is made in float32)
+    X = lift(Xs)
+    Yn = np.asarray(Y)
+    K = np.asarray(point_kernel(X, 0.3, 1.2, KAPPA)[0])
+    F = float(point_objective(X, 0.3, 1.2, Y, KAPPA, restricted=True))
+    assert F == pytest.approx(_restricted_brute(K, Yn), rel=1e-12)
+    assert _restricted_brute(K + 5.0, Yn) == pytest.approx(F, rel=1e-10)
+    assert float(point_objective(X, 0.3, 1.2, Y + 3.0, KAPPA, restricted=True)) == pytest.approx(F, rel=1e-10)
+    assert float(point_objective(X, 0.3, 1.2, Y + 3.0, KAPPA)) != pytest.approx(F, rel=1e-3)
+    _, E, dE = point_kernel(X, 0.3, 1.2, KAPPA)
+    P, logdet = _reml_projection(*_chol_inverse_lower(K))
+    got = point_grads(X, 0.3, 1.2, Y, E, dE, P, logdet)
+    F0, (gX0, g_ls0, g_lb0) = jax.value_and_grad(point_objective, argnums=(0, 1, 2))(
+        X, 0.3, 1.2, Y, KAPPA, True
+    )
+    assert float(got[0]) == pytest.approx(float(F0), rel=1e-12)
+    np.testing.assert_allclose(_rgrad(X, got[1]), _rgrad(X, gX0), rtol=1e-9, atol=1e-10)
+    assert float(got[2]) == pytest.approx(float(g_ls0), rel=1e-9)
+    assert float(got[3]) == pytest.approx(float(g_lb0), rel=1e-9)
+    assert float(sparse_objective(X, X, 0.3, 1.2, Y, KAPPA, True)) == pytest.approx(F, rel=1e-4)
+
+
+def test_restricted_sparse_bound_gradients_and_shift(tiny):
+    """The restricted sparse bound (_bound_reml): below the restricted exact likelihood with fewer
+    inducing inputs, unchanged by a shift of Y, gradients equal to central differences."""
+    Y, Xs, Z = (jnp.asarray(np.asarray(a, dtype=np.float64)) for a in tiny[:3])  # (tiny is made in float32)
+    X = lift(Xs)
+    f = jax.jit(lambda xs, h: sparse_objective(lift(xs), Z, h[0], h[1], Y, KAPPA, True))
+    h = jnp.array([0.3, 1.2])
+    F = float(sparse_objective(X, Z, 0.3, 1.2, Y, KAPPA, True))
+    assert F < float(point_objective(X, 0.3, 1.2, Y, KAPPA, restricted=True))
+    assert float(sparse_objective(X, Z, 0.3, 1.2, Y - 2.0, KAPPA, True)) == pytest.approx(F, rel=1e-10)
+    gx, gh = jax.grad(f, argnums=(0, 1))(Xs, h)
+    np.testing.assert_allclose(gx, _fd(lambda x: f(x, h), Xs), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(gh, _fd(lambda x: f(Xs, x), h), rtol=1e-5, atol=1e-7)
+
+
 def _psi_problem():
     rng = np.random.default_rng(1)
     mu = lift(jnp.asarray(0.7 * rng.standard_normal((5, Q))))
@@ -368,6 +424,8 @@ def test_fit_is_reproducible(tree):
         (dict(noise=True), "noise"),
         (dict(init="sparse"), "init"),
         (dict(init="sparse", variant="sparse"), "init"),
+        (dict(mean="estimated"), "mean"),
+        (dict(mean="integrated", variant="bayesian"), "mean"),
     ],
 )
 def test_bad_parameters(kwargs, match):

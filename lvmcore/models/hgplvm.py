@@ -13,6 +13,22 @@ Objectives (section 2.1, eqs. 4-6), maximised:
                 prior N^w(mu0, I), Monte-Carlo psi statistics and KL (eqs. 13-20,
                 :mod:`lvmcore.psi.monte_carlo`), a fresh sample of H draws per point every step.
 
+The data's mean (a departure from eq. 4, whose GP has mean zero; the authors' code fits the raw
+Y). By default (``mean="auto"``) the point objective integrates a constant mean per column out
+under a flat prior (the restricted likelihood, REML; ``mean="integrated"``, also for the Gaussian
+term of eq. 5): eq. 4 with y^T K^-1 y - (1^T K^-1 y)^2 / (1^T K^-1 1) in the quadratic term and
+-D/2 log(1^T K^-1 1 / 2 pi) added; K^-1 is replaced by P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1)
+in the gradients. It is unchanged by a shift of Y and by a constant added to the kernel.
+Centring Y and fitting eq. 4 instead (``mean="zero"``) leaves the HE kernel's large constant part
+(with kappa = 100, k ~ sigma (1 - d / kappa) over the latent spread) along the ones vector, which
+the centred data do not use: log|K| then keeps rewarding a smaller sigma, paid for by spreading
+the points, and the fits crept for thousands of iterations (depth-4 tree: 4500-4900 iterations to
+the convergence rule, score falling 0.905 -> 0.887, against 2225-2525 and 0.904-0.911 restricted;
+bench/README.md, session 5). The sparse variant keeps ``"zero"``: restricted, it scored the same
+at depths 4, 5 and lower on the depth-6 tree within the 3000-iteration budget (0.853 / 0.833
+against 0.869 / 0.842 on seeds 0, 1; its score there still rises with the spread, which the
+restricted bound makes slower).
+
 Inducing inputs (a departure from the paper, section 3.2, which copies an active set of latent
 points re-drawn every few epochs, without gradient). Here Z starts at the k-means centres of the
 initial latent points (in the tangent space at the origin, mapped by expmap0) and is learned with
@@ -53,7 +69,7 @@ from lvmcore import collapsed
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
-from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
+from lvmcore.manifolds.lorentz import expmap, expmap0, inner, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
 from lvmcore.precision import x64
 from lvmcore.psi.monte_carlo import mc_psi_chunk
@@ -75,6 +91,8 @@ _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see 
 _learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
 _center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
 _kl_anneal = 0  # experiment (bayesian): the KL's weight rises linearly from 0 to 1 over these iterations
+_MEAN_AUTO = {"point": "integrated", "sparse": "zero", "bayesian": "zero"}  # mean="auto" per variant
+_drift_every = 0  # experiment: every this many iterations, a line search along the averaged drift
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
@@ -91,13 +109,25 @@ _kern = he_kernel
 
 
 @x64
-def point_objective(X, log_sigma, log_beta, Y, kappa):
-    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D)."""
+def point_objective(X, log_sigma, log_beta, Y, kappa, restricted=False):
+    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D);
+    ``restricted``: with a flat-prior constant mean per column of Y integrated out (REML)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
     beta = jnp.exp(log_beta)
     K = _kern(X, X, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
     L = jnp.linalg.cholesky(K)
+    if restricted:  # y^T K^-1 y - (1^T K^-1 y)^2 / 1^T K^-1 1, and -D/2 log(1^T K^-1 1 / 2 pi)
+        A = jax.scipy.linalg.solve_triangular(L, jnp.concatenate([Y, jnp.ones((n, 1))], axis=1), lower=True)
+        a, a1 = A[:, :d], A[:, d]
+        s = jnp.sum(a1 * a1)
+        quad = jnp.sum(a * a) - jnp.sum((a1 @ a) ** 2) / s
+        return (
+            -0.5 * (n - 1) * d * _LOG2PI
+            - d * jnp.sum(jnp.log(jnp.diag(L)))
+            - 0.5 * d * jnp.log(s)
+            - 0.5 * quad
+        )
     a = jax.scipy.linalg.solve_triangular(L, Y, lower=True)
     return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
 
@@ -199,12 +229,34 @@ def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
 
 
 @x64
-def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa):
-    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z)."""
+def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa, restricted=False):
+    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z);
+    ``restricted``: with a constant mean per column integrated out (:func:`_bound_reml`)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
     Knm = _kern(X, Z, sigma, kappa)
+    if restricted:
+        return _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa)
     return _bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa)
+
+
+def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
+    """The sparse bound (eq. 5) with its Gaussian term restricted: a flat-prior constant mean per
+    column integrated out of N(y_d | m_d 1, Q + beta^-1 I).  With A = Q + beta^-1 I and the ones
+    vector as an extra column, [Y 1]^T A^-1 [Y 1] = beta [Y 1]^T [Y 1] - beta^2 c^T c (c the
+    bound's L_A^-1 L_m^-1 Knm^T [Y 1]); the restricted term replaces y^T A^-1 y by
+    y^T A^-1 y - (1^T A^-1 y)^2 / (1^T A^-1 1) and adds -D/2 log(1^T A^-1 1) + D/2 log 2 pi."""
+    n, d = Y.shape
+    sigma, beta = jnp.exp(log_sigma), jnp.exp(log_beta)
+    one = jnp.ones((n, 1), Y.dtype)
+    Ya = jnp.concatenate([Y, one], axis=1)
+    Kmm = _kern(Z, Z, sigma, kappa)
+    t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, _JITTER)
+    cy, c1 = t.c[:, :d], t.c[:, d]
+    f = collapsed.bound(t._replace(c=cy), n * sigma, jnp.sum(Y * Y), log_beta, n, d)
+    m11 = beta * n - beta**2 * jnp.sum(c1 * c1)
+    m1d = beta * jnp.sum(Y, axis=0) - beta**2 * (c1 @ cy)
+    return f + 0.5 * jnp.sum(m1d * m1d) / m11 - 0.5 * d * jnp.log(m11) + 0.5 * d * _LOG2PI
 
 
 @x64
@@ -255,11 +307,11 @@ def _adam_step(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
     return p, m, v
 
 
-def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, kl_weight=1.0):
+def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False, kl_weight=1.0):
     if variant == "point":
-        return point_objective(X, hyp[0], hyp[1], Y, kappa)
+        return point_objective(X, hyp[0], hyp[1], Y, kappa, restricted)
     if variant == "sparse":
-        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa)
+        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa, restricted)
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2], kl_weight)
 
 
@@ -285,13 +337,15 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
 _apply_updates_jit = jax.jit(_apply_updates, static_argnames=("variant", "use_radam"))
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
-def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam):
+@functools.partial(jax.jit, static_argnames=("variant", "use_radam", "restricted"))
+def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam, restricted=False):
     """One step of the sparse or Bayesian variant (compiled once per variant/optimizer/shape,
     shared by all instances): objective and gradients by autodiff, then the updates.  ``hmask``
     (3,) zeroes the gradient of a fixed hyperparameter (log sigma, log beta, log prior variance).
     """
-    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa, kl_weight=state.get("klw", 1.0))
+    obj = functools.partial(
+        _objective, variant, eps=eps, Y=Y, kappa=kappa, restricted=restricted, kl_weight=state.get("klw", 1.0)
+    )
     args = (state["X"], state["hyp"], state["log_S"], state["Z"])
     f, g = jax.value_and_grad(obj, argnums=(0, 1, 2, 3))(*args)
     grads = {"X": g[0], "hyp": g[1] * hmask, "log_S": g[2], "Z": g[3]}
@@ -309,6 +363,71 @@ def _point_step(state, E, dE, Ki_lower, logdet, t, Y, lr, hlr, scale, hmask, use
     f, gX, g_ls, g_lb = point_grads(state["X"], state["hyp"][0], state["hyp"][1], Y, E, dE, Ki, logdet)
     grads = {"X": gX, "hyp": jnp.stack([g_ls, g_lb, jnp.zeros_like(g_ls)]) * hmask}
     return _apply_updates(state, grads, t, False, lr, hlr, scale, "point", use_radam), f
+
+
+@jax.jit
+def _reml_projection(Ki_lower, logdet):
+    """(P, log|K| + log 1^T K^-1 1) with P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1) from K^-1's lower
+    triangle: with them in place of (K^-1, log|K|), :func:`point_grads` gives the restricted
+    likelihood (a flat-prior constant mean per column integrated out) and its gradients (the
+    -log 2 pi makes the value exact: the integral over each column's mean adds D/2 log 2 pi)."""
+    Ki = _symmetrize_lower(Ki_lower)
+    u = jnp.sum(Ki, axis=1)
+    s = jnp.sum(u)
+    return Ki - jnp.outer(u, u) / s, logdet + jnp.log(s) - _LOG2PI
+
+
+@jax.jit
+def _tangent0(X):
+    return logmap0(X)
+
+
+@jax.jit
+def _drift_move(X, A_now, A_prev, a):
+    """Each point moved by a times its averaged drift (tangent at the origin: average now minus
+    average a stretch earlier, mapped from the average's tangent space to the point's)."""
+    P_now, P_prev = expmap0(A_now), expmap0(A_prev)
+    v = -logmap(P_now, P_prev)
+    v = proj(X, transp(P_now, X, v))
+    return _renorm(expmap(X, a * v))
+
+
+def _point_value(X, ls, lb, Y, kappa, restricted):
+    K, _, _ = _point_kernel_jit(X, ls, lb, kappa)
+    try:
+        Ki_lower, logdet = _chol_inverse_lower(K)
+    except np.linalg.LinAlgError:
+        return -np.inf
+    if restricted:
+        Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
+    Ki = np.asarray(_symmetrize_lower(Ki_lower))
+    Yn = np.asarray(Y)
+    n, d = Yn.shape
+    return float(-0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * np.sum(Yn * (Ki @ Yn)))
+
+
+def _drift_search(state, avg, prev, Y, kappa, restricted):
+    """a = 1, 2, 4, ... times the averaged drift of the points (and of log sigma) from the
+    current state while eq. (4) rises; returns (state, a or 0)."""
+    lb = state["hyp"][1]
+    f0 = _point_value(state["X"], state["hyp"][0], lb, Y, kappa, restricted)
+    best, a = None, 1.0
+    while a <= 64:
+        X = _drift_move(state["X"], avg["X"], prev["X"], a)
+        ls = state["hyp"][0] + a * (avg["ls"] - prev["ls"])
+        f = _point_value(X, ls, lb, Y, kappa, restricted)
+        if not f > f0:
+            break
+        f0, best = f, (X, ls, a)
+        a *= 2
+    if best is None:
+        return state, 0.0
+    X, ls, a = best
+    s = dict(state)
+    s["mX"] = proj(X, transp(state["X"], X, state["mX"]))
+    s["X"] = X
+    s["hyp"] = state["hyp"].at[0].set(ls)
+    return s, a
 
 
 class MCStats(JitStats):
@@ -439,6 +558,10 @@ class HyperboloidGPLVM(LatentModel):
         small), so "auto" keeps the learned noise for the Bayesian variant.  Higher fixed noise
         raises the tree scores further and lowers the myeloid ones (2 x / 4 x the PPCA level: depth 5
         0.915 / 0.922, myeloid Qlocal 0.681 / 0.671 on ten / three seeds; bench/README.md, session 5).
+    mean : "auto" (default: "integrated" for point, "zero" for sparse and bayesian), "integrated"
+        (a constant mean per column of Y integrated out under a flat prior: the restricted
+        likelihood, see the module docstring; point and sparse only) or "zero" (eq. 4 / 5 as
+        written, on the centred Y).
     prior_scale : tangent standard deviation s of the prior N^w(mu0, s^2 I) of the Bayesian variant:
         a fixed number (default 1, the paper's prior) or "learn" (from s = 1, by Adam on the bound,
         i.e. empirical Bayes; on the depth-4 tree it settled at s = 0.9 and scored as s = 1 did).
@@ -451,7 +574,8 @@ class HyperboloidGPLVM(LatentModel):
     the mean (bayesian; None otherwise); ``sigma_``, ``beta_``, ``prior_scale_`` (bayesian),
     ``noise_fixed_``, ``elbo_`` (the variant's objective), ``elbo_trace_`` (one value per
     iteration), ``n_iter_`` (``warm_start_n_iter_``: the sparse warm start's, bayesian),
-    ``converged_``, ``inducing_`` (M, Q+1) or None, ``fit_time_``.
+    ``converged_``, ``inducing_`` (M, Q+1) or None, ``restricted_`` (the mean integrated out),
+    ``fit_time_``.
     """
 
     _parameter_constraints: dict = {
@@ -469,6 +593,7 @@ class HyperboloidGPLVM(LatentModel):
         "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
         "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "mean": [StrOptions({"auto", "zero", "integrated"})],
         "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
         "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
@@ -491,6 +616,7 @@ class HyperboloidGPLVM(LatentModel):
         init_scale="auto",
         fix_variance_iter=50,
         noise="auto",
+        mean="auto",
         prior_scale=1.0,
         chunks=None,
         random_state=None,
@@ -509,6 +635,7 @@ class HyperboloidGPLVM(LatentModel):
         self.init_scale = init_scale
         self.fix_variance_iter = fix_variance_iter
         self.noise = noise
+        self.mean = mean
         self.prior_scale = prior_scale
         self.chunks = chunks
         self.random_state = random_state
@@ -520,6 +647,11 @@ class HyperboloidGPLVM(LatentModel):
                 f"init='sparse' (a warm start from the sparse variant) is for variant='bayesian', got "
                 f"variant={self.variant!r}; use init='auto' or 'pca'"
             )
+        if self.mean == "integrated" and self.variant == "bayesian":
+            raise ValueError(
+                "mean='integrated' (a constant mean integrated out) is for the point and sparse "
+                "variants, got variant='bayesian'; use mean='auto' or 'zero'"
+            )
         nz = self.noise
         if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
             raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
@@ -529,6 +661,12 @@ class HyperboloidGPLVM(LatentModel):
         if self.noise == "auto":
             return "learn" if self.variant == "bayesian" else "ppca"
         return self.noise
+
+    def _restricted(self):
+        """mean with "auto" resolved: True where a constant mean is integrated out (restricted)."""
+        if self.mean == "auto":
+            return _MEAN_AUTO[self.variant] == "integrated"
+        return self.mean == "integrated"
 
     def _init_scale(self):
         """init_scale with "auto" resolved: ``_POINT_INIT_SCALE`` for the point variant, 1 otherwise."""
@@ -594,6 +732,7 @@ class HyperboloidGPLVM(LatentModel):
         prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
         q = int(self.n_components)
         variant = self.variant
+        restricted = self._restricted()
         P = self._init_tangent(Y, rng)
         X = expmap0(jnp.asarray(P))
         warm_fit = None
@@ -635,6 +774,7 @@ class HyperboloidGPLVM(LatentModel):
         warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
         anneal = int(_kl_anneal) if variant == "bayesian" and runner is None else 0  # experiment
         trace, means, converged, it = [], [], False, 0
+        self._drift_moves, acc, prev = [], None, None
         for it in range(1, int(self.max_iter) + 1):
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
             upd_S = variant == "bayesian" and it > warm
@@ -655,13 +795,15 @@ class HyperboloidGPLVM(LatentModel):
             elif variant == "point":  # K^-1 by LAPACK between two compiled halves (chol_inverse)
                 K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
                 Ki_lower, logdet = _chol_inverse_lower(K)
+                if restricted:
+                    Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
                 state, f = _point_step(
                     state, E, dE, Ki_lower, logdet, float(it), Yc, lr, hlr, scale, hmask, use_radam=use_radam
                 )
             else:
                 state, f = _fit_step(
                     state, float(it), eps, upd_S, Yc, kappa, lr, hlr, scale, hmask,
-                    variant=variant, use_radam=use_radam,
+                    variant=variant, use_radam=use_radam, restricted=restricted,
                 )  # fmt: skip
             f = float(f)
             if not np.isfinite(f):
@@ -669,6 +811,16 @@ class HyperboloidGPLVM(LatentModel):
                     f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
                 )
             trace.append(f)
+            if _drift_every and variant == "point":
+                tx, tl = _tangent0(state["X"]), state["hyp"][0]
+                acc = (tx, tl) if acc is None else (acc[0] + tx, acc[1] + tl)
+                if it % _drift_every == 0:
+                    avg = {"X": acc[0] / _drift_every, "ls": acc[1] / _drift_every}
+                    acc = None
+                    if prev is not None:
+                        state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
+                        self._drift_moves.append((it, a_drift))
+                    prev = avg
             if it % window == 0:
                 if _monitor is not None:
                     _monitor(it, state)
@@ -695,6 +847,7 @@ class HyperboloidGPLVM(LatentModel):
         self.embedding_var_ = np.asarray(jnp.exp(state["log_S"])) if variant == "bayesian" else None
         self.inducing_ = np.asarray(_renorm(state["Z"])) if variant != "point" else None
         self.mean_ = mean
+        self.restricted_ = restricted
         self._Y = np.asarray(Yc)
         self._key = np.asarray(key)
         self.fit_time_ = time.perf_counter() - t_start
@@ -743,6 +896,10 @@ class HyperboloidGPLVM(LatentModel):
             sigma, beta = self.sigma_, self.beta_
             K = _kern(Xtr, Xtr, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(ntr)
             L = jnp.linalg.cholesky(K)
+            if self.restricted_:  # the constant mean's estimate (GLS), taken off both
+                k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
+                m_hat = (k1 @ Ytr) / jnp.sum(k1)
+                Ytr, Yn = Ytr - m_hat, Yn - m_hat
             alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
 
             def obj(Xn, log_S, eps):
@@ -759,7 +916,8 @@ class HyperboloidGPLVM(LatentModel):
             if self.variant == "sparse":
 
                 def obj(Xn, log_S, eps):
-                    return sparse_objective(jnp.concatenate([Xtr, Xn]), Z, hyp[0], hyp[1], Yall, kappa)
+                    Xall = jnp.concatenate([Xtr, Xn])
+                    return sparse_objective(Xall, Z, hyp[0], hyp[1], Yall, kappa, self.restricted_)
 
             else:
                 log_S_tr = jnp.log(jnp.asarray(self.embedding_var_))
