@@ -77,3 +77,21 @@ def sweep_cluster(prefect_api):
     with pointed_at(prefect_api, keys=("PREFECT_API_URL",)):
         with start_cluster(normalise_cluster(None)) as (address, _, _):
             yield address
+
+
+# The longest modules first (measured: bench/README.md, "Lead, session 5"): .ci/test runs two
+# processes that take whole files in collection order, and a long file collected late left one
+# process running it alone at the end (test_faults' ten kills, ~150 s, after everything else).
+_LONG_FIRST = (
+    "test_faults.py",
+    "test_lifecycle.py",
+    "test_multinode.py",
+    "test_slurm.py",
+    "test_deploy.py",
+    "test_pipeline.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules stay whole
