@@ -20,12 +20,8 @@ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.spatial.distance import cdist  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main():
@@ -39,27 +35,15 @@ def main():
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    import jax
+    from hgplvm import load  # bench/hgplvm.py: the data and their scorer, as the anchor uses them
 
     import lvmcore.models.hgplvm as hg
-    from lvmcore.data.synthetic import binary_tree
-    from lvmcore.manifolds.lorentz import pairwise_dist
-    from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
 
-    if a.data == "myeloid":
-        Y = np.loadtxt(ROOT / "tests" / "data" / "krumsiek11.txt")[:, 1:]
-        G = manifold_distances(Y, 20)
-    else:
-        Y, node, codes, _ = binary_tree(int(a.data), seed=a.seed)
-        Dh = cdist(codes[node], codes[node], "cityblock")
+    Y, scorer = load(a.data if a.data == "myeloid" else f"tree{a.data}", a.seed)
 
     def score(X):
-        with jax.enable_x64(True):
-            D = np.asarray(pairwise_dist(X, X))
-        if a.data == "myeloid":
-            ql, qg, _ = quality_scores(None, D, metric_x="precomputed", data_distances=G)
-            return [round(float(ql), 4), round(float(qg), 4)]
-        return round(float(pearson_distance_correlation(D, Dh, "precomputed", "precomputed")), 4)
+        sc = [round(float(x), 4) for x in scorer(X)]
+        return sc if a.data == "myeloid" else sc[0]
 
     rows = []
     t0 = time.perf_counter()
