@@ -71,7 +71,7 @@ from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
-from lvmcore.precision import x64
+from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import mc_psi_chunk
 
 __all__ = [
@@ -392,18 +392,12 @@ def _drift_move(X, A_now, A_prev, a):
     return _renorm(expmap(X, a * v))
 
 
+_point_objective_jit = jit64(point_objective, static_argnames=("restricted",))
+
+
 def _point_value(X, ls, lb, Y, kappa, restricted):
-    K, _, _ = _point_kernel_jit(X, ls, lb, kappa)
-    try:
-        Ki_lower, logdet = _chol_inverse_lower(K)
-    except np.linalg.LinAlgError:
-        return -np.inf
-    if restricted:
-        Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
-    Ki = np.asarray(_symmetrize_lower(Ki_lower))
-    Yn = np.asarray(Y)
-    n, d = Yn.shape
-    return float(-0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * np.sum(Yn * (Ki @ Yn)))
+    """Eq. (4) (restricted or not) at a trial state of the drift search: :func:`point_objective`."""
+    return float(_point_objective_jit(X, ls, lb, Y, kappa, restricted=restricted))
 
 
 def _drift_search(state, avg, prev, Y, kappa, restricted):
