@@ -62,15 +62,16 @@ def main():
     if a.raw:
         hg._center_data = False
     kw = json.loads(a.kw)
-    hg._drift_every = int(kw.pop("_drift_every", 0))
+    if "_drift_every" in kw:  # the earlier name of the switch
+        kw["drift_every"] = kw.pop("_drift_every")
     params = dict(n_components=2, kappa=100.0, variant=a.variant, max_iter=a.max_iter, random_state=a.seed)
     m = hg.HyperboloidGPLVM(**{**params, **kw}).fit(Y)
     tr = m.elbo_trace_
     w = a.every
     wm = [float(np.mean(tr[i : i + w])) for i in range(0, len(tr) - w + 1, w)]
     final = score(m.lorentz_embedding_)
-    if m._drift_moves:
-        print("drift moves (it:a): " + " ".join(f"{i}:{x:g}" for i, x in m._drift_moves))
+    if m.drift_moves_:
+        print("drift moves (it:a): " + " ".join(f"{i}:{x:g}" for i, x in m.drift_moves_))
     print(f"window means ({w} it): " + " ".join(f"{x:.1f}" for x in wm))
     print(
         f"data {a.data} seed {a.seed} {a.variant} raw={a.raw} kw={a.kw}: n_iter {m.n_iter_} "

@@ -92,7 +92,7 @@ _learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / va
 _center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
 _kl_anneal = 0  # experiment (bayesian): the KL's weight rises linearly from 0 to 1 over these iterations
 _MEAN_AUTO = {"point": "integrated", "sparse": "zero", "bayesian": "zero"}  # mean="auto" per variant
-_drift_every = 0  # experiment: every this many iterations, a line search along the averaged drift
+_DRIFT_AUTO = {"point": 250, "sparse": 250, "bayesian": 0}  # drift_every="auto" per variant
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
 _monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
@@ -395,31 +395,59 @@ def _drift_move(X, A_now, A_prev, a):
 _point_objective_jit = jit64(point_objective, static_argnames=("restricted",))
 
 
-def _point_value(X, ls, lb, Y, kappa, restricted):
-    """Eq. (4) (restricted or not) at a trial state of the drift search: :func:`point_objective`."""
-    return float(_point_objective_jit(X, ls, lb, Y, kappa, restricted=restricted))
+_sparse_objective_jit = jit64(sparse_objective, static_argnames=("restricted",))
+
+
+def _drift_value(pts, ls, lb, Y, kappa, restricted):
+    """The objective at a trial state of the drift search: eq. (4) for N points, eq. (5) for the
+    N latent points followed by the M inducing inputs (N + M rows)."""
+    n = Y.shape[0]
+    if pts.shape[0] == n:
+        return float(_point_objective_jit(pts, ls, lb, Y, kappa, restricted=restricted))
+    return float(_sparse_objective_jit(pts[:n], pts[n:], ls, lb, Y, kappa, restricted=restricted))
+
+
+def _rule_windows(variant, drift):
+    """(window, patience) of the convergence rule: iterations per window mean, and how many recent
+    windows must show progress.  With the drift line search every ``drift`` iterations the recent
+    windows span a whole cycle (a search and the steps after it), so that the gain of an accepted
+    move counts as progress and a stop needs a rejected move as well as a plateau of the steps."""
+    if variant == "bayesian":
+        return 50, _PATIENCE_BAYES
+    return 25, max(_PATIENCE, -(-drift // 25) + 1) if drift else _PATIENCE
+
+
+def _drift_points(state):
+    """The points the drift moves together: the latent points, then the inducing inputs (sparse)."""
+    return state["X"] if state["Z"] is None else jnp.concatenate([state["X"], state["Z"]])
 
 
 def _drift_search(state, avg, prev, Y, kappa, restricted):
-    """a = 1, 2, 4, ... times the averaged drift of the points (and of log sigma) from the
-    current state while eq. (4) rises; returns (state, a or 0)."""
+    """a = 1, 2, 4, ... times the averaged drift of the points (the inducing inputs with them) and
+    of log sigma from the current state while the objective rises; returns (state, a or 0)."""
     lb = state["hyp"][1]
-    f0 = _point_value(state["X"], state["hyp"][0], lb, Y, kappa, restricted)
+    pts0 = _drift_points(state)
+    f0 = _drift_value(pts0, state["hyp"][0], lb, Y, kappa, restricted)
     best, a = None, 1.0
     while a <= 64:
-        X = _drift_move(state["X"], avg["X"], prev["X"], a)
+        pts = _drift_move(pts0, avg["X"], prev["X"], a)
         ls = state["hyp"][0] + a * (avg["ls"] - prev["ls"])
-        f = _point_value(X, ls, lb, Y, kappa, restricted)
+        f = _drift_value(pts, ls, lb, Y, kappa, restricted)
         if not f > f0:
             break
-        f0, best = f, (X, ls, a)
+        f0, best = f, (pts, ls, a)
         a *= 2
     if best is None:
         return state, 0.0
-    X, ls, a = best
+    pts, ls, a = best
     s = dict(state)
-    s["mX"] = proj(X, transp(state["X"], X, state["mX"]))
-    s["X"] = X
+    n = state["X"].shape[0]
+    for name, mom in (("X", "mX"), ("Z", "mZ")):
+        if state[name] is None:
+            continue
+        new = pts[:n] if name == "X" else pts[n:]
+        s[mom] = proj(new, transp(state[name], new, state[mom]))
+        s[name] = new
     s["hyp"] = state["hyp"].at[0].set(ls)
     return s, a
 
@@ -588,6 +616,7 @@ class HyperboloidGPLVM(LatentModel):
         "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
         "mean": [StrOptions({"auto", "zero", "integrated"})],
+        "drift_every": [StrOptions({"auto"}), Interval(numbers.Integral, 0, None, closed="left")],
         "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
         "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "random_state": ["random_state"],
@@ -600,7 +629,7 @@ class HyperboloidGPLVM(LatentModel):
         kappa=100.0,
         variant="point",
         n_inducing="auto",
-        max_iter=3000,
+        max_iter=6000,
         tol=1e-5,
         learning_rate=0.05,
         hyper_learning_rate=0.05,
@@ -611,6 +640,7 @@ class HyperboloidGPLVM(LatentModel):
         fix_variance_iter=50,
         noise="auto",
         mean="auto",
+        drift_every="auto",
         prior_scale=1.0,
         chunks=None,
         random_state=None,
@@ -630,6 +660,7 @@ class HyperboloidGPLVM(LatentModel):
         self.fix_variance_iter = fix_variance_iter
         self.noise = noise
         self.mean = mean
+        self.drift_every = drift_every
         self.prior_scale = prior_scale
         self.chunks = chunks
         self.random_state = random_state
@@ -646,6 +677,12 @@ class HyperboloidGPLVM(LatentModel):
                 "mean='integrated' (a constant mean integrated out) is for the point and sparse "
                 "variants, got variant='bayesian'; use mean='auto' or 'zero'"
             )
+        if self.variant == "bayesian" and self.drift_every not in ("auto", 0):
+            raise ValueError(
+                f"drift_every={self.drift_every!r}: the drift line search is for the point and sparse "
+                "variants (the Bayesian bound is a Monte-Carlo estimate, too noisy for its trial "
+                "values); use drift_every='auto' or 0"
+            )
         nz = self.noise
         if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
             raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
@@ -661,6 +698,12 @@ class HyperboloidGPLVM(LatentModel):
         if self.mean == "auto":
             return _MEAN_AUTO[self.variant] == "integrated"
         return self.mean == "integrated"
+
+    def _drift_period(self):
+        """drift_every with "auto" resolved (0: no drift line search)."""
+        if self.drift_every == "auto":
+            return _DRIFT_AUTO[self.variant]
+        return int(self.drift_every)
 
     def _init_scale(self):
         """init_scale with "auto" resolved: ``_POINT_INIT_SCALE`` for the point variant, 1 otherwise."""
@@ -763,12 +806,12 @@ class HyperboloidGPLVM(LatentModel):
         runner = None
         if variant == "bayesian" and self.chunks is not None:
             runner = RowChunks(MCStats(kappa), mc_objective(kappa, n, d), (np.asarray(Yc),), int(self.chunks))
-        window = 50 if variant == "bayesian" else 25
-        patience = _PATIENCE_BAYES if variant == "bayesian" else _PATIENCE
+        drift = self._drift_period()
+        window, patience = _rule_windows(variant, drift)
         warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
         anneal = int(_kl_anneal) if variant == "bayesian" and runner is None else 0  # experiment
         trace, means, converged, it = [], [], False, 0
-        self._drift_moves, acc, prev = [], None, None
+        moves, acc, prev = [], None, None
         for it in range(1, int(self.max_iter) + 1):
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
             upd_S = variant == "bayesian" and it > warm
@@ -805,15 +848,15 @@ class HyperboloidGPLVM(LatentModel):
                     f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
                 )
             trace.append(f)
-            if _drift_every and variant == "point":
-                tx, tl = _tangent0(state["X"]), state["hyp"][0]
+            if drift:
+                tx, tl = _tangent0(_drift_points(state)), state["hyp"][0]
                 acc = (tx, tl) if acc is None else (acc[0] + tx, acc[1] + tl)
-                if it % _drift_every == 0:
-                    avg = {"X": acc[0] / _drift_every, "ls": acc[1] / _drift_every}
+                if it % drift == 0:
+                    avg = {"X": acc[0] / drift, "ls": acc[1] / drift}
                     acc = None
                     if prev is not None:
                         state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
-                        self._drift_moves.append((it, a_drift))
+                        moves.append((it, a_drift))
                     prev = avg
             if it % window == 0:
                 if _monitor is not None:
@@ -830,6 +873,7 @@ class HyperboloidGPLVM(LatentModel):
         self.n_iter_ = it
         self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0
         self.converged_ = converged
+        self.drift_moves_ = moves
         self.elbo_trace_ = np.asarray(trace)
         self.elbo_ = float(trace[-1])
         self.lorentz_embedding_ = Xf
