@@ -166,7 +166,7 @@ MODELS: dict[str, ModelSpec] = {
             ("kappa", "latent_dim", "seed"),
             fixed={"variant": "sparse"},
             hyperbolic=True,
-            description="hyperboloid GP-LVM, sparse active set (paper 002, eq. 5)",
+            description="hyperboloid GP-LVM, sparse, learned inducing inputs (paper 002, eq. 5)",
         ),
         _spec(
             "hgplvm_bayesian",
