@@ -93,6 +93,7 @@ def fit_point(
         res.elbo = float(est.elbo_)
         res.elbo_trace = np.asarray(getattr(est, "elbo_trace_", [res.elbo]), dtype=np.float64)
         res.n_iter = float(getattr(est, "n_iter_", len(res.elbo_trace)))
+        res.converged = float(bool(est.converged_)) if hasattr(est, "converged_") else float("nan")
         for name in spec.extras:  # learned quantities the registry asks for, e.g. ard_weights_, alpha_
             if name not in ("generations", "scale_study") and getattr(est, name + "_", None) is not None:
                 res.extras[name] = np.asarray(getattr(est, name + "_"), dtype=np.float64)

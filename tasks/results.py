@@ -205,7 +205,9 @@ def select(tree_or_store, model: str, setting: dict | str | None = None) -> dict
     """The chosen grid point of ``model``: ``setting`` (a full or partial named setting; the
     criterion picks among what it leaves open) or the best by the model's criterion.
 
-    Returns {"model", "setting", "criterion", "elbo", "metrics", "embedding", "embedding_var"}."""
+    Returns {"model", "setting", "criterion", "elbo", "fit_seconds", "converged" (True / False: the
+    fit ended by its stopping rule or not; None in a store that did not record it), "metrics",
+    "embedding", "embedding_var", "hyperbolic"}."""
     if isinstance(tree_or_store, xr.DataTree):
         # the store it was opened from (xarray keeps it as encoding["source"]): the data beside it
         # lets the same criterion choose as for a path; a tree built in memory has none
@@ -247,6 +249,7 @@ def select(tree_or_store, model: str, setting: dict | str | None = None) -> dict
         "criterion": crit["text"],
         "elbo": float(cell["elbo"]),
         "fit_seconds": float(cell["fit_seconds"]),
+        "converged": _flag(cell["converged"]) if "converged" in cell else None,
         "metrics": metrics,
         "embedding": X[:, keep],
         "embedding_var": var,
@@ -332,8 +335,15 @@ def export_h5ad(store, path, models=None, setting=None):
     return adata
 
 
+def _flag(value) -> bool | None:
+    v = float(value)
+    return None if not np.isfinite(v) else bool(v)
+
+
 def summary_rows(store) -> list[dict]:
-    """One dict per model: counts, the chosen setting, the criterion that chose it, its metrics."""
+    """One dict per model: counts (``not converged``: finished points whose fit ran out of
+    iterations or whose optimiser gave up), the chosen setting, the criterion that chose it, its
+    metrics."""
     from tasks.store import STATUS_FAILED
 
     tree = open_store(store)
@@ -346,6 +356,9 @@ def summary_rows(store) -> list[dict]:
             "failed": int((st == STATUS_FAILED).sum()),
             "total": int(st.size),
         }
+        if "converged" in ds:
+            conv = ds["converged"].values[st == STATUS_DONE]
+            row["not converged"] = int((conv == 0).sum())
         s = select(store, name) if row["done"] else None
         if s is not None and s["setting"] is not None:
             row["best"] = _fmt(s["setting"])

@@ -45,7 +45,9 @@ METRICS = (
     "qlocal",
     "qglobal",
 )
-SCALARS = ("elbo", "fit_seconds", "n_iter") + METRICS
+#: ``converged``: 1 where the fit ended by its own stopping rule (or is a closed form), 0 where it
+#: ran out of iterations or its optimiser gave up (the model's ``converged_``)
+SCALARS = ("elbo", "fit_seconds", "n_iter", "converged") + METRICS
 MAX_TRACE = 2000
 #: rows per chunk along ``point`` (embeddings, variances, generations): a grid point's cell of a
 #: 10^6-point sweep is then 16 chunks of 1 MiB (latent_dim 2), not one chunk of 16 MiB that every
@@ -78,6 +80,7 @@ class PointResult:
     elbo: float = float("nan")
     elbo_trace: np.ndarray | None = None
     n_iter: float = float("nan")
+    converged: float = float("nan")
     fit_seconds: float = float("nan")
     extras: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -363,6 +366,23 @@ def _grow_group(path: Path, key: str, new: dict) -> None:
             coord[len(stored) :] = np.asarray(todo, dtype=coord.dtype)
 
 
+def _add_missing_scalars(path: Path, keys) -> None:
+    """Give the groups of a store written by an earlier version the per-point scalars it lacks
+    (``converged``), every cell NaN (not recorded), so that resuming or growing the store can
+    write its new points."""
+    root = zarr.open_group(str(path), mode="r+")
+    for key in keys:
+        g = root[key]
+        st = g["status"]
+        dims = list(getattr(st.metadata, "dimension_names", None) or st.attrs.get("_ARRAY_DIMENSIONS") or [])
+        for name in SCALARS:
+            if name not in g:
+                g.create_array(
+                    name, shape=st.shape, chunks=st.chunks, dtype="float64", fill_value=np.nan,
+                    dimension_names=dims,
+                )  # fmt: skip
+
+
 def store_grid(path, spec) -> dict:
     """A group's sweep coordinates in store order (a grown store appends new values at the end)."""
     g = zarr.open_group(str(path), mode="r")[spec.key]
@@ -393,6 +413,7 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
         grown = growth(path, identity, specs, grid)  # refuses a store this sweep cannot extend
         for key, new in (grown or {"groups": {}})["groups"].items():
             _grow_group(path, key, new)
+        _add_missing_scalars(path, [s.key for s in specs if s.key in root])
         missing = [s.key for s in specs if s.key not in root]
         if not missing and grown is None:
             return sid

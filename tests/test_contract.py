@@ -192,6 +192,7 @@ def test_fitted_attributes(fitted):
     assert isinstance(est.elbo_, float) and np.isfinite(est.elbo_)
     assert isinstance(est.n_iter_, (int, np.integer)) and est.n_iter_ >= 1
     assert est.elbo_trace_.shape == (est.n_iter_,) and np.all(np.isfinite(est.elbo_trace_))
+    assert isinstance(est.converged_, (bool, np.bool_))  # stopped by its rule (or a closed form)
     fresh = clone(est)
     assert not hasattr(fresh, "embedding_")  # clone copies parameters, not learned state
 

@@ -179,3 +179,36 @@ def test_geodesic_agreement_equals_isomap_reference_and_ranks_the_truth_first(tm
     margin = 0.1 if name == "swiss_roll" else 0.01
     assert geodesic_agreement(path, truth) > 0.9
     assert geodesic_agreement(path, truth) > geodesic_agreement(path, pca) + margin
+
+
+def test_store_records_whether_each_fit_converged(store):
+    """`converged` per grid point, checked against the stored traces: 1 where the fit ended by its
+    own rule (PPCA: a closed form; GLLE's EM and LL-LVM's variational EM: the last relative change
+    of the objective at most tol), 0 where it ran out of iterations (LL-LVM at max_iter 4 here);
+    select() returns the chosen point's flag and the summary counts the finished points without."""
+    from lvmcore.models import GLLE, LLLVM
+    from tasks.results import summary_rows
+
+    tree = open_store(store)
+    tols = {"glle_em": GLLE().tol, "lllvm": LLLVM().tol}
+    seen = set()
+    for key in ("ppca", "glle_em", "lllvm"):
+        ds = tree[key].ds
+        conv = ds["converged"].values.ravel()
+        traces = ds["elbo_trace"].values.reshape(conv.size, -1)
+        for flag, tr in zip(conv, traces, strict=True):
+            t = tr[np.isfinite(tr)]
+            if key == "ppca":
+                want = True
+            else:
+                want = len(t) > 1 and abs(t[-1] - t[-2]) <= tols[key] * abs(t[-1])
+            assert flag == float(want), (key, flag, t[-3:])
+            seen.add((key, bool(flag)))
+        chosen = select(store, key)
+        cell = ds.sel(chosen["setting"])
+        assert chosen["converged"] is bool(cell["converged"])
+    assert {("ppca", True), ("glle_em", True), ("lllvm", False)} <= seen
+    rows = {r["model"]: r for r in summary_rows(store)}
+    for key in ("ppca", "glle_em", "lllvm"):
+        assert rows[key]["not converged"] == int((tree[key].ds["converged"].values == 0).sum())
+    assert rows["lllvm"]["not converged"] > 0

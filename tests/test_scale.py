@@ -142,6 +142,44 @@ def test_store_point_dimension_is_chunked(tmp_path, monkeypatch):
     assert (back["status"].values == st.STATUS_DONE).all()
 
 
+def test_store_of_an_earlier_version_gains_the_convergence_flag(tmp_path):
+    """A store written before ``converged`` existed (its array removed here) gets the variable, all
+    NaN (not recorded), when a sweep resumes it; new points then write their flag beside the old
+    ones."""
+    import shutil
+
+    from tasks import store as st
+    from tasks.registry import MODELS
+
+    spec = MODELS["ppca"]
+    grid = {"latent_dim": [2], "seed": [0, 1]}
+    layout = st.Layout(n_points=20, q_max=2, trace_len={spec.key: 3})
+    path = tmp_path / "s.zarr"
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})
+
+    def point(seed, flag):
+        res = st.PointResult(spec.key, (0, seed), {"latent_dim": 2, "seed": seed}, "done")
+        res.embedding, res.embedding_var = np.ones((20, 2)), np.ones((20, 2))
+        res.elbo, res.elbo_trace, res.n_iter, res.fit_seconds = -1.0, np.arange(3.0), 3.0, 0.1
+        res.converged = flag
+        return res
+
+    st.write_point(path, spec, point(0, 1.0), layout)
+    first = st.open_results(path)[spec.key].ds["converged"].values
+    assert first[0, 0] == 1.0 and np.isnan(first[0, 1])
+    shutil.rmtree(path / spec.key / "converged")  # as an earlier version wrote it
+    assert "converged" not in st.open_results(path)[spec.key].ds
+    with pytest.raises(KeyError):
+        st.write_point(path, spec, point(1, 0.0), layout)
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})  # the resume
+    conv = st.open_results(path)[spec.key].ds["converged"]
+    assert conv.dims == ("latent_dim", "seed") and np.isnan(conv.values).all()
+    st.write_point(path, spec, point(1, 0.0), layout)
+    back = st.open_results(path)[spec.key].ds
+    assert np.isnan(back["converged"].values[0, 0]) and back["converged"].values[0, 1] == 0.0
+    assert (back["status"].values == st.STATUS_DONE).all()
+
+
 # ---------------------------------------------------------------- task graphs without the data
 
 

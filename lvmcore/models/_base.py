@@ -14,7 +14,9 @@
   each point relative to the centroid, its prior's translation mode removed:
   ``lllvm.estimator.centroid_relative_cov``), ``elbo_`` (the
   model's own bound, or GLLE's log-likelihood), ``elbo_trace_`` (one entry per iteration,
-  ``len == n_iter_``), ``n_iter_``.
+  ``len == n_iter_``), ``n_iter_``, ``converged_`` (True where the fit ended by its own stopping
+  rule, or has no iterations to stop (a closed form); False where it ran out of its iteration
+  budget or its optimiser gave up, so that a store can say which of its numbers are optima).
 - Before ``fit``, every method that needs learned state raises scikit-learn's ``NotFittedError``.
 - ``transform`` never changes the fitted state.
 
@@ -28,7 +30,13 @@ from __future__ import annotations
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-__all__ = ["LatentModel"]
+__all__ = ["LatentModel", "stalled"]
+
+
+def stalled(trace, tol: float) -> bool:
+    """The EM-type stopping rule: the last iteration changed the objective by at most ``tol``
+    relative to it (GLLE's sigma updates, LL-LVM's variational EM)."""
+    return len(trace) > 1 and abs(trace[-1] - trace[-2]) <= tol * abs(trace[-1])
 
 
 class LatentModel(BaseEstimator):

@@ -368,7 +368,7 @@ class _CollapsedGPLVM(LatentModel):
         # short line-search step after the noise is released, with a stale curvature memory (a
         # 2,000-point roll stopped 12 iterations in at -12.13 per point; restarted it goes on to
         # -9.74: bench/README.md, "Minibatch Bayesian GP-LVM")
-        left = int(self.max_iter)
+        left, converged = int(self.max_iter), False
         while left > 0:
             start = fg(x)[0]
             r = minimize(
@@ -383,8 +383,12 @@ class _CollapsedGPLVM(LatentModel):
             gained = start - r.fun
             x = r.x
             if r.nit >= 1 and np.isfinite(gained) and gained <= self.tol * max(abs(r.fun), 1.0):
+                converged = True
                 break
             if r.nit < 1 or r.status != 0 or "REDUCTION OF F" not in str(r.message):
+                # status 0: L-BFGS-B's own test fired (e.g. the projected gradient); 1: the budget;
+                # 2: an abnormal stop (a failed line search), not a certified optimum
+                converged = r.status == 0
                 break
         lo, gl = unravel(r.x)
         if temporal:
@@ -398,6 +402,7 @@ class _CollapsedGPLVM(LatentModel):
         # one entry per L-BFGS iteration (both phases); the bound at the returned point is elbo_
         self.elbo_trace_ = np.asarray(state["trace"], dtype=np.float64)
         self.n_iter_ = len(self.elbo_trace_)
+        self.converged_ = converged
         self.extra_jitter_ = state["jitter"]  # relative to K_mm's mean diagonal, on top of KMM_JITTER
         self.Y_train_ = Yc
         self.embedding_ = self.local_["mu"]

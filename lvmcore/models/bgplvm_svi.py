@@ -341,7 +341,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         hold_beta = jax.tree_util.tree_map(lambda _: 1.0, glob)
         hold_beta["log_beta"] = 0.0
         nb = max(1, int(round(N / self.batch_size)))
-        qu, jitter, trace = None, 0.0, []
+        qu, jitter, trace, converged = None, 0.0, [], False
         for epoch in range(int(self.max_iter)):
             est = 0.0
             for rows in np.array_split(rng.permutation(N), nb):
@@ -397,6 +397,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 and len(trace) > 1
                 and trace[-1] - trace[-2] < self.tol * abs(trace[-1])
             ):
+                converged = True
                 break
         # the exact statistics of all points, in batches: the bound with q(u) as trained, then
         # q(u) at its optimum for them (a natural-gradient step of size one on the full data)
@@ -417,6 +418,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         # estimator's does (the sweep stores elbo_ and its trace side by side)
         self.elbo_trace_ = np.asarray([*trace, self.elbo_], dtype=np.float64)
         self.n_iter_ = len(self.elbo_trace_)
+        self.converged_ = converged
         self.extra_jitter_ = jitter
         self.Y_train_ = [Yc]
         self._train_stats = {"views": [stats], "kl": kl_x}

@@ -72,7 +72,7 @@ from lvmcore.lle import (
     trace_regulariser,
     weight_matrix,
 )
-from lvmcore.models._base import LatentModel
+from lvmcore.models._base import LatentModel, stalled
 
 #: sigma_i never falls below this times the neighbourhood's mean squared distance
 SIGMA_FLOOR = 1e-12
@@ -189,7 +189,7 @@ def em_iterations(b, c, logdet_A, D, kp, *, max_iter, tol, floor):
         q = -0.5 * np.sum(const - dk + logdet_A + dk * np.log(new) + (b + c * sigma) / new)
         sigma = new
         trace.append(q)
-        if len(trace) > 1 and abs(trace[-1] - trace[-2]) <= tol * abs(trace[-1]):
+        if stalled(trace, tol):
             break
     return sigma, np.asarray(trace), len(trace)
 
@@ -317,6 +317,8 @@ class GLLE(LatentModel):
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
         self.elbo_trace_, self.n_iter_ = trace, it
+        # EM: its rule fired (not the budget); direct: a closed form, nothing to converge
+        self.converged_ = stalled(trace, self.tol) if self.method == "em" else True
         self.elbo_ = float(trace[-1])
         self.embedding_var_ = None
         self.embedding_ = self._generations(1, self.random_state, None)[0]

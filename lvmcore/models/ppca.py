@@ -50,6 +50,7 @@ class PPCA(LatentModel):
         self.elbo_ = _log_likelihood(Y, pca.mean_, pca.get_precision())
         self.elbo_trace_ = np.array([self.elbo_])
         self.n_iter_ = 1
+        self.converged_ = True  # a closed form
         self.mean_, self.noise_variance_ = pca.mean_, float(pca.noise_variance_)
         self.loadings_ = pca.components_.T * np.sqrt(
             np.maximum(pca.explained_variance_ - pca.noise_variance_, 0.0)

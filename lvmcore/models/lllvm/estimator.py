@@ -14,7 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data as _check_Y
 
-from .._base import LatentModel
+from .._base import LatentModel, stalled
 from .bound import elbo, lik_stats
 from .estep_c import update_qc
 from .estep_x import update_qx
@@ -138,7 +138,7 @@ def lllvm_fit(
         trace.append(F)
         if callback is not None:
             callback(it, qx, qc, th, F)
-        if it > 0 and tol > 0 and abs(F - trace[-2]) <= tol * abs(F):
+        if tol > 0 and stalled(trace, tol):
             break
     return qx, qc, th, g, np.asarray(trace)
 
@@ -379,6 +379,7 @@ class LLLVM(LatentModel):
         self.elbo_trace_ = trace
         self.elbo_ = float(trace[-1])
         self.n_iter_ = len(trace)
+        self.converged_ = self.tol > 0 and stalled(trace, self.tol)
         return self
 
     def transform(self, Y_new, return_var: bool = False):
