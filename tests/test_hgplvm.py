@@ -10,12 +10,11 @@ from lvmcore.data.synthetic import binary_tree
 from lvmcore.manifolds.lorentz import check_point, inner, logmap0, origin, pairwise_dist, to_poincare
 from lvmcore.metrics import pearson_distance_correlation
 from lvmcore.models.hgplvm import (
+    _PATIENCE,
     _POINT_INIT_SCALE,
     HyperboloidGPLVM,
     _chol_inverse_lower,
-    _drift_points,
     _drift_search,
-    _drift_value,
     _kern,
     _pca,
     _reml_projection,
@@ -545,7 +544,7 @@ def test_convergence_rule_stops_before_the_budget():
     assert m.converged_ and m.n_iter_ < 5000 and m.n_iter_ % 25 == 0
     w = m.elbo_trace_.reshape(-1, 25).mean(axis=1)  # window means
     window, p = _rule_windows("sparse", m._drift_period())
-    assert window == 25 and p == 11  # the drift search every 250 iterations: a cycle of 10 windows, + 1
+    assert window == 25 and p == _PATIENCE
     assert max(w[-p:]) - max(w[:-p]) <= tol * abs(max(w[:-p]))  # plateau: the rule's condition
     if len(w) > 2 * p:  # first checked after 2 p windows; one window earlier it had not converged
         assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > tol * abs(max(w[: -p - 1]))
@@ -553,53 +552,36 @@ def test_convergence_rule_stops_before_the_budget():
     assert full.n_iter_ == 60 and not full.converged_
 
 
-@pytest.mark.parametrize("variant", ["point", "sparse"])
-def test_drift_search_moves_only_uphill(variant):
+def test_drift_search_moves_only_uphill():
     """The drift line search (every 250 iterations by default), from the state of a 100-iteration
-    fit with no drift: along a small gradient step of the objective (eq. 4 / 5, by autodiff of
-    :func:`point_objective` / :func:`sparse_objective` in the spatial coordinates of the points and
-    inducing inputs), given as the change of the tangent coordinates at the origin, it keeps the
-    largest a = 1, 2, 4, ... whose move raised the objective, keeps the points on the hyperboloid,
-    carries the Adam moments into the new tangent spaces, and leaves the state alone (a = 0) along
-    the reverse, downhill, direction."""
+    fit with no drift: along a small gradient step of eq. (4) (restricted, the default; autodiff of
+    :func:`point_objective` in the points' spatial coordinates), given as the change of the tangent
+    coordinates at the origin, it keeps the largest a = 1, 2, 4, ... whose move raised the
+    objective, keeps the points on the hyperboloid, carries the Adam moments into the new tangent
+    spaces, and leaves the state alone (a = 0) along the reverse, downhill, direction."""
     Y, *_ = binary_tree(3, n_per_node=5, seed=0)
-    kw = dict(variant=variant, n_inducing=10, max_iter=100, tol=0, random_state=0, drift_every=0)
-    m = HyperboloidGPLVM(**kw).fit(Y)
+    m = HyperboloidGPLVM(variant="point", max_iter=100, tol=0, random_state=0, drift_every=0).fit(Y)
     Yc, lb, ls = jnp.asarray(m._Y), np.log(m.beta_), np.log(m.sigma_)
-    restricted = variant == "point"  # the defaults: mean="integrated" for point, "zero" for sparse
-    assert m.restricted_ is restricted
-    n = Y.shape[0]
+    assert m.restricted_
 
-    def value(pts):
-        if variant == "point":
-            return point_objective(pts, ls, lb, Yc, 100.0, restricted=True)
-        return sparse_objective(pts[:n], pts[n:], ls, lb, Yc, 100.0)
+    def value(X):
+        return float(point_objective(X, ls, lb, Yc, 100.0, restricted=True))
 
     X = jnp.asarray(m.lorentz_embedding_)
-    Z = None if m.inducing_ is None else jnp.asarray(m.inducing_)
-    st = {"X": X, "Z": Z, "hyp": jnp.array([ls, lb, 0.0]), "mX": 0.1 * _rgrad(X, jnp.ones_like(X))}
-    if Z is not None:
-        st["mZ"] = 0.1 * _rgrad(Z, jnp.ones_like(Z))
-    pts = _drift_points(st)
-    xs = pts[:, 1:]
-    g = jax.grad(lambda v: value(lift(v)))(xs)
+    st = {"X": X, "Z": None, "hyp": jnp.array([ls, lb, 0.0]), "mX": 0.1 * _rgrad(X, jnp.ones_like(X))}
+    xs = X[:, 1:]
+    g = jax.grad(lambda v: point_objective(lift(v), ls, lb, Yc, 100.0, restricted=True))(xs)
     step = lift(xs + 1e-4 * g / jnp.max(jnp.abs(g)))
-    f0 = float(value(pts))
-    assert np.isclose(_drift_value(pts, ls, lb, Yc, 100.0, restricted), f0, rtol=1e-12)
-    assert float(value(step)) > f0
-    up = {"X": logmap0(step), "ls": ls}
-    here = {"X": logmap0(pts), "ls": ls}
-    new, a = _drift_search(st, up, here, Yc, 100.0, restricted)
+    f0 = value(X)
+    assert value(step) > f0
+    up, here = {"X": logmap0(step), "ls": ls}, {"X": logmap0(X), "ls": ls}
+    new, a = _drift_search(st, up, here, Yc, 100.0, True)
     assert a in (1, 2, 4, 8, 16, 32, 64)
-    assert float(value(_drift_points(new))) > f0
-    moved = float(value(_drift_move_ref(pts, up, here, a)))
-    assert np.isclose(float(value(_drift_points(new))), moved, rtol=1e-12)
-    for name, mom in (("X", "mX"), ("Z", "mZ")):
-        if st[name] is not None:
-            check_point(np.asarray(new[name]), atol=1e-8)
-            # the moments in the new tangent spaces
-            assert np.allclose(inner(new[name], new[mom]), 0.0, atol=1e-8)
-    same, a = _drift_search(st, here, up, Yc, 100.0, restricted)  # the reverse: downhill, no move
+    assert value(new["X"]) > f0
+    np.testing.assert_allclose(np.asarray(new["X"]), np.asarray(_drift_move_ref(X, up, here, a)), atol=1e-9)
+    check_point(np.asarray(new["X"]), atol=1e-8)
+    assert np.allclose(inner(new["X"], new["mX"]), 0.0, atol=1e-8)  # the moments in the new tangent spaces
+    same, a = _drift_search(st, here, up, Yc, 100.0, True)  # the reverse: downhill, no move
     assert a == 0 and same is st
 
 
@@ -615,16 +597,17 @@ def _drift_move_ref(pts, now, prev, a):
 
 
 def test_drift_every_setting():
-    """drift_every: "auto" is 250 for point and sparse, 0 (off) for the Bayesian variant, which
-    refuses a period (its bound is a Monte-Carlo estimate); with 0 the rule's patience is six windows."""
+    """drift_every: "auto" is 250 for the point variant and 0 (off) for sparse and Bayesian, which
+    refuse a period; with 0 the rule's patience is six windows, with 250 a whole cycle and one."""
     assert HyperboloidGPLVM(variant="point")._drift_period() == 250
-    assert HyperboloidGPLVM(variant="sparse")._drift_period() == 250
+    assert HyperboloidGPLVM(variant="sparse")._drift_period() == 0
     assert HyperboloidGPLVM(variant="bayesian")._drift_period() == 0
     assert _rule_windows("point", 0) == (25, 6) and _rule_windows("point", 250) == (25, 11)
     assert _rule_windows("bayesian", 0) == (50, 2)
-    with pytest.raises(ValueError, match="drift_every=100.*point and sparse"):
-        Y = np.random.default_rng(0).standard_normal((20, 3))
-        HyperboloidGPLVM(variant="bayesian", drift_every=100).fit(Y)
+    Y = np.random.default_rng(0).standard_normal((20, 3))
+    for variant in ("sparse", "bayesian"):
+        with pytest.raises(ValueError, match=f"drift_every=100 with variant='{variant}'.*point variant"):
+            HyperboloidGPLVM(variant=variant, drift_every=100).fit(Y)
     Y, *_ = binary_tree(3, n_per_node=5, seed=0)
     m = HyperboloidGPLVM(variant="point", max_iter=100, tol=0, drift_every=25, random_state=0).fit(Y)
     assert [i for i, _ in m.drift_moves_] == [50, 75, 100]  # the first search needs two averages
