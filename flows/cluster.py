@@ -181,9 +181,9 @@ def start_cluster(spec: dict):
             "host": "127.0.0.1",
             "dashboard_address": "127.0.0.1:0",
             "memory_limit": "auto",
-            # pin each worker to a core (bounds XLA's threads), then import the task code while
-            # the workers start, not at their first task
-            "preload": ["flows.pin_cores", "flows.worker_heap", "tasks.point"],
+            # pin each worker to a core (bounds XLA's threads), a lost scheduler as one log line,
+            # then import the task code while the workers start, not at their first task
+            "preload": ["flows.pin_cores", "flows.worker_heap", "flows.worker_logs", "tasks.point"],
         }
         kw.update(spec)
         cluster = LocalCluster(**kw)

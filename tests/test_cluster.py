@@ -150,3 +150,39 @@ def test_slurm_cluster_spec_listens_with_tls_and_dashboard_on_loopback(tmp_path,
             asyncio.run(plain_tcp())
         with Client(cluster, timeout=20) as client:  # with the certificates: accepted
             assert client.scheduler_info()["address"] == address
+
+
+def test_worker_heartbeat_to_a_lost_scheduler_logs_one_line():
+    """The worker preload flows.worker_logs: distributed's heartbeat failure on a closed connection
+    (an OSError) is logged without its traceback, the message kept; any other record from the
+    worker's logger keeps its traceback."""
+    import io
+    import logging
+
+    from distributed.comm.core import CommClosedError
+
+    from flows import worker_logs
+
+    log = logging.getLogger("distributed.worker")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    log.addHandler(handler)
+    try:
+        worker_logs.install()
+        worker_logs.install()  # idempotent: one filter
+        assert sum(isinstance(f, worker_logs.OneLineLostScheduler) for f in log.filters) == 1
+        try:
+            raise CommClosedError("in <TCP (closed) ConnectionPool.heartbeat_worker>: Stream is closed")
+        except OSError:
+            log.exception("Failed to communicate with scheduler during heartbeat.")
+        lost = out.getvalue()
+        assert "Failed to communicate with scheduler during heartbeat." in lost
+        assert "Traceback" not in lost and "Stream is closed" not in lost
+        try:
+            raise RuntimeError("a real failure")
+        except RuntimeError:
+            log.exception("Unexpected exception during heartbeat. Closing worker.")
+        assert "Traceback" in out.getvalue()[len(lost) :] and "a real failure" in out.getvalue()
+    finally:
+        log.removeHandler(handler)
+        log.filters = [f for f in log.filters if not isinstance(f, worker_logs.OneLineLostScheduler)]
