@@ -2,7 +2,7 @@
 
     python bench/hgplvm_bayes_m.py --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
                                    [--out /tmp/bm.csv] [--max-iter 3000]
-                                   [--raw] [--noise-c 0.25] [--kl-anneal 500] [--mean-bias]
+                                   [--raw] [--noise-c 0.25] [--kl-anneal 500] [--estimates]
 
 Per data set, seed and M (an integer, "auto", or "n" for M = N with Z started at every initial mean), one
 Bayesian fit (kappa = 100, Q = 2, constructor defaults otherwise, overridden by --kw), then the

@@ -42,6 +42,7 @@ def summary(path):
         rows = list(csv.DictReader(fh))
     order = ["pca", "point", "point-r1", "point-r0.3", "point-r0.3-lr0.1", "sparse", "bayesian"]
     order += ["bayesian-ppca", "bayesian-warm", "point-int", "sparse-int", "sparse-int-10k", "sparse-10k"]
+    order += [m for m in dict.fromkeys(r["method"] for r in rows) if m not in order]  # the rest, as written
     print("| data | method | seeds | Pearson | dcor | Qlocal | Qglobal | fit s | iterations | paper |")
     print("|---|---|---:|---|---|---|---|---:|---:|---:|")
 

@@ -340,6 +340,12 @@ def growth(path, identity: dict, specs, grid) -> dict | None:
     return out
 
 
+def _array_dims(arr) -> list:
+    """A zarr array's dimension names: xarray's ``_ARRAY_DIMENSIONS`` attribute, else the zarr v3
+    metadata's ``dimension_names``."""
+    return arr.attrs.get("_ARRAY_DIMENSIONS") or list(getattr(arr.metadata, "dimension_names", None) or [])
+
+
 def _grow_group(path: Path, key: str, new: dict) -> None:
     """Append new values along sweep dimensions of one group: every array with that dimension is
     resized (new cells read as pending / NaN: the arrays' fill values), then the coordinate gets
@@ -352,9 +358,7 @@ def _grow_group(path: Path, key: str, new: dict) -> None:
         target = len(stored) + len([v for v in added if v not in stored])
         for name in g.array_keys():
             arr = g[name]
-            dims = arr.attrs.get("_ARRAY_DIMENSIONS") or list(
-                getattr(arr.metadata, "dimension_names", None) or []
-            )
+            dims = _array_dims(arr)
             if d in dims and name != d:
                 shape = list(arr.shape)
                 shape[dims.index(d)] = target
@@ -374,7 +378,7 @@ def _add_missing_scalars(path: Path, keys) -> None:
     for key in keys:
         g = root[key]
         st = g["status"]
-        dims = list(getattr(st.metadata, "dimension_names", None) or st.attrs.get("_ARRAY_DIMENSIONS") or [])
+        dims = _array_dims(st)
         for name in SCALARS:
             if name not in g:
                 g.create_array(
