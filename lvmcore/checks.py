@@ -53,3 +53,25 @@ def check_graph(graph, n: int, k: int | None = None) -> np.ndarray:
     if np.any(idx == np.arange(n)[:, None]):
         raise ValueError("graph lists a point among its own neighbours; pass neighbour indices without self")
     return idx.astype(np.int64)
+
+
+#: Label layout shared by every loader, the store and the metrics: integer codes, MISSING_LABEL
+#: for a point with no label (never a class of its own), category names kept beside the codes.
+MISSING_LABEL = -1
+
+
+def check_options(given, accepted, what: str) -> None:
+    """Refuse any key of ``given`` that is not in ``accepted``, before any work.
+
+    The one mechanism for every user-facing set of keys (data-set options, configuration keys):
+    the ValueError names the unknown key(s) and lists the accepted ones, e.g.
+    ``unknown data-set option 'bogus_option' for pbmc.h5ad; accepted: label_column, layer, use_rep``.
+    """
+    accepted = sorted(set(accepted))
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        keys = ", ".join(repr(k) for k in unknown)
+        noun = "option" if len(unknown) == 1 else "options"
+        raise ValueError(
+            f"unknown {what} {noun} {keys}; accepted: {', '.join(accepted) if accepted else '(none)'}"
+        )

@@ -257,3 +257,11 @@ def test_importing_and_fitting_leaves_jax_x64_flag_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.split()[0]) >= 20
+
+
+def test_check_options_names_the_key_and_the_accepted_ones():
+    from lvmcore.checks import check_options
+
+    check_options({"a": 1}, ["a", "b"], "data-set")  # known keys pass
+    with pytest.raises(ValueError, match=r"unknown data-set option 'zz'; accepted: a, b$"):
+        check_options({"a": 1, "zz": 2}, ["b", "a"], "data-set")
