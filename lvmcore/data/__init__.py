@@ -1,7 +1,27 @@
-"""Data sets: seeded generators (:mod:`.synthetic`), bundled and user files, zarr stores."""
+"""Data sets: seeded generators (:mod:`.synthetic`), bundled and user files, zarr stores.
+
+Contract of the ingested data store (what the export and the report read back; every function
+takes ``data_path``, the store written by :func:`ingest`, e.g. ``x.inputs/data.zarr``):
+
+- :func:`source_info` ``(data_path) -> dict | None``: for data from a file ``{"kind": "h5ad" |
+  "h5mu" | "npy" | "csv" | "zarr" | "views", "path": the source file's absolute path (a list for
+  "views"), "fingerprint": :func:`file_fingerprint` of it at ingest (a list for "views"),
+  "options": the data-set options applied (defaults filled in), "modalities": [names] (h5mu),
+  "dropped": {modality: cells left out by the inner join on obs_names} (h5mu)}``; None for a
+  named data set.
+- :func:`file_fingerprint` ``(path) -> str``: ``"sha256:<size>:<hex>"`` of the file's bytes (a
+  directory: of its files), the same value ``source_info`` records, so a copy can be checked.
+- :func:`obs_names` ``(data_path) -> np.ndarray[str] | None``: the cells' names in stored row
+  order (None where the source has none).
+- :func:`label_names` ``(data_path) -> list[str] | None``: category names by label code (code -1:
+  no label, lvmcore.checks.MISSING_LABEL); :func:`color_names` likewise for a categorical colour.
+- attributes ``label_column`` and ``color_column`` of the store: the obs / CSV columns they came
+  from (absent when none was given).
+"""
 
 from lvmcore.data.loaders import (
     DATASETS,
+    MAX_FEATURES,
     describe,
     fingerprint,
     ingest,
@@ -13,17 +33,24 @@ from lvmcore.data.loaders import (
     views_of,
     write_store,
 )
+from lvmcore.data.provenance import color_names, file_fingerprint, label_names, obs_names, source_info
 
 __all__ = [
     "DATASETS",
+    "MAX_FEATURES",
+    "color_names",
     "describe",
+    "file_fingerprint",
     "fingerprint",
     "ingest",
+    "label_names",
     "list_datasets",
     "load",
+    "obs_names",
     "open_dataset",
     "recipe",
     "recipe_fingerprint",
+    "source_info",
     "views_of",
     "write_store",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "recipe",
     "recipe_fingerprint",
     "write_store",
+    "MAX_FEATURES",
 ]
 
 #: the version of the named generators' recipes: change it when a generator draws other data for
@@ -47,6 +48,11 @@ __all__ = [
 GENERATOR_VERSION = "2026-11-24.1"
 
 log = logging.getLogger("lvmcore.data")
+
+#: the width limit: the models fit a dense N x D float64 matrix, so data wider than this many
+#: features (a transcriptome of 2-3 x 10^4 genes) is refused before any work unless it is reduced
+#: ("use_rep": "X_pca", or "preprocess": {"pca": 50}); a data-set option "max_features": D raises it
+MAX_FEATURES = 10_000
 
 
 def _finish(

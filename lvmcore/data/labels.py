@@ -1,0 +1,72 @@
+"""Labels and colours from a table column, in the layout every loader shares (lvmcore.checks).
+
+Labels are integer codes ``0 .. C-1`` with :data:`lvmcore.checks.MISSING_LABEL` (-1) for a point
+with no label (NaN, None or an empty string in the file): never a class of its own. The category
+names are kept beside the codes (``names[code]``) and recorded as the ingested store's
+``label_names`` attribute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lvmcore.checks import MISSING_LABEL
+
+__all__ = ["encode_labels", "encode_color"]
+
+
+def _missing(values) -> np.ndarray:
+    import pandas as pd
+
+    s = pd.Series(values, copy=False)
+    miss = s.isna().to_numpy()
+    if s.dtype == object or pd.api.types.is_string_dtype(s.dtype):
+        miss |= s.astype(str).str.strip().eq("").to_numpy() & ~miss
+    return miss
+
+
+def encode_labels(values) -> tuple[np.ndarray, list[str]]:
+    """(int64 codes, names) of a column: categories in their declared order for a pandas
+    Categorical, else in sorted order of the values (numbers numerically); missing values get
+    ``MISSING_LABEL``. Names are the categories as strings."""
+    import pandas as pd
+
+    s = pd.Series(values, copy=False)
+    miss = _missing(s)
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = s.cat.categories
+        codes = s.cat.codes.to_numpy().astype(np.int64)
+        codes[miss] = MISSING_LABEL
+        used = list(cats)
+    else:
+        present = s[~miss]
+        cats = pd.Index(pd.unique(present.to_numpy()))
+        try:
+            cats = cats.sort_values()
+        except TypeError:  # mixed types: order of appearance
+            pass
+        codes = np.full(len(s), MISSING_LABEL, dtype=np.int64)
+        codes[~miss] = cats.get_indexer(present.to_numpy())
+        used = list(cats)
+    names = [_name(c) for c in used]
+    return codes, names
+
+
+def _name(c) -> str:
+    if isinstance(c, (float, np.floating)) and float(c).is_integer():
+        return str(int(c))
+    return str(c)
+
+
+def encode_color(values) -> tuple[np.ndarray, list[str] | None]:
+    """(float64 colour values, names or None) of a column: numbers as they are (NaN where
+    missing); a categorical or text column as its label codes (NaN where missing) with its names."""
+    import pandas as pd
+
+    s = pd.Series(values, copy=False)
+    if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
+        return s.to_numpy(dtype=np.float64, na_value=np.nan), None
+    codes, names = encode_labels(s)
+    out = codes.astype(np.float64)
+    out[codes == MISSING_LABEL] = np.nan
+    return out, names

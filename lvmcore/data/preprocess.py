@@ -1,0 +1,335 @@
+"""Streamed preprocessing by scanpy's definitions, on Dask arrays over the file's row blocks.
+
+``{"normalize_total": 1e4, "log1p": true, "pca": 50}`` means, as in scanpy 1.11:
+
+- ``sc.pp.normalize_total(adata, target_sum=1e4)``: each cell's row divided by its total count
+  and multiplied by ``target_sum`` (``true``: the median total over the cells, scanpy's
+  ``target_sum=None``); a cell with no counts stays zero;
+- ``sc.pp.log1p(adata)``: x -> log(1 + x), on the stored non-zeros only (log1p(0) = 0);
+- ``sc.pp.pca(adata, n_comps=50, mask_var=None)``: principal components of the centred matrix
+  Z - 1 mu^T. The centring is implicit, never applied to a block: the cross-products are formed
+  from the sparse blocks and corrected by the column means, e.g. (eq. P1)
+  C = (Z^T Z - N mu mu^T) / (N - 1), so a sparse block is never densified. The explained variance
+  is the eigenvalue of C (the N - 1 normalisation, as scikit-learn's and scanpy's), its ratio is
+  over trace(C) (the total variance of every feature), the scores are Z V - 1 (mu^T V) and each
+  component's sign is scikit-learn's (``svd_flip``: its largest-magnitude loading positive).
+
+Two routes for the PCA, both over the same Dask graph of blocks read from the file:
+
+- ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. Cost per
+  block O(nnz^2 / rows) for sparse data; memory D^2 per partial sum. Exact to rounding.
+- ``"randomized"``: block subspace iteration with implicit centring (Halko, Martinsson and Tropp
+  2011, Alg. 4.4): Y = Z_c Omega, ``pca_iter`` rounds of Q = qr(Z_c Z_c^T Q) (each a pass
+  X^T Q, then a pass X W, orthonormalised between, the tall N x l factor by
+  ``dask.array.linalg.tsqr`` on the cluster), then the projection B = Q^T Z_c and its SVD.
+  Cost per pass O(nnz l); memory D l. Its accuracy grows with ``pca_iter`` where the spectrum
+  has gaps; on a noise floor its trailing components are a rotation within the floor.
+
+``"auto"`` takes the covariance route when D <= :data:`COVARIANCE_MAX_D`, else randomized.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+from lvmcore.checks import check_options
+
+__all__ = ["PREPROCESS_OPTIONS", "normalise_settings", "transform_block", "run_pca", "output_width"]
+
+log = logging.getLogger("lvmcore.data")
+
+PREPROCESS_OPTIONS = ("normalize_total", "log1p", "pca", "pca_solver", "pca_iter", "pca_seed")
+PCA_SOLVERS = ("auto", "covariance", "randomized")
+#: "auto" takes the exact covariance route up to this many features (a D x D float64 partial sum
+#: per block: 32 MB at 2,000)
+COVARIANCE_MAX_D = 2000
+#: rows per Dask task in the streamed passes
+PASS_ROWS = 8192
+
+
+def normalise_settings(pre, where: str) -> dict | None:
+    """The ``preprocess`` option with every default filled in, or None for no preprocessing;
+    ValueError naming the key and the fix for anything unknown or out of range."""
+    if pre is None:
+        return None
+    if not isinstance(pre, dict):
+        raise ValueError(
+            f"{where}: preprocess must be a mapping like "
+            f'{{"normalize_total": 1e4, "log1p": true, "pca": 50}}, got {pre!r}'
+        )
+    check_options(pre, PREPROCESS_OPTIONS, f"{where}: preprocess")
+    out = {}
+    nt = pre.get("normalize_total")
+    if nt is None or nt is False:
+        out["normalize_total"] = None
+    elif nt is True:
+        out["normalize_total"] = "median"
+    elif isinstance(nt, numbers.Real) and not isinstance(nt, bool) and np.isfinite(nt) and nt > 0:
+        out["normalize_total"] = float(nt)
+    else:
+        raise ValueError(
+            f"{where}: preprocess normalize_total must be a positive number (the target sum, e.g. 1e4) or "
+            f"true (the median total), got {nt!r}"
+        )
+    lg = pre.get("log1p", False)
+    if not isinstance(lg, bool):
+        raise ValueError(f"{where}: preprocess log1p must be true or false, got {lg!r}")
+    out["log1p"] = lg
+    pca = pre.get("pca")
+    if pca is not None and (isinstance(pca, bool) or not isinstance(pca, numbers.Integral) or pca < 1):
+        raise ValueError(f"{where}: preprocess pca must be a positive number of components, got {pca!r}")
+    out["pca"] = None if pca is None else int(pca)
+    solver = pre.get("pca_solver", "auto")
+    if solver not in PCA_SOLVERS:
+        raise ValueError(f"{where}: preprocess pca_solver must be one of {PCA_SOLVERS}, got {solver!r}")
+    it = pre.get("pca_iter", 7)
+    if isinstance(it, bool) or not isinstance(it, numbers.Integral) or it < 0:
+        raise ValueError(f"{where}: preprocess pca_iter must be a non-negative integer, got {it!r}")
+    seed = pre.get("pca_seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"{where}: preprocess pca_seed must be a non-negative integer, got {seed!r}")
+    if out["pca"] is None and ("pca_solver" in pre or "pca_iter" in pre or "pca_seed" in pre):
+        raise ValueError(
+            f"{where}: preprocess pca_solver / pca_iter / pca_seed need pca (a number of components)"
+        )
+    out.update(pca_solver=solver, pca_iter=int(it), pca_seed=int(seed))
+    if out["pca"] is None:
+        for k in ("pca_solver", "pca_iter", "pca_seed"):
+            out.pop(k)
+    if out["normalize_total"] is None and not out["log1p"] and out["pca"] is None:
+        raise ValueError(f"{where}: preprocess {pre!r} does nothing; give normalize_total, log1p or pca")
+    return out
+
+
+def output_width(settings: dict | None, width: int) -> int:
+    return width if not settings or settings.get("pca") is None else int(settings["pca"])
+
+
+def transform_block(block, settings: dict | None, target: float | None):
+    """normalize_total (to ``target``) then log1p of one row block (CSR stays CSR)."""
+    if not settings:
+        return block
+    if settings.get("normalize_total") is not None:
+        totals = np.asarray(block.sum(axis=1)).ravel()
+        factor = totals / target
+        factor[factor == 0] = 1.0  # scanpy: a cell with no counts is left as it is
+        if sp.issparse(block):
+            block = block.tocsr(copy=True)
+            block.data /= np.repeat(factor, np.diff(block.indptr))
+        else:
+            block = block / factor[:, None]
+    if settings.get("log1p"):
+        if sp.issparse(block):
+            block = block.tocsr(copy=True) if not settings.get("normalize_total") else block
+            block.data = np.log1p(block.data)
+        else:
+            block = np.log1p(block)
+    return block
+
+
+# ------------------------------------------------------------------ Dask passes over the blocks
+
+
+def _bounds(n: int, rows: int = PASS_ROWS):
+    """Row blocks of about ``rows``; a short tail joins the block before it (every block then has
+    at least rows / 2 rows, more than the randomised route's columns, as tsqr needs)."""
+    out = [[a, min(a + rows, n)] for a in range(0, n, rows)]
+    if len(out) > 1 and out[-1][1] - out[-1][0] < rows // 2:
+        out[-2][1] = out.pop()[1]
+    return [tuple(x) for x in out]
+
+
+def _compute(*xs):
+    """Compute Dask objects on the cluster this code runs on: inside a Dask task through the
+    worker's client (``worker_client``: the task secedes and its work runs on the same cluster,
+    shared/STACK.md), elsewhere with the default scheduler (a registered client, or threads)."""
+    import dask
+
+    try:
+        from distributed import get_worker, worker_client
+
+        get_worker()
+    except (ImportError, ValueError):
+        return dask.compute(*xs)
+    with worker_client(separate_thread=True) as client:
+        return tuple(client.compute(list(xs), sync=True))
+
+
+def _z(matrix, a, b, settings, target):
+    return transform_block(matrix.read(a, b), settings, target)
+
+
+def _totals(matrix, a, b):
+    return np.asarray(matrix.read(a, b).sum(axis=1), dtype=np.float64).ravel()
+
+
+def _moments(matrix, a, b, settings, target, gram: bool):
+    Z = _z(matrix, a, b, settings, target)
+    s = np.asarray(Z.sum(axis=0)).ravel()
+    sq = np.asarray((Z.multiply(Z) if sp.issparse(Z) else Z * Z).sum(axis=0)).ravel()
+    out = {"sum": s, "sumsq": sq}
+    if gram:
+        G = Z.T @ Z
+        out["gram"] = G.toarray() if sp.issparse(G) else np.asarray(G)
+    return out
+
+
+def _times(matrix, a, b, settings, target, W, shift):
+    """Rows a:b of Z_c W = Z W - 1 (mu^T W) (``shift`` = mu^T W)."""
+    Z = _z(matrix, a, b, settings, target)
+    return np.asarray(Z @ W) - shift
+
+
+def _t_times(matrix, a, b, settings, target, Qb):
+    """Z_b^T Q_b (the centring correction is applied once to the sum)."""
+    Z = _z(matrix, a, b, settings, target)
+    return np.asarray(Z.T @ Qb)
+
+
+def _delayed_stack(parts, shape_each, dtype=np.float64):
+    import dask.array as da
+
+    return da.stack([da.from_delayed(p, shape=shape_each, dtype=dtype) for p in parts])
+
+
+def median_total(matrix) -> float:
+    """scanpy's ``target_sum=None``: the median of the cells' total counts."""
+    import dask
+    import dask.array as da
+
+    n = matrix.shape[0]
+    parts = [
+        da.from_delayed(dask.delayed(_totals)(matrix, a, b), shape=(b - a,), dtype=np.float64)
+        for a, b in _bounds(n)
+    ]
+    (totals,) = _compute(da.concatenate(parts))
+    return float(np.median(totals))
+
+
+def _svd_flip(V: np.ndarray) -> np.ndarray:
+    """Columns of V (D x k) signed so each one's largest-magnitude entry is positive
+    (scikit-learn's ``svd_flip(u_based_decision=False)``)."""
+    idx = np.argmax(np.abs(V), axis=0)
+    signs = np.sign(V[idx, np.arange(V.shape[1])])
+    signs[signs == 0] = 1.0
+    return V * signs
+
+
+def _scores(matrix, settings, target, V, mu):
+    import dask
+    import dask.array as da
+
+    shift = mu @ V
+    n, k = matrix.shape[0], V.shape[1]
+    parts = [
+        da.from_delayed(
+            dask.delayed(_times)(matrix, a, b, settings, target, V, shift), shape=(b - a, k), dtype=np.float64
+        )
+        for a, b in _bounds(n)
+    ]
+    (X,) = _compute(da.concatenate(parts))
+    return X
+
+
+def run_pca(matrix, settings: dict) -> dict:
+    """normalize_total / log1p / PCA of ``matrix`` (a :class:`lvmcore.data.anndata_io.Matrix`) as
+    the settings say, streamed over its row blocks; returns ``{"scores": (N, k) or None,
+    "components": (k, D), "mean", "explained_variance", "explained_variance_ratio",
+    "target_sum", "solver"}`` (only ``target_sum`` when there is no PCA)."""
+    import dask
+
+    n, D = matrix.shape
+    target = None
+    if settings.get("normalize_total") == "median":
+        target = median_total(matrix)
+    elif settings.get("normalize_total") is not None:
+        target = float(settings["normalize_total"])
+    out = {"target_sum": target}
+    k = settings.get("pca")
+    if k is None:
+        return out
+    if k > min(n - 1, D):
+        raise ValueError(
+            f"{matrix.where()}: preprocess pca = {k} components needs at most min(N - 1, D) = "
+            f"{min(n - 1, D)}; lower pca"
+        )
+    solver = settings["pca_solver"]
+    if solver == "auto":
+        solver = "covariance" if D <= COVARIANCE_MAX_D else "randomized"
+    gram = solver == "covariance"
+    bounds = _bounds(n)
+    parts = [dask.delayed(_moments)(matrix, a, b, settings, target, gram) for a, b in bounds]
+    sums = _delayed_stack([p["sum"] for p in parts], (D,)).sum(axis=0)
+    sumsq = _delayed_stack([p["sumsq"] for p in parts], (D,)).sum(axis=0)
+    if gram:
+        G = _delayed_stack([p["gram"] for p in parts], (D, D)).sum(axis=0)
+        s, sq, G = _compute(sums, sumsq, G)
+    else:
+        s, sq = _compute(sums, sumsq)
+    mu = s / n
+    total_var = float(np.sum(sq - n * mu * mu) / (n - 1))
+    if gram:
+        C = (G - n * np.outer(mu, mu)) / (n - 1)  # eq. P1
+        C = (C + C.T) / 2
+        evals, evecs = np.linalg.eigh(C)
+        order = np.argsort(evals)[::-1][:k]
+        ev, V = evals[order], evecs[:, order]
+    else:
+        ev, V = _randomized(matrix, settings, target, mu, k, bounds)
+    V = _svd_flip(V)
+    scores = _scores(matrix, settings, target, V, mu)
+    out.update(
+        scores=scores,
+        components=V.T,
+        mean=mu,
+        explained_variance=ev,
+        explained_variance_ratio=ev / total_var if total_var > 0 else np.zeros_like(ev),
+        solver=solver,
+    )
+    return out
+
+
+def _randomized(matrix, settings, target, mu, k, bounds):
+    import dask
+    import dask.array as da
+
+    n, D = matrix.shape
+    ell = min(k + 10, min(n, D))
+    rng = np.random.default_rng(settings["pca_seed"])
+    W = rng.standard_normal((D, ell))
+
+    def times(W):  # the tall factor Z_c W as a Dask array (row chunks = the blocks)
+        shift = mu @ W
+        return da.concatenate(
+            [
+                da.from_delayed(
+                    dask.delayed(_times)(matrix, a, b, settings, target, W, shift),
+                    shape=(b - a, W.shape[1]),
+                    dtype=np.float64,
+                )
+                for a, b in bounds
+            ]
+        )
+
+    def t_times(Q):  # Z_c^T Q = Z^T Q - mu (1^T Q), Q a Dask array chunked as the blocks
+        qb = Q.to_delayed().ravel()
+        parts = [dask.delayed(_t_times)(matrix, a, b, settings, target, q) for (a, b), q in zip(bounds, qb)]
+        return _delayed_stack(parts, (D, Q.shape[1])).sum(axis=0), Q.sum(axis=0)
+
+    Q = None
+    for i in range(settings["pca_iter"] + 1):
+        Y = times(W)
+        Q, _ = da.linalg.tsqr(Y)
+        ZtQ, colsum = t_times(Q)
+        ZtQ, colsum = _compute(ZtQ, colsum)
+        B_T = ZtQ - np.outer(mu, colsum)  # Z_c^T Q (D x l)
+        if i < settings["pca_iter"]:
+            W, _ = np.linalg.qr(B_T)
+    # B = Q^T Z_c = B_T^T; its right singular vectors span the components
+    _, S, Vt = np.linalg.svd(B_T.T, full_matrices=False)
+    ev = S[:k] ** 2 / (n - 1)
+    return ev, Vt[:k].T
