@@ -9,6 +9,7 @@ from prefect import task
 
 from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, recipe, recipe_fingerprint, stream
 from lvmcore.data.loaders import write_store
+from lvmcore.data.sources import VIEWS_SOURCE
 
 
 def dataset_spec(dataset) -> tuple[str, dict]:
@@ -18,8 +19,10 @@ def dataset_spec(dataset) -> tuple[str, dict]:
     if isinstance(dataset, dict):
         d = dict(dataset)
         src = d.pop("name", None) or d.pop("path", None)
+        if not src and "views" in d:  # a list of view files: {"views": ["rna.npy", "adt.npy"]}
+            return VIEWS_SOURCE, d
         if not src:
-            raise ValueError(f"dataset {dataset!r} needs a 'name' or a 'path'")
+            raise ValueError(f"dataset {dataset!r} needs a 'name', a 'path' or 'views'")
         return str(src), d
     raise ValueError(f"dataset must be a name, a path or a dict, got {type(dataset).__name__}")
 
@@ -40,13 +43,16 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     ``expect``: the fingerprint the sweep planned with; data that loads differently now (a file
     changed between planning and ingest) is refused rather than fitted.
 
-    A .npy, .zarr or .h5ad file is copied in row blocks (lvmcore.data.stream), never held whole:
-    the worker that ingests holds one block at a time. A named data set is drawn here, on the
+    A .npy, .zarr, .h5ad or .h5mu file (or a list of view files) is copied in row blocks
+    (lvmcore.data.stream), never held whole: the worker that ingests holds one block at a time.
+    An .h5ad / .h5mu file's store records its plan's fingerprint (the file's content and the
+    options, lvmcore.data.sources): a store with it is reused as it is, its preprocessing (PCA)
+    included, when the sweep resumes or grows. A named data set is drawn here, on the
     worker (the flow planned from its recipe, lvmcore.data.recipe_fingerprint): a store is reused
     only if it records this recipe and the content just drawn."""
     src, opts = dataset_spec(dataset)
     p = Path(data_path)
-    if src not in DATASETS and stream.is_streamable(src):
+    if src not in DATASETS and stream.is_streamable(src, opts):
         if expect is not None and p.exists() and stored_fingerprint(p) == expect:
             return str(p)
         _, fp = stream.ingest_stream(src, p, overwrite=True, **opts)

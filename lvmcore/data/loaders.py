@@ -211,52 +211,90 @@ def _load_file(path: Path, options):
             raise ValueError(f"{path} holds dtype {Y.dtype}; a numeric (float or int) array is needed")
         if Y.ndim != 2:
             raise ValueError(f"{path} holds an array of shape {Y.shape}; an (N, D) array is needed")
-        return dict(Y=Y)
-    if suffix == ".csv":
-        import pandas as pd
+        from lvmcore.data.stream import _plain_options
 
-        label_column = options.pop("label_column", None)
-        header = options.pop("header", "auto")
-        if header not in ("auto", True, False):
-            raise ValueError(f"header must be 'auto', true or false, got {header!r}")
-        if header == "auto":
-            header = _csv_first_row_is_header(path)
-        try:
-            df = pd.read_csv(path, header=0 if header else None)
-        except Exception as e:
-            raise ValueError(f"{path} is not a readable CSV file ({e})") from e
-        out = {}
-        if label_column is not None:
-            if label_column not in df.columns:
-                raise ValueError(
-                    f"label_column {label_column!r} not in {path}; columns: {list(df.columns)}"
-                    + ("" if header else " (no header row: name the column by its 0-based number)")
-                )
-            out["label"] = pd.factorize(df.pop(label_column))[0]
-        bad = [c for c in df.columns if df[c].dtype.kind not in "fiu"]
-        if bad:
+        applied = _plain_options(path, options, int(Y.shape[1]))
+        return dict(Y=Y, applied=applied)
+    if suffix == ".csv":
+        return _load_csv(path, options)
+    raise ValueError(f"unsupported file type {suffix!r} for {path}; use .npy, .csv, .zarr, .h5ad or .h5mu")
+
+
+CSV_OPTIONS = ("label_column", "color_column", "header", "max_features")
+
+
+def _load_csv(path: Path, options: dict) -> dict:
+    """A numeric CSV file: ``label_column`` / ``color_column`` name columns (labels as codes, -1
+    where empty, names kept); ``header`` ``"auto"`` (a first row with any non-number names the
+    columns), true or false. A first column with no name holding 0 .. N-1 (pandas' ``to_csv``
+    index) is dropped, with a log line. ``options`` is emptied of what was applied, which is
+    returned under ``"applied"``."""
+    import pandas as pd
+
+    from lvmcore.checks import check_options
+    from lvmcore.data.labels import encode_color, encode_labels
+    from lvmcore.data.sources import check_width, max_features
+
+    check_options(options, CSV_OPTIONS, f"data-set ({path.name})")
+    label_column = options.pop("label_column", None)
+    color_column = options.pop("color_column", None)
+    header = options.pop("header", "auto")
+    limit = max_features(options, str(path))
+    had_limit = options.pop("max_features", None) is not None
+    if header not in ("auto", True, False):
+        raise ValueError(f"header must be 'auto', true or false, got {header!r}")
+    if header == "auto":
+        header = _csv_first_row_is_header(path)
+    try:
+        df = pd.read_csv(path, header=0 if header else None)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable CSV file ({e})") from e
+    applied = {"header": bool(header)}
+    if header and len(df.columns) and _is_pandas_index(path, df):
+        log.info("%s: first column has no name and holds 0..%d (a pandas index): dropped", path, len(df) - 1)
+        df = df.iloc[:, 1:]
+        applied["dropped_index_column"] = True
+    out = {}
+    for col, what in ((label_column, "label_column"), (color_column, "color_column")):
+        if col is not None and col not in df.columns:
             raise ValueError(
-                f"{path}: non-numeric columns {bad}; drop them or name the label column with label_column=..."
+                f"{what} {col!r} not in {path}; columns: {list(df.columns)}"
+                + ("" if header else " (no header row: name the column by its 0-based number)")
             )
-        out["Y"] = df.to_numpy(dtype=np.float64)
-        log.info("%s: %s", path, "header row read as column names" if header else "no header row")
-        return out
-    if suffix == ".h5ad":
-        try:
-            import anndata
-        except ImportError as e:
-            raise ValueError(f"reading {path} needs anndata: pip install 'embed-sweep[h5ad]'") from e
-        try:
-            ad = anndata.read_h5ad(path)
-        except Exception as e:
-            raise ValueError(f"{path} is not a readable .h5ad file ({e})") from e
-        X = ad.X.toarray() if hasattr(ad.X, "toarray") else np.asarray(ad.X)
-        out = {"Y": X}
-        label_column = options.pop("label_column", None)
-        if label_column is not None:
-            out["label"] = ad.obs[label_column].astype("category").cat.codes.to_numpy()
-        return out
-    raise ValueError(f"unsupported file type {suffix!r} for {path}; use .npy, .csv, .zarr or .h5ad")
+    if label_column is not None:
+        out["label"], names = encode_labels(df[label_column])
+        out["label_names"], out["label_column"] = names, label_column
+        applied["label_column"] = label_column
+    if color_column is not None:
+        out["color"], cnames = encode_color(df[color_column])
+        out["color_column"], out["color_names"] = color_column, cnames
+        applied["color_column"] = color_column
+    df = df.drop(columns=[c for c in {label_column, color_column} if c is not None])
+    bad = [c for c in df.columns if df[c].dtype.kind not in "fiu"]
+    if bad:
+        raise ValueError(
+            f"{path}: non-numeric columns {bad}; drop them or name the label column with label_column=..."
+        )
+    check_width(df.shape[1], limit, str(path), reducible=False)
+    if had_limit:
+        applied["max_features"] = limit
+    out["Y"] = df.to_numpy(dtype=np.float64)
+    out["applied"] = applied
+    log.info("%s: %s", path, "header row read as column names" if header else "no header row")
+    return out
+
+
+def _is_pandas_index(path: Path, df) -> bool:
+    """Whether the first column is pandas' default ``to_csv`` index: an empty header field
+    (read as ``Unnamed: 0``) over the integers 0 .. N-1."""
+    import csv
+
+    with open(path, newline="") as f:
+        first = next(csv.reader(f), [])
+    if not first or first[0].strip() != "":
+        return False
+    col = df.iloc[:, 0]
+    return col.dtype.kind in "iu" and np.array_equal(col.to_numpy(), np.arange(len(df)))
 
 
 def _csv_first_row_is_header(path: Path) -> bool:
@@ -378,11 +416,20 @@ def load(name_or_path, **options) -> xr.Dataset:
 
     Named sets take their generator options (``n``, ``seed``, ``depth`` ...). Files: ``.npy``
     (loaded with ``allow_pickle=False``), ``.csv`` (numeric columns; ``label_column=`` names a
-    label column), ``.zarr`` (a store written by :func:`ingest`), ``.h5ad`` (needs anndata).
+    label column), ``.zarr`` (a store written by :func:`ingest`), ``.h5ad`` / ``.h5mu`` and
+    ``load("views", views=[...])`` (lvmcore.data.sources: use_rep, layer, preprocess, modalities,
+    view, label_column, color_column, max_features). Unknown options are refused.
     """
+    from lvmcore.data import sources
+
     src = str(name_or_path)
+    if sources.handles(src, options):
+        ds = _load_source(src, options)
+        log.info("%s: read %d rows x %d columns", src, ds.sizes["point"], ds.sizes["feature"])
+        return ds
     if src in DATASETS:
         maker = DATASETS[src][0]
+        _check_named_options(src, options)
         try:
             parts = maker(**options)
         except TypeError as e:
@@ -394,19 +441,71 @@ def load(name_or_path, **options) -> xr.Dataset:
         path = Path(src)
         if path.suffix.lower() == ".zarr" or (path.is_dir() and (path / "zarr.json").exists()):
             ds = open_dataset(path)
+            from lvmcore.data.stream import _plain_options
+
+            _plain_options(path, dict(options), int(ds.sizes.get("feature", 0)))
             log.info("%s: read %d rows x %d columns", src, ds.sizes["point"], ds.sizes["feature"])
             return ds
         if path.suffix == "" and not path.exists():
             raise ValueError(
                 f"unknown data set {src!r}; known names: {', '.join(DATASETS)}; "
-                "or give a .npy/.csv/.zarr/.h5ad path"
+                "or give a .npy/.csv/.zarr/.h5ad/.h5mu path"
             )
         opts = dict(options)
         parts = _load_file(path, opts)
-        ds = _finish(name=path.stem, source=f"file:{path.resolve()}", params=opts, **parts)
+        applied = parts.pop("applied", {})
+        extra = {
+            k: parts.pop(k)
+            for k in ("label_names", "label_column", "color_column", "color_names")
+            if k in parts
+        }
+        ds = _finish(name=path.stem, source=f"file:{path.resolve()}", params=applied, **parts)
+        for k, v in extra.items():
+            if v is not None:
+                ds.attrs[k] = json.dumps(v) if isinstance(v, list) else v
+        from lvmcore.data.stream import _source_info
+
+        ds.attrs["source_info"] = _source_info(path, path.suffix.lower().lstrip("."), applied)
     _check_finite(ds, src)
     log.info("%s: read %d rows x %d columns", src, ds.sizes["point"], ds.sizes["feature"])
     return ds
+
+
+def _load_source(src, options) -> xr.Dataset:
+    """A .h5ad / .h5mu file or a list of view files read whole (lvmcore.data.sources)."""
+    from lvmcore.data import sources
+
+    source, fp = sources.open_source(src, **options)
+    data = {
+        name: (v.dims, np.asarray(v.read(0, v.shape[0]), dtype=v.dtype))
+        for name, v in source.variables.items()
+    }
+    ds = xr.Dataset(data, attrs=dict(source.attrs))
+    _check_finite(ds, str(src))
+    return ds
+
+
+def _check_named_options(name: str, options: dict) -> None:
+    """Unknown options of a named data set refused (naming them and the accepted ones), and the
+    limits of the bundled sets checked against the options."""
+    import inspect
+
+    from lvmcore.checks import check_options
+
+    check_options(options, inspect.signature(DATASETS[name][0]).parameters, f"data-set ({name})")
+    if name == "digits" and options.get("n_per_class") is not None:
+        from sklearn.datasets import load_digits
+
+        classes = options.get("classes", 5)
+        n = options["n_per_class"]
+        if isinstance(classes, int) and 2 <= classes <= 10 and isinstance(n, int) and not isinstance(n, bool):
+            counts = np.bincount(load_digits().target)[:classes]
+            if n > counts.min() or n < 1:
+                raise ValueError(
+                    f"digits: n_per_class = {n} is out of range: the first {classes} classes have "
+                    f"{counts.min()} to {counts.max()} samples each, so n_per_class must be 1 .. "
+                    f"{counts.min()}; lower n_per_class (or leave it out for every sample)"
+                )
 
 
 def views_of(ds: xr.Dataset) -> list[np.ndarray]:
@@ -446,8 +545,9 @@ def describe(name_or_path, **options) -> dict:
     from lvmcore.data import stream
 
     if str(name_or_path) in DATASETS:
+        _check_named_options(str(name_or_path), options)
         return _describe_named(str(name_or_path), dict(options))
-    if stream.is_streamable(name_or_path):
+    if stream.is_streamable(name_or_path, options):
         return stream.describe(name_or_path, **options)
     ds = load(name_or_path, **options)
     return {"sizes": dict(ds.sizes), "attrs": dict(ds.attrs), "fingerprint": fingerprint(ds)}
@@ -466,7 +566,7 @@ def ingest(ds_or_name, path, *, chunk_rows: int = 4096, overwrite: bool = False,
     from lvmcore.data import stream
 
     if not isinstance(ds_or_name, xr.Dataset) and str(ds_or_name) not in DATASETS:
-        if stream.is_streamable(ds_or_name):
+        if stream.is_streamable(ds_or_name, options):
             return stream.ingest_stream(
                 ds_or_name, path, chunk_rows=chunk_rows, overwrite=overwrite, **options
             )[0]

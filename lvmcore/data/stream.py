@@ -1,8 +1,8 @@
 """User files too large to hold twice: read in row blocks, never whole.
 
 A ``.npy`` file is memory-mapped, a ``.zarr`` data store (written by :func:`lvmcore.data.ingest`)
-is read chunk by chunk, an ``.h5ad`` file is opened in anndata's backed mode (dense or sparse
-``X``, rows densified one block at a time). :func:`describe` gives a file's sizes, attributes and
+is read chunk by chunk, an ``.h5ad`` / ``.h5mu`` file by lvmcore.data.sources (h5py row
+blocks, optional streamed preprocessing). :func:`describe` gives a file's sizes, attributes and
 content fingerprint in one pass; :func:`ingest_stream` writes the file to a data store in one pass
 (fingerprint and NaN/inf check on the way). Both agree exactly with the in-memory route
 (:func:`lvmcore.data.load` then :func:`lvmcore.data.fingerprint` / :func:`lvmcore.data.ingest`):
@@ -28,7 +28,7 @@ log = logging.getLogger("lvmcore.data")
 #: rows read and written per block (a multiple of the store's chunk rows is written per call)
 BLOCK_ROWS = 65536
 #: file types read in blocks; others (.csv, named data sets) are read whole
-STREAM_SUFFIXES = (".npy", ".zarr", ".h5ad")
+STREAM_SUFFIXES = (".npy", ".zarr", ".h5ad", ".h5mu")
 
 
 @dataclass
@@ -60,7 +60,11 @@ class Source:
         return out
 
 
-def is_streamable(src) -> bool:
+def is_streamable(src, options: dict | None = None) -> bool:
+    from lvmcore.data import sources
+
+    if options is not None and sources.handles(src, options):
+        return True
     p = Path(str(src))
     return p.suffix.lower() in STREAM_SUFFIXES or (p.is_dir() and (p / "zarr.json").exists())
 
@@ -124,8 +128,38 @@ def _rows_f64(arr):
     return lambda a, b: np.asarray(arr[a:b], dtype=np.float64)
 
 
+def _plain_options(path: Path, options: dict, width: int) -> dict:
+    """A .npy / .zarr file's options checked (only ``max_features``) and its width against the
+    limit; returns the options applied."""
+    from lvmcore.checks import check_options
+    from lvmcore.data.sources import check_width, max_features
+
+    check_options(options, ("max_features",), f"data-set ({path.name})")
+    limit = max_features(options, str(path))
+    check_width(width, limit, str(path), reducible=False)
+    return {"max_features": limit} if "max_features" in options else {}
+
+
+def _source_info(path: Path, kind: str, applied: dict) -> str:
+    from lvmcore.data.provenance import file_fingerprint
+
+    info = {
+        "kind": kind,
+        "path": str(path.resolve()),
+        "fingerprint": file_fingerprint(path),
+        "options": applied,
+        "modalities": [],
+        "dropped": {},
+    }
+    return json.dumps(info, sort_keys=True)
+
+
 def open_source(src, **options) -> Source:
     """The file ``src`` as a :class:`Source` (ValueError naming the file and the fix if it cannot be)."""
+    from lvmcore.data import sources
+
+    if sources.handles(src, options):
+        return sources.open_source(src, **options)[0]
     path = Path(str(src))
     if not path.exists():
         raise ValueError(f"data file {str(path)!r} does not exist; check the path")
@@ -134,6 +168,7 @@ def open_source(src, **options) -> Source:
         from lvmcore.data.loaders import open_dataset
 
         ds = open_dataset(path, dask=False)
+        _plain_options(path, options, int(ds.sizes.get("feature", 0)))
         attrs = {k: v for k, v in ds.attrs.items() if k not in ("fingerprint", "content_fingerprint")}
         variables = {
             name: Variable(var.dims, var.shape, var.dtype, (lambda a, b, v=var: np.asarray(v[a:b].values)))
@@ -142,44 +177,12 @@ def open_source(src, **options) -> Source:
         return Source(str(path), variables, attrs)
     if suffix == ".npy":
         Y = _open_npy(path)
+        applied = _plain_options(path, options, int(Y.shape[1]))
         read = _rows_f64(Y) if Y.flags.f_contiguous and Y.shape[1] > 1 else _npy_rows(path, Y)
         variables = {"Y": Variable(("point", "feature"), Y.shape, np.dtype(np.float64), read)}
-        return Source(str(path), variables, _file_attrs(path, dict(options)))
-    if suffix == ".h5ad":
-        try:
-            import anndata
-        except ImportError as e:
-            raise ValueError(f"reading {path} needs anndata: pip install 'embed-sweep[h5ad]'") from e
-        opts = dict(options)
-        label_column = opts.pop("label_column", None)
-        try:
-            ad = anndata.read_h5ad(path, backed="r")
-        except Exception as e:
-            raise ValueError(f"{path} is not a readable .h5ad file ({e})") from e
-        X = ad.X
-        if X is None or len(getattr(X, "shape", ())) != 2:
-            ad.file.close()
-            raise ValueError(f"{path} has no 2-D X matrix to fit; store the data in adata.X")
-        if np.dtype(X.dtype).kind not in "fiub":
-            ad.file.close()
-            raise ValueError(f"{path}: X has dtype {X.dtype}; a numeric matrix is needed")
-
-        def read(a, b):
-            block = X[a:b]
-            return np.asarray(block.toarray() if hasattr(block, "toarray") else block, dtype=np.float64)
-
-        variables = {"Y": Variable(("point", "feature"), tuple(X.shape), np.dtype(np.float64), read)}
-        if label_column is not None:
-            if label_column not in ad.obs:
-                ad.file.close()
-                raise ValueError(
-                    f"label_column {label_column!r} not in {path}; obs columns: {list(ad.obs.columns)}"
-                )
-            codes = ad.obs[label_column].astype("category").cat.codes.to_numpy().astype(np.int64)
-            variables["label"] = Variable(
-                ("point",), codes.shape, np.dtype(np.int64), lambda a, b: codes[a:b]
-            )
-        return Source(str(path), variables, _file_attrs(path, opts), close=ad.file.close)
+        attrs = _file_attrs(path, applied)
+        attrs["source_info"] = _source_info(path, "npy", applied)
+        return Source(str(path), variables, attrs)
     raise ValueError(f"{path}: only {', '.join(STREAM_SUFFIXES)} files are read in blocks")
 
 
@@ -236,6 +239,10 @@ def _pass(source: Source, rows: int, sink=None) -> str:
 def describe(src, **options) -> dict:
     """Sizes, attributes and content fingerprint of a user file, read in blocks (the file is
     never held whole): what a sweep plans from."""
+    from lvmcore.data import sources
+
+    if sources.handles(src, options):
+        return sources.describe(src, **options)
     source = open_source(src, **options)
     try:
         fp = _pass(source, BLOCK_ROWS)
@@ -252,7 +259,12 @@ def ingest_stream(
     """Write a user file to a data store at ``path`` in row blocks, as :func:`lvmcore.data.ingest`
     writes it from memory (same chunks, metadata, attributes and fingerprint); returns (path,
     fingerprint). Written under a temporary name and renamed into place when complete; a file with
-    NaN or inf is refused and nothing is left behind."""
+    NaN or inf is refused and nothing is left behind.
+
+    A .h5ad / .h5mu file or a list of view files (lvmcore.data.sources) is recorded with its
+    plan's fingerprint (the files' content and the options, known before the data pass, as
+    :func:`describe` gives it) and the written data's ``content_fingerprint``; the fingerprint
+    returned is the recorded ``fingerprint``."""
     import dask.array as da
     import xarray as xr
     import zarr
@@ -262,7 +274,13 @@ def ingest_stream(
     path = Path(path)
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True or choose another path")
-    source = open_source(src, **options)
+    from lvmcore.data import sources
+
+    planned = None
+    if sources.handles(src, options):
+        source, planned = sources.open_source(src, **options)
+    else:
+        source = open_source(src, **options)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
@@ -281,9 +299,10 @@ def ingest_stream(
         def write(name, a, b, block):
             group[name][a:b] = block
 
-        fp = _pass(source, rows, write)
+        content = _pass(source, rows, write)
+        fp = planned or content
         group.attrs["fingerprint"] = fp
-        group.attrs["content_fingerprint"] = fp
+        group.attrs["content_fingerprint"] = content
         replace_dir(tmp, path)
     finally:
         source.close()
