@@ -18,12 +18,11 @@ Two routes for the PCA, both over the same Dask graph of blocks read from the fi
 
 - ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. Cost per
   block O(nnz^2 / rows) for sparse data; memory D^2 per partial sum. Exact to rounding.
-- ``"randomized"``: block subspace iteration with implicit centring (Halko, Martinsson and Tropp
-  2011, Alg. 4.4): Y = Z_c Omega, ``pca_iter`` rounds of Q = qr(Z_c Z_c^T Q) (each a pass
-  X^T Q, then a pass X W, orthonormalised between, the tall N x l factor by
-  ``dask.array.linalg.tsqr`` on the cluster), then the projection B = Q^T Z_c and its SVD.
-  Cost per pass O(nnz l); memory D l. Its accuracy grows with ``pca_iter`` where the spectrum
-  has gaps; on a noise floor its trailing components are a rotation within the floor.
+- ``"randomized"``: randomised block Krylov with implicit centring (Musco and Musco 2015): the
+  Krylov basis of Z_c Omega (l = k + 10 columns) over ``pca_iter`` rounds of Z_c Z_c^T, then
+  Rayleigh-Ritz (the SVD of Q^T Z_c). 2 ``pca_iter`` + 3 passes over the data, O(nnz l) each
+  (the last O(nnz l (pca_iter + 1))); memory N l (pca_iter + 1). Its accuracy grows with
+  ``pca_iter``; components on a flat noise floor converge slowest.
 
 ``"auto"`` takes the covariance route when D <= :data:`COVARIANCE_MAX_D`, else randomized.
 """
@@ -294,42 +293,43 @@ def run_pca(matrix, settings: dict) -> dict:
 
 
 def _randomized(matrix, settings, target, mu, k, bounds):
+    """Randomised block Krylov (Musco and Musco 2015, Alg. 2) with implicit centring: the basis
+    of [Z_c Omega, (Z_c Z_c^T) Z_c Omega, ..., (Z_c Z_c^T)^q Z_c Omega] (each block orthonormalised
+    as it is made), then Rayleigh-Ritz: the SVD of Q^T Z_c. The tall factors (N x l) are gathered
+    in this process (N l floats); the passes over the data run as Dask tasks."""
     import dask
     import dask.array as da
 
     n, D = matrix.shape
-    ell = min(k + 10, min(n, D))
+    ell = min(k + 10, n, D)
     rng = np.random.default_rng(settings["pca_seed"])
-    W = rng.standard_normal((D, ell))
 
-    def times(W):  # the tall factor Z_c W as a Dask array (row chunks = the blocks)
+    def times(W):  # Z_c W, N x l
         shift = mu @ W
-        return da.concatenate(
-            [
-                da.from_delayed(
-                    dask.delayed(_times)(matrix, a, b, settings, target, W, shift),
-                    shape=(b - a, W.shape[1]),
-                    dtype=np.float64,
-                )
-                for a, b in bounds
-            ]
-        )
+        parts = [
+            da.from_delayed(
+                dask.delayed(_times)(matrix, a, b, settings, target, W, shift),
+                shape=(b - a, W.shape[1]),
+                dtype=np.float64,
+            )
+            for a, b in bounds
+        ]
+        return _compute(da.concatenate(parts))[0]
 
-    def t_times(Q):  # Z_c^T Q = Z^T Q - mu (1^T Q), Q a Dask array chunked as the blocks
-        qb = Q.to_delayed().ravel()
-        parts = [dask.delayed(_t_times)(matrix, a, b, settings, target, q) for (a, b), q in zip(bounds, qb)]
-        return _delayed_stack(parts, (D, Q.shape[1])).sum(axis=0), Q.sum(axis=0)
+    def t_times(Q):  # Z_c^T Q = Z^T Q - mu (1^T Q), D x l
+        parts = [dask.delayed(_t_times)(matrix, a, b, settings, target, Q[a:b]) for a, b in bounds]
+        (ZtQ,) = _compute(_delayed_stack(parts, (D, Q.shape[1])).sum(axis=0))
+        return ZtQ - np.outer(mu, Q.sum(axis=0))
 
-    Q = None
+    W = rng.standard_normal((D, ell))
+    Qs = []
     for i in range(settings["pca_iter"] + 1):
-        Y = times(W)
-        Q, _ = da.linalg.tsqr(Y)
-        ZtQ, colsum = t_times(Q)
-        ZtQ, colsum = _compute(ZtQ, colsum)
-        B_T = ZtQ - np.outer(mu, colsum)  # Z_c^T Q (D x l)
+        Q, _ = np.linalg.qr(times(W))
+        Qs.append(Q)
         if i < settings["pca_iter"]:
-            W, _ = np.linalg.qr(B_T)
-    # B = Q^T Z_c = B_T^T; its right singular vectors span the components
-    _, S, Vt = np.linalg.svd(B_T.T, full_matrices=False)
+            W, _ = np.linalg.qr(t_times(Q))
+    K, _ = np.linalg.qr(np.hstack(Qs))
+    del Qs
+    _, S, Vt = np.linalg.svd(t_times(K).T, full_matrices=False)
     ev = S[:k] ** 2 / (n - 1)
     return ev, Vt[:k].T
