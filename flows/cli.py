@@ -292,13 +292,29 @@ def cmd_report(a) -> int:
 
 
 def cmd_export(a) -> int:
-    """`export STORE --to FILE.h5ad`: the chosen embeddings of a store as AnnData (tasks.results)."""
-    from tasks.results import export_h5ad, parse_setting
+    """`export STORE --to FILE`: the chosen embeddings of a store in an AnnData .h5ad file, or for
+    data from the user's own .h5ad / .h5mu file, in a copy of that file (tasks.results.export)."""
+    from tasks.results import export, parse_setting
 
     setting = parse_setting(a.setting)  # bad text is refused before anything is read
-    adata = export_h5ad(a.store, a.to, a.model.split(",") if a.model else None, setting)
-    print(f"wrote {a.to}: {adata.n_obs} points, obsm {sorted(adata.obsm)}")
-    for key, info in adata.uns["embed_sweep"]["models"].items():
+    res = export(
+        a.store, a.to, a.model.split(",") if a.model else None, setting, source=a.source, partial=a.partial
+    )
+    if res["partial"]:
+        print(res["partial"])
+    if res["into"]:
+        print(
+            f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells; X, layers, obs, var, uns kept) "
+            f"with obsm {res['obsm']} and uns['embed_sweep']"
+        )
+        if res["cells_without"]:
+            print(
+                f"  {res['cells_without']} cells of it were not in every modality the sweep joined: "
+                "their embedding rows are NaN"
+            )
+    else:
+        print(f"wrote {a.to}: {res['n_obs']} points, obsm {res['obsm']}")
+    for key, info in res["models"].items():
         print(
             f"  X_{key}: "
             + (f"{info['setting']} (chosen by {info['criterion']})" if "setting" in info else info["status"])
@@ -316,14 +332,35 @@ def cmd_datasets(a) -> int:
 
 
 def _add_export_parser(sub) -> None:
-    e = sub.add_parser("export", help="chosen embeddings of a result store as an AnnData .h5ad file")
+    e = sub.add_parser(
+        "export",
+        help="chosen embeddings of a result store as AnnData (.h5ad / .h5mu data: in a copy of the file)",
+    )
     e.add_argument("store")
-    e.add_argument("--to", required=True, help="output file, FILE.h5ad")
+    e.add_argument(
+        "--to",
+        required=True,
+        help="output file: FILE.h5ad, or FILE.h5mu for data from a .h5mu file (a copy of it with the "
+        "embeddings added)",
+    )
     e.add_argument("--model", help="comma-separated model keys (default every model in the store)")
     e.add_argument(
         "--setting",
         help="named setting, e.g. k=8,latent_dim=2,seed=0 (dimensions a model does not sweep are "
         "ignored for it; what is left open is chosen by the model's criterion)",
+    )
+    e.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE",
+        help="the .h5ad / .h5mu file to copy when the one the sweep read has moved or changed (its "
+        "cells must be the sweep's)",
+    )
+    e.add_argument(
+        "--partial",
+        action="store_true",
+        help="export a store that a sweep is still writing or that has pending grid points (the best "
+        "of the points finished so far)",
     )
     e.set_defaults(fn=cmd_export)
 

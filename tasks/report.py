@@ -1,9 +1,11 @@
 """Summaries and the static report of a result store: PNG figures and one HTML page.
 
 Figures, each captioned with what it shows and the setting: the chosen embedding of every model
-coloured by label (Poincare disc for hGP-LVM) with its posterior uncertainty where the model has
-one (``embedding_var``: 1-sd ellipses); per model, the bound and the quality metrics against every
-swept setting, and for 2-D grids a heat map of the selection criterion; ARD weights per view;
+(Poincare disc for hGP-LVM) coloured by the data's colour column or labels, with a legend of the
+category names (:func:`colouring`), and its posterior uncertainty where the model has one
+(``embedding_var``: 1-sd ellipses); per model, the bound and the quality metrics against every
+swept setting in ascending order of its values (whatever order a grown store holds them in), and
+for 2-D grids a heat map of the selection criterion; ARD weights per view;
 GLLE generations and covariance-scale study; the hGP-LVM kappa study. "Best" is chosen per model
 by tasks.results (the bound where it is comparable, the geodesic agreement where it is not); the
 summary says which criterion chose it.
@@ -58,7 +60,12 @@ def _scatter(ax, X, c, title, hyperbolic, var=None):
     if X.shape[1] == 1:
         X = np.column_stack([X[:, 0], np.zeros(len(X))])
         var = None if var is None else np.column_stack([var[:, 0], np.zeros(len(var))])
-    ax.scatter(X[:, 0], X[:, 1], c=c, s=6, cmap="viridis" if c is not None else None, linewidths=0)
+    cmap = None
+    if c is not None and np.ndim(c) == 1:  # numbers on viridis (NaN: light grey); else RGBA rows
+        import matplotlib
+
+        cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0.82, 0.82, 0.82, 1.0))
+    ax.scatter(X[:, 0], X[:, 1], c=c, s=6, cmap=cmap, plotnonfinite=cmap is not None, linewidths=0)
     if hyperbolic:
         ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="k", lw=0.8))
         lims = (-1.05, 1.05), (-1.05, 1.05)
@@ -97,7 +104,24 @@ def _scatter(ax, X, c, title, hyperbolic, var=None):
     ax.set_yticks([])
 
 
-def _labels(store):
+def _by_grid(ds: xr.Dataset) -> xr.Dataset:
+    """The group with every sweep dimension in ascending order of its values: a grown store
+    appends new values at the end (k = 8, then 6 and 10), and curves and heat maps drawn in
+    storage order would join the points out of order."""
+    dims = [d for d in ds["status"].dims if ds.sizes[d] > 1]
+    return ds.sortby(dims) if dims else ds
+
+
+def colouring(store) -> dict | None:
+    """What the report colours points by, from the store's ingested data:
+    ``{"values", "names", "title"}``. ``values``: one number per point (NaN: no value); ``names``:
+    category names for a categorical colour (``values`` are then codes into it), else None.
+
+    The data's ``color_column`` when it named one (an ``obs`` column of an AnnData, a column of
+    a CSV), else its labels (``label_column``, or a named set's classes) by their category names,
+    else the manifold parameter of a named set. None when the data is not beside the store."""
+    from lvmcore.checks import MISSING_LABEL
+    from lvmcore.data import color_names, label_names
     from tasks.inputs import load_data
     from tasks.store import inputs_dir
 
@@ -105,7 +129,80 @@ def _labels(store):
     if not data_path.exists():
         return None
     d = load_data(str(data_path))
-    return d["label"] if d["label"] is not None else d["color"]
+    attrs = json.loads((data_path / "zarr.json").read_text()).get("attributes", {})
+    color_column = attrs.get("color_column")
+    if d["color"] is not None and color_column:
+        return {
+            "values": np.asarray(d["color"], dtype=np.float64),
+            "names": color_names(str(data_path)),
+            "title": str(color_column),
+        }
+    if d["label"] is not None:
+        codes = np.asarray(d["label"]).astype(np.float64)
+        codes[codes == MISSING_LABEL] = np.nan
+        names = label_names(str(data_path))
+        if names is None:  # a data set without names for its classes: the codes are the names
+            names = [str(i) for i in range(int(np.nanmax(codes)) + 1 if np.isfinite(codes).any() else 0)]
+        return {"values": codes, "names": names, "title": str(attrs.get("label_column") or "label")}
+    if d["color"] is not None:
+        return {
+            "values": np.asarray(d["color"], dtype=np.float64),
+            "names": None,
+            "title": "manifold parameter",
+        }
+    return None
+
+
+#: categorical colours: up to this many categories get a legend entry each
+LEGEND_MAX = 30
+
+
+def _point_colours(col: dict | None):
+    """``c`` for :func:`_scatter`: RGBA rows for a categorical colour (tab10 / tab20, light grey
+    where a point has no value), the values themselves for a numeric one (viridis)."""
+    if col is None:
+        return None
+    if col["names"] is None:
+        return col["values"]
+    return _category_rgba(col["values"], len(col["names"]))
+
+
+def _category_rgba(codes, n_names: int) -> np.ndarray:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n_names <= 10 else "tab20"]
+    rgba = np.tile(np.array([0.82, 0.82, 0.82, 1.0]), (len(codes), 1))
+    ok = np.isfinite(codes)
+    rgba[ok] = cmap(np.asarray(codes[ok], dtype=np.int64) % cmap.N)
+    return rgba
+
+
+def _legend(fig, col: dict | None) -> str:
+    """A legend of the category names below the figure; returns the caption's words about the colour."""
+    if col is None:
+        return "uncoloured (the data has no labels or colour column)"
+    if col["names"] is None:
+        return f"coloured by {col['title']} (viridis: low dark, high yellow)"
+    from matplotlib.lines import Line2D
+
+    names = col["names"]
+    rgba = _category_rgba(np.arange(len(names), dtype=np.float64), len(names))
+    shown = names[:LEGEND_MAX]
+    handles = [
+        Line2D([], [], marker="o", ls="", color=rgba[i], ms=5, label=name) for i, name in enumerate(shown)
+    ]
+    if np.isnan(col["values"]).any():
+        handles.append(Line2D([], [], marker="o", ls="", color=(0.82, 0.82, 0.82), ms=5, label="(none)"))
+    fig.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(6, len(handles)),
+        fontsize=7, frameon=False, title=col["title"], title_fontsize=8,
+    )  # fmt: skip
+    more = (
+        f" (the first {LEGEND_MAX} of {len(names)} categories in the legend)"
+        if len(names) > LEGEND_MAX
+        else ""
+    )
+    return f"coloured by {col['title']}{more}; light grey: no value"
 
 
 def _metric_curves(plt, ds, qual, name, crit, chosen, out):
@@ -194,9 +291,10 @@ def make_report(store, out_dir=None) -> str:
     out = Path(out_dir) if out_dir else report_dir(store)
     out.mkdir(parents=True, exist_ok=True)
     tree = open_results(store)
-    colour = _labels(store)
+    col = colouring(store)
+    colour = _point_colours(col)
     figs = []
-    groups = list(model_groups(tree).items())
+    groups = [(name, _by_grid(ds)) for name, ds in model_groups(tree).items()]
     chosen = {name: select(store, name) for name, _ in groups}
 
     # 1. chosen embedding per model, with posterior uncertainty where the model has it
@@ -220,13 +318,14 @@ def make_report(store, out_dir=None) -> str:
             tangent_var.append(name)
         _scatter(ax, sel["embedding"], colour, f"{name}\n{_fmt(sel['setting'])}", sel["hyperbolic"], var)
     fig.tight_layout()
-    fig.savefig(out / "embeddings.png", dpi=110)
+    coloured = _legend(fig, col)
+    fig.savefig(out / "embeddings.png", dpi=110, bbox_inches="tight")  # "tight": the legend below
     plt.close(fig)
     figs.append(
         (
             "embeddings.png",
             "Chosen embedding of every model (setting above each panel; criterion in the summary), "
-            "coloured by label or manifold parameter; hGP-LVM on the Poincare disc. "
+            f"{coloured}; hGP-LVM on the Poincare disc. "
             + (
                 f"Red ellipses: one posterior standard deviation (embedding_var) of {ELLIPSES} points "
                 f"({', '.join(with_var)})."

@@ -20,6 +20,8 @@ It needs neither labels nor the truth.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -257,18 +259,82 @@ def select(tree_or_store, model: str, setting: dict | str | None = None) -> dict
     }
 
 
-def to_anndata(store, models: list[str] | str | None = None, setting: dict | str | None = None):
-    """An AnnData of the store's data with one ``obsm["X_<model>"]`` per model at its chosen
-    setting (``obsm["X_<model>_var"]``: posterior marginal variances where the model has them),
-    labels in ``obs`` and the sweep's provenance and each setting's metrics in ``uns["embed_sweep"]``.
+def write_state(store) -> dict:
+    """Whether the store is being written: ``{"holder": the live lock holder's {"pid", "host",
+    "since"} or None, "pending": grid points not yet run, "total": grid points}``.
 
-    ``X`` is the ingested data (the first view's for multi-view data; every view in ``obsm["view_<v>"]``).
-    """
-    import anndata as ad
-    import pandas as pd
+    The lock is the one a running sweep holds (tasks.store.store_lock); a lock left by a process
+    that no longer runs is not a holder. Reading takes no lock: it never stops a sweep."""
+    import zarr
 
-    from tasks.inputs import load_data
+    from tasks.store import STATUS_PENDING, _proc_start, lock_path, store_path
 
+    path = store_path(store) if not Path(store).exists() else Path(store)
+    open_results(path)  # a missing path, or one that is not a result store, is refused here
+    holder = None
+    try:
+        have = json.loads(lock_path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        have = {}
+    if have:
+        import socket
+
+        pid = int(have.get("pid", -1))
+        started = _proc_start(pid)
+        alive = have.get("host") != socket.gethostname() or (
+            started is not None and (have.get("start") is None or abs(started - have["start"]) < 1e-3)
+        )
+        if alive:
+            holder = {k: have.get(k) for k in ("pid", "host", "since")}
+    root = zarr.open_group(str(path), mode="r")
+    pending = total = 0
+    for key in json.loads(root.attrs.get("groups", "[]")):
+        if key in root:
+            st = np.asarray(root[key]["status"][...])
+            pending += int((st == STATUS_PENDING).sum())
+            total += int(st.size)
+    return {"holder": holder, "pending": pending, "total": total}
+
+
+def check_complete(store, partial: bool = False) -> dict:
+    """The store's :func:`write_state`, refusing (ValueError) a store that a running sweep is
+    writing or that has grid points pending, unless ``partial``: what is exported from it would
+    be the best of the points finished so far, not of the sweep."""
+    state = write_state(store)
+    if partial or (state["holder"] is None and state["pending"] == 0):
+        return state
+    fix = "pass --partial to export the best of the points finished so far"
+    h = state["holder"]
+    if h is not None:
+        raise ValueError(
+            f"a sweep is running on {store} (pid {h['pid']} on host {h['host']}, since {h['since']}): "
+            f"{state['pending']} of its {state['total']} grid points are pending; wait for it to "
+            f"finish, or {fix}"
+        )
+    raise ValueError(
+        f"{store} has {state['pending']} of its {state['total']} grid points pending (its sweep was "
+        f"interrupted or grown and not run); run the sweep again to finish them, or {fix}"
+    )
+
+
+def partial_note(state: dict) -> str | None:
+    """One line saying what a partial export is, or None for a complete store."""
+    if state["holder"] is None and state["pending"] == 0:
+        return None
+    running = (
+        f"a sweep is running on the store (pid {state['holder']['pid']}); "
+        if state["holder"] is not None
+        else ""
+    )
+    return (
+        f"partial export: {running}{state['pending']} of {state['total']} grid points pending; the "
+        "embeddings are the best of the points finished so far"
+    )
+
+
+def _chosen(store, models, setting):
+    """(tree, obsm {"X_<model>": (N, q), "X_<model>_var": ...}, {model: its uns entry}) of each
+    model's chosen setting."""
     tree = open_store(store)
     groups = model_groups(tree)
     if models is None:
@@ -278,23 +344,7 @@ def to_anndata(store, models: list[str] | str | None = None, setting: dict | str
     unknown = [m for m in models if m not in groups]
     if unknown:
         raise ValueError(f"models {unknown} are not in {store}; it holds {sorted(groups)}")
-    data_path = _store_data_path(store)
-    if not data_path.exists():
-        raise ValueError(
-            f"the ingested data of {store} is missing ({data_path}); re-run the sweep to restore it"
-        )
-    data = load_data(str(data_path))
-    obs = pd.DataFrame(index=[str(i) for i in range(len(data["Y"]))])
-    if data["label"] is not None:
-        obs["label"] = pd.Categorical(np.asarray(data["label"]).astype(str))
-    if data["color"] is not None:
-        obs["manifold_parameter"] = np.asarray(data["color"], dtype=np.float64)
-    obsm = {}
-    if data["truth"] is not None and np.asarray(data["truth"]).ndim == 2:
-        obsm["truth"] = np.asarray(data["truth"], dtype=np.float64)
-    for v, Yv in enumerate(data["views"]):
-        obsm[f"view_{v}"] = np.asarray(Yv, dtype=np.float64)
-    chosen = {}
+    obsm, chosen = {}, {}
     for m in models:
         s = select(store, m, setting)
         if s["setting"] is None:
@@ -311,28 +361,338 @@ def to_anndata(store, models: list[str] | str | None = None, setting: dict | str
             "metrics": s["metrics"],
             "hyperbolic": int(s["hyperbolic"]),
         }
+    return tree, obsm, chosen
+
+
+def _provenance(tree, store, chosen, source=None, state=None) -> dict:
+    """``uns["embed_sweep"]``: the store, the sweep's identity, each model's choice; where the
+    embeddings went into the user's own file, that file and its fingerprint; a partial export's
+    counts."""
     attrs = dict(tree.attrs)
-    uns = {
-        "embed_sweep": {
-            "store": str(Path(store).resolve()),
-            "sweep_id": str(attrs.get("sweep_id", "")),
-            "code_version": str(attrs.get("code_version", "")),
-            "identity": str(attrs.get("identity", "")),
-            "dataset": str(attrs.get("dataset", "")),
-            "models": chosen,
-        }
+    out = {
+        "store": str(Path(store).resolve()),
+        "sweep_id": str(attrs.get("sweep_id", "")),
+        "code_version": str(attrs.get("code_version", "")),
+        "identity": str(attrs.get("identity", "")),
+        "dataset": str(attrs.get("dataset", "")),
+        "models": chosen,
     }
-    return ad.AnnData(X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm=obsm, uns=uns)
+    if source is not None:
+        out["source"] = {
+            "path": source["path"],
+            "fingerprint": source["fingerprint"],
+            "sweep_fingerprint": source["sweep_fingerprint"],
+            "options": json.dumps(source.get("options") or {}, sort_keys=True, default=str),
+        }
+    if state is not None and partial_note(state):
+        out["partial"] = {"pending": int(state["pending"]), "total": int(state["total"])}
+    return out
 
 
-def export_h5ad(store, path, models=None, setting=None):
-    """Write :func:`to_anndata` to ``path`` (``.h5ad``); returns the AnnData written."""
-    if not str(path).endswith(".h5ad"):
-        raise ValueError(f"--to {path!r}: the file name must end in .h5ad")
-    adata = to_anndata(store, models, setting)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    adata.write_h5ad(path)
-    return adata
+def _source_of(store, source=None) -> dict | None:
+    """The user's own .h5ad / .h5mu file the store's data came from, checked: ``{"kind", "path",
+    "fingerprint" (now), "sweep_fingerprint" (what the sweep read), "options", "dropped",
+    "obs_names" (the store's cells)}``; None for any other data.
+
+    The sweep's source must be where it was and unchanged; ``source`` (``--from``) names another
+    copy, or the file as it is now (its cells must be the store's, :func:`_rows_of`)."""
+    from lvmcore.data import file_fingerprint, obs_names, source_info
+
+    data_path = _store_data_path(store)
+    info = source_info(str(data_path)) if data_path.exists() else None
+    if info is None or info.get("kind") not in ("h5ad", "h5mu"):
+        if source is not None:
+            what = f"a .{info['kind']} file" if info else "a named data set"
+            raise ValueError(
+                f"--from {source}: the data of {store} came from {what}, not an AnnData or MuData "
+                "file; leave --from out (the export writes a new .h5ad)"
+            )
+        return None
+    recorded = str(info["path"])
+    if source is None:
+        path = Path(recorded)
+        if not path.is_file():
+            raise ValueError(
+                f"the file the sweep read, {recorded}, is missing; pass --from FILE naming a copy of it "
+                "(its cells must be the sweep's)"
+            )
+    else:
+        path = Path(source).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"--from {source}: no such file")
+        if path.suffix.lower() != f".{info['kind']}":
+            kind = info["kind"]
+            raise ValueError(
+                f"--from {source}: the sweep read a .{kind} file ({recorded}); name a .{kind} file"
+            )
+    now = file_fingerprint(str(path))
+    if source is None and now != info["fingerprint"]:
+        raise ValueError(
+            f"{recorded} changed since the sweep read it (fingerprint {now}, the sweep read "
+            f"{info['fingerprint']}); pass --from FILE naming the file the sweep read, or this one to "
+            "write into it as it is now (its cells must be the sweep's)"
+        )
+    names = obs_names(str(data_path))
+    return {
+        "kind": info["kind"],
+        "path": str(path),
+        "fingerprint": now,
+        "sweep_fingerprint": str(info["fingerprint"]),
+        "options": info.get("options") or {},
+        "dropped": info.get("dropped") or {},
+        "obs_names": np.asarray(names, dtype=object) if names is not None else None,
+    }
+
+
+def _file_obs_names(path: str) -> np.ndarray:
+    """The obs_names of an .h5ad file or of a .h5mu file's MuData (its root ``obs``)."""
+    from lvmcore.data.anndata_io import read_obs
+
+    return np.asarray(read_obs(path).index.astype(str), dtype=object)
+
+
+def _rows_of(src: dict) -> tuple[np.ndarray, int]:
+    """(for each cell of the file, its row in the store or -1; cells of the file not in the store).
+
+    The store's cells must all be in the file. An .h5ad file must hold exactly them; a .h5mu
+    file's MuData may also hold cells the sweep's join on obs_names dropped (those not in every
+    modality it used): their rows of the embeddings are NaN. Anything else is another data set
+    and is refused (ValueError)."""
+    file_names = _file_obs_names(src["path"])
+    mine = src["obs_names"]
+    where = f"{src['path']}"
+    if mine is None:
+        raise ValueError(f"the store does not record the names of its cells; cannot match them to {where}")
+    if len(file_names) == len(mine) and (file_names == mine).all():
+        return np.arange(len(mine)), 0
+    pos = {n: i for i, n in enumerate(mine)}
+    if len(pos) != len(mine) or len(set(file_names)) != len(file_names):
+        raise ValueError(f"{where}: its cells are not the sweep's and their obs_names are not unique")
+    rows = np.array([pos.get(n, -1) for n in file_names], dtype=np.int64)
+    missing = len(mine) - int((rows >= 0).sum())
+    extra = int((rows < 0).sum())
+    if missing:
+        absent = [n for n in mine if n not in set(file_names)][:3]
+        raise ValueError(
+            f"{where} lacks {missing} of the sweep's {len(mine)} cells (e.g. {absent}): it is not the "
+            "data the sweep ran on; pass --from FILE naming that file"
+        )
+    if extra and not (src["kind"] == "h5mu" and sum(int(v) for v in _counts(src["dropped"])) > 0):
+        others = [n for n, r in zip(file_names, rows) if r < 0][:3]
+        raise ValueError(
+            f"{where} has {extra} cells the sweep did not fit (e.g. {others}): it is not the data the "
+            "sweep ran on; pass --from FILE naming that file"
+        )
+    return rows, extra
+
+
+def _counts(dropped) -> list:
+    """The cell counts in a source's ``dropped`` record (a count per modality, or nested)."""
+    if isinstance(dropped, dict):
+        return [c for v in dropped.values() for c in _counts(v)]
+    if isinstance(dropped, (int, np.integer)):
+        return [int(dropped)]
+    if isinstance(dropped, (list, tuple)):
+        return [len(dropped)]
+    return []
+
+
+def _on_rows(obsm: dict, rows: np.ndarray) -> dict:
+    """The embeddings (store order) laid out on the file's cells: NaN where a cell is not in the store."""
+    out = {}
+    for k, X in obsm.items():
+        Z = np.full((len(rows), X.shape[1]), np.nan)
+        Z[rows >= 0] = X[rows[rows >= 0]]
+        out[k] = Z
+    return out
+
+
+def to_anndata(
+    store,
+    models: list[str] | str | None = None,
+    setting: dict | str | None = None,
+    *,
+    source=None,
+    partial: bool = False,
+):
+    """The store's chosen embeddings in an AnnData: one ``obsm["X_<model>"]`` per model at its
+    chosen setting (``obsm["X_<model>_var"]``: posterior marginal variances where the model has
+    them) and the sweep's provenance and each setting's metrics in ``uns["embed_sweep"]``.
+
+    Data that came from an .h5ad / .h5mu file: the user's own object, read from that file (or
+    ``source``, another copy of it; checked as by :func:`export`) with the embeddings added (a
+    MuData for .h5mu: the embeddings in its own ``obsm``). It is read into memory here; ``export``
+    writes a copy of the file without ever loading its matrices.
+
+    Any other data: ``X`` the ingested data (the first view's for multi-view data; every view in
+    ``obsm["view_<v>"]``), the labels under their column's name (``label`` for a named set's) as
+    category names, missing ones NaN, the colour column likewise (``manifold_parameter`` for a named
+    set's), and the cells' names where the file had them. A store being written is refused unless
+    ``partial`` (:func:`check_complete`)."""
+    import anndata as ad
+
+    state = check_complete(store, partial)
+    src = _source_of(store, source)
+    tree, obsm, chosen = _chosen(store, models, setting)
+    uns = _provenance(tree, store, chosen, src, state)
+    if src is None:
+        return _new_anndata(store, obsm, uns)
+    rows, _ = _rows_of(src)
+    if src["kind"] == "h5mu":
+        import mudata
+
+        obj = mudata.read_h5mu(src["path"])
+    else:
+        obj = ad.read_h5ad(src["path"])
+    for k, v in _on_rows(obsm, rows).items():
+        obj.obsm[k] = v
+    obj.uns["embed_sweep"] = uns
+    return obj
+
+
+def _new_anndata(store, obsm: dict, uns: dict):
+    """An AnnData of the store's ingested data (for data that did not come from an AnnData or
+    MuData file) with the embeddings in ``obsm`` and ``uns["embed_sweep"]``."""
+    import anndata as ad
+    import pandas as pd
+
+    from lvmcore.data import color_names
+    from tasks.inputs import load_data
+
+    data_path = _store_data_path(store)
+    if not data_path.exists():
+        raise ValueError(
+            f"the ingested data of {store} is missing ({data_path}); re-run the sweep to restore it"
+        )
+    data = load_data(str(data_path))
+    attrs = _data_attrs(data_path)
+    names = _names_of(data_path)
+    obs = pd.DataFrame(index=names if names is not None else [str(i) for i in range(len(data["Y"]))])
+    if data["label"] is not None:
+        obs[str(attrs.get("label_column") or "label")] = _label_categorical(data_path, data["label"])
+    if data["color"] is not None:
+        col = attrs.get("color_column")
+        color = np.asarray(data["color"], dtype=np.float64)
+        cnames = color_names(str(data_path))
+        if col and cnames is not None:
+            codes = np.where(np.isfinite(color), color, -1).astype(np.int64)
+            obs[str(col)] = pd.Categorical.from_codes(codes, categories=cnames)
+        else:
+            obs[str(col or "manifold_parameter")] = color
+    extra = {}
+    if data["truth"] is not None and np.asarray(data["truth"]).ndim == 2:
+        extra["truth"] = np.asarray(data["truth"], dtype=np.float64)
+    for v, Yv in enumerate(data["views"]):
+        extra[f"view_{v}"] = np.asarray(Yv, dtype=np.float64)
+    return ad.AnnData(
+        X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm={**extra, **obsm}, uns={"embed_sweep": uns}
+    )
+
+
+def _data_attrs(data_path) -> dict:
+    try:
+        return json.loads((Path(data_path) / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _names_of(data_path) -> list[str] | None:
+    from lvmcore.data import obs_names
+
+    names = obs_names(str(data_path))
+    return None if names is None else [str(n) for n in names]
+
+
+def _label_categorical(data_path, codes):
+    """Label codes (MISSING_LABEL: none) as a pandas Categorical of the data's category names."""
+    import pandas as pd
+
+    from lvmcore.checks import MISSING_LABEL
+    from lvmcore.data import label_names
+
+    codes = np.asarray(codes).astype(np.int64)
+    names = label_names(str(data_path))
+    if names is None:  # a data set without names: its codes are its names
+        names = [str(i) for i in range(int(codes.max()) + 1 if (codes >= 0).any() else 0)]
+    return pd.Categorical.from_codes(np.where(codes == MISSING_LABEL, -1, codes), categories=list(names))
+
+
+def _write_into_copy(src: dict, path: Path, obsm: dict, uns: dict) -> None:
+    """Copy the user's file to ``path`` byte for byte (its matrices are never read) and add
+    ``obsm`` entries and ``uns["embed_sweep"]`` with h5py and anndata's element writer. An old
+    (pre-0.7) file's obsm table is rewritten as the current format's group, its entries kept."""
+    import shutil
+
+    import h5py
+    from anndata.io import read_elem, write_elem
+
+    shutil.copyfile(src["path"], path)
+    with h5py.File(path, "r+") as f:
+        if "obsm" in f and isinstance(f["obsm"], h5py.Dataset):  # old format: one table
+            table = read_elem(f["obsm"])
+            del f["obsm"]
+            write_elem(f, "obsm", {k: np.ascontiguousarray(table[k]) for k in table.dtype.names})
+        if "obsm" not in f:
+            write_elem(f, "obsm", {})
+        for k, v in obsm.items():
+            if k in f["obsm"]:
+                del f["obsm"][k]
+            write_elem(f["obsm"], k, v)
+        if "uns" not in f:
+            write_elem(f, "uns", {})
+        if "embed_sweep" in f["uns"]:
+            del f["uns"]["embed_sweep"]
+        write_elem(f["uns"], "embed_sweep", uns)
+
+
+def export(store, path, models=None, setting=None, *, source=None, partial: bool = False) -> dict:
+    """Write the store's chosen embeddings to ``path`` and say what was written: ``{"path",
+    "n_obs", "obsm" (keys added), "models" (uns entries), "into" (the user's file copied, or None),
+    "cells_without" (cells of that file with no embedding), "partial" (a line, or None)}``.
+
+    Data from an .h5ad / .h5mu file: ``path`` (same suffix) is a copy of that file (obs, var,
+    names, layers, uns, existing obsm, X as they are, never loaded) with ``obsm["X_<model>"]``,
+    ``obsm["X_<model>_var"]`` and ``uns["embed_sweep"]`` added. The file must be where the sweep
+    read it and unchanged, or ``source`` names a copy (or the changed file: its cells must be the
+    store's). Other data: :func:`to_anndata`'s AnnData. Refused before writing anything: a store
+    being written (unless ``partial``), a missing or changed source, another file's cells."""
+    out = Path(path)
+    state = check_complete(store, partial)
+    src = _source_of(store, source)
+    want = f".{src['kind']}" if src is not None else ".h5ad"
+    if out.suffix.lower() != want:
+        why = f"the sweep's data came from a {want} file" if src is not None else "an AnnData file"
+        raise ValueError(f"--to {str(path)!r}: the file name must end in {want} ({why})")
+    if src is not None and out.resolve() == Path(src["path"]).resolve():
+        raise ValueError(
+            f"--to {path}: that is the file the sweep read; name a new file (the export writes a copy "
+            "and never changes the original)"
+        )
+    rows, extra = _rows_of(src) if src is not None else (None, 0)
+    tree, obsm, chosen = _chosen(store, models, setting)
+    uns = _provenance(tree, store, chosen, src, state)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.writing-{os.getpid()}")
+    try:
+        if src is not None:
+            _write_into_copy(src, tmp, _on_rows(obsm, rows), uns)
+            n_obs = len(rows)
+        else:
+            adata = _new_anndata(store, obsm, uns)
+            adata.write_h5ad(tmp)
+            n_obs = adata.n_obs
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {
+        "path": str(out),
+        "n_obs": n_obs,
+        "obsm": sorted(obsm),
+        "models": chosen,
+        "into": None if src is None else src["path"],
+        "cells_without": extra,
+        "partial": partial_note(state),
+    }
 
 
 def _flag(value) -> bool | None:

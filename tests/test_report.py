@@ -141,3 +141,48 @@ def test_poincare_disc_panel_raises_no_matplotlib_warning():
     assert ax2.get_xlim()[1] < 10  # the 20-unit ellipses did not widen the view
     plt.close(fig)
     plt.close(fig2)
+
+
+def recording_subplots(monkeypatch):
+    """Every (figure, axes) the report makes, kept after it closes them: what a test reads the
+    drawn lines and legends from."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    real = plt.subplots
+
+    def subplots(*args, **kwargs):
+        fig, axes = real(*args, **kwargs)
+        made.append((fig, axes))
+        return fig, axes
+
+    monkeypatch.setattr(plt, "subplots", subplots)
+    return made
+
+
+def test_curves_follow_the_grid_values_not_the_storage_order_of_a_grown_store(tmp_path, monkeypatch):
+    """A store grown from k = 8 by k = 6 and 10 holds k in the order 8, 6, 10; every curve against
+    k must run 6 -> 8 -> 10 with each point's own values (issue 36, W9: the lines zig-zagged)."""
+    from tasks.results import open_store
+
+    store = tmp_path / "grown.zarr"
+    data = {"name": "swiss_roll", "n": 120, "seed": 2}
+    build_store(store, data, ["glle_em"], {"k": [8], "latent_dim": [2], "seed": [0]}, n_generations=0)
+    build_store(store, data, ["glle_em"], {"k": [8, 6, 10], "latent_dim": [2], "seed": [0]}, n_generations=0)
+    ds = open_store(store)["glle_em"].ds
+    assert ds["k"].values.tolist() == [8, 6, 10]  # the storage order the report must not follow
+    made = recording_subplots(monkeypatch)
+    with no_library_warnings():
+        make_report(store, tmp_path / "report")
+    curves = [ax for _, axes in made for ax in np.ravel(axes) if ax.get_xlabel() == "k"]
+    assert {ax.get_title() for ax in curves} >= {"elbo", "trustworthiness", "geodesic agreement"}
+    for ax in curves:
+        line = ax.get_lines()[-1]  # the mean over seeds, drawn "o-" after the single-seed dots
+        assert line.get_xdata().tolist() == [6, 8, 10], ax.get_title()
+        name = ax.get_title().replace(" ", "_")
+        if name in ds:
+            want = [float(ds[name].sel(k=k, latent_dim=2, seed=0)) for k in (6, 8, 10)]
+            np.testing.assert_allclose(line.get_ydata(), want, rtol=1e-12, err_msg=name)
