@@ -10,7 +10,7 @@ import zarr
 from scipy.integrate import quad
 
 from lvmcore import __version__
-from lvmcore.data import DATASETS, ingest, list_datasets, load, open_dataset, synthetic, views_of
+from lvmcore.data import DATASETS, describe, ingest, list_datasets, load, open_dataset, synthetic, views_of
 
 # ---------------------------------------------------------------- generators: shapes and seeds
 
@@ -297,8 +297,10 @@ def test_unknown_name():
 
 
 def test_bad_generator_options():
-    with pytest.raises(ValueError, match="bad options"):
+    with pytest.raises(ValueError, match=r"unknown data-set \(swiss_roll\) option 'colour'; accepted: n, se"):
         load("swiss_roll", colour=3)
+    with pytest.raises(ValueError, match="n_per_class = 500 is out of range.*must be 1 .. 17[0-9]"):
+        describe("digits", classes=3, n_per_class=500)
 
 
 def test_missing_file(tmp_path):

@@ -19,9 +19,9 @@ def _missing(values) -> np.ndarray:
     import pandas as pd
 
     s = pd.Series(values, copy=False)
-    miss = s.isna().to_numpy()
+    miss = s.isna().to_numpy().copy()
     if s.dtype == object or pd.api.types.is_string_dtype(s.dtype):
-        miss |= s.astype(str).str.strip().eq("").to_numpy() & ~miss
+        miss = miss | (s.astype(str).str.strip().eq("").to_numpy() & ~miss)
     return miss
 
 

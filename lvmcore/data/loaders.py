@@ -480,7 +480,7 @@ def _load_source(src, options) -> xr.Dataset:
         name: (v.dims, np.asarray(v.read(0, v.shape[0]), dtype=v.dtype))
         for name, v in source.variables.items()
     }
-    ds = xr.Dataset(data, attrs=dict(source.attrs))
+    ds = xr.Dataset(data, attrs={**source.attrs, "fingerprint": fp})
     _check_finite(ds, str(src))
     return ds
 
@@ -600,7 +600,11 @@ def write_store(
     out = ds.copy()
     out.attrs = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in ds.attrs.items()}
     content = content or fingerprint(ds)
-    out.attrs["fingerprint"] = fp or content
+    # a file read through lvmcore.data.sources is identified by its plan (files and options)
+    info = ds.attrs.get("source_info")
+    kind = json.loads(info).get("kind") if isinstance(info, str) else None
+    planned = ds.attrs.get("fingerprint") if kind in ("h5ad", "h5mu", "views") else None
+    out.attrs["fingerprint"] = fp or planned or content
     out.attrs["content_fingerprint"] = content
     try:
         out.to_zarr(tmp, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
