@@ -213,17 +213,17 @@ def point_steps(iters):
     from lvmcore.models.hgplvm import (
         HyperboloidGPLVM,
         _kern,
-        _pca,
         point_objective,
         point_value_and_grad,
     )
+    from lvmcore.pca import pca_start
 
     print("point variant, gradient of eq. 4 (best of 7; ratio to one Cholesky of the same size)")
     for depth in (4, 5, 6):
         Y, *_ = binary_tree(depth, seed=0)
         n = len(Y)
         Yc = jnp.asarray(Y - Y.mean(0))
-        P = _pca(Y, 2)
+        P = pca_start(Y, 2)
         X = expmap0(jnp.asarray(P / np.max(np.linalg.norm(P, axis=1))))
         ls, lb = jnp.float64(np.log(0.1)), jnp.float64(np.log(30.0))
         K = _kern(X, X, 0.1, 100.0) + jnp.eye(n) / 30.0

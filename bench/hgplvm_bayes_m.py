@@ -2,7 +2,7 @@
 
     python bench/hgplvm_bayes_m.py --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
                                    [--out /tmp/bm.csv] [--max-iter 3000]
-                                   [--raw] [--noise-c 0.25] [--kl-anneal 500] [--estimates]
+                                   [--noise-c 0.25] [--estimates]
 
 Per data set, seed and M (an integer, "auto", or "n" for M = N with Z started at every initial mean), one
 Bayesian fit (kappa = 100, Q = 2, constructor defaults otherwise, overridden by --kw), then the
@@ -16,10 +16,8 @@ printed beside the score (trees: Pearson of hyperbolic latent distances vs Hammi
 node codes; myeloid: Qlocal / Qglobal), sigma, beta, the largest latent radius and the median S.
 Rows go to --out (CSV).
 
-Experiments (issue 24, session 5): ``--raw`` fits the raw Y (private switch ``_center_data`` False,
-as the authors' code does); ``--noise-c C`` fixes the noise variance at C x the 2-D PPCA level of
-each data set (:func:`lvmcore.models.hgplvm.ppca_noise_variance`); ``--kl-anneal T`` sets the private
-switch ``_kl_anneal`` (the KL's weight rises from 0 to 1 over T iterations, then eq. 6).
+``--noise-c C`` fixes the noise variance at C x the 2-D PPCA level of each data set
+(:func:`lvmcore.pca.ppca_noise_variance`).
 ``--estimates`` fits nothing: per data set and seed it prints noise estimates from Y alone (the
 2-D PPCA level; the local 2-D noise, the mean over points of the D - 2 smallest eigenvalues of the
 covariance of each point's k nearest neighbours, k = 10, 20, 40, as a multiple of the PPCA level;
@@ -81,7 +79,8 @@ def estimates(Y, sigma, beta):
     from sklearn.neighbors import NearestNeighbors
 
     from lvmcore.manifolds.lorentz import expmap0
-    from lvmcore.models.hgplvm import _pca, ppca_noise_variance, sparse_objective
+    from lvmcore.models.hgplvm import sparse_objective
+    from lvmcore.pca import pca_start, ppca_noise_variance
 
     p = ppca_noise_variance(Y, 2)
     loc = []
@@ -94,7 +93,7 @@ def estimates(Y, sigma, beta):
         loc.append(round(float(np.mean(nv)) / p, 4))
     k_mle = PCA(n_components="mle").fit(Y).n_components_
     with jax.enable_x64(True):
-        P = _pca(Y, 2)
+        P = pca_start(Y, 2)
         X = expmap0(jnp.asarray(2.2 * P / np.linalg.norm(P, axis=1).max()))
         args = (X, X[::5], np.log(sigma), np.log(beta))
         gap = float(sparse_objective(*args, jnp.asarray(Y), 100.0)) - float(
@@ -115,23 +114,16 @@ def main():
     ap.add_argument("--kw", default="{}")
     ap.add_argument("--max-iter", type=int, default=3000)
     ap.add_argument("--out", default="/tmp/hgplvm_bayes_m.csv")
-    ap.add_argument("--beta-start", default="var", choices=["var", "ppca"], help="a learned beta's start")
-    ap.add_argument("--raw", action="store_true", help="fit the raw Y (no centring; _center_data False)")
     ap.add_argument("--noise-c", type=float, default=None, help="noise variance = C x the 2-D PPCA level")
-    ap.add_argument("--kl-anneal", type=int, default=0, help="KL weight 0 -> 1 over these iterations")
     ap.add_argument("--estimates", action="store_true", help="noise estimates and the raw-Y gap; no fit")
     a = ap.parse_args()
     import jax
 
-    import lvmcore.models.hgplvm as hg
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
     from lvmcore.models.hgplvm import HyperboloidGPLVM
-
-    hg._learn_beta_start = a.beta_start
-    hg._center_data = not a.raw
-    hg._kl_anneal = a.kl_anneal
+    from lvmcore.pca import ppca_noise_variance
 
     kw = json.loads(a.kw)
     new = not os.path.exists(a.out)
@@ -156,7 +148,7 @@ def main():
                     params = dict(n_components=2, kappa=100.0, variant="bayesian", max_iter=a.max_iter)
                     params.update(random_state=seed, n_inducing=M)
                     if a.noise_c is not None:
-                        params["noise"] = a.noise_c * hg.ppca_noise_variance(Y, 2)
+                        params["noise"] = a.noise_c * ppca_noise_variance(Y, 2)
                     t0 = time.perf_counter()
                     m = HyperboloidGPLVM(**{**params, **kw}).fit(Y)
                     sec = time.perf_counter() - t0
@@ -173,7 +165,7 @@ def main():
                     rmax = float(np.arccosh(np.maximum(L[:, 0], 1.0)).max())
                     medS = float(np.median(m.embedding_var_))
                     M = m.inducing_.shape[0]
-                    tag = f"{a.kw} beta0={a.beta_start} raw={a.raw} noise_c={a.noise_c} anneal={a.kl_anneal}"
+                    tag = f"{a.kw} noise_c={a.noise_c}"
                     row = [data, seed, M, tag, pr, ql, qg, f"{sec:.1f}", m.n_iter_, f"{m.sigma_:.4g}",
                            f"{m.beta_:.4g}", f"{rmax:.3f}", f"{medS:.3g}", f"{b:.1f}", f"{fit:.1f}",
                            f"{tr:.1f}", f"{kl:.1f}"]  # fmt: skip

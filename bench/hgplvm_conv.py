@@ -2,10 +2,9 @@
 window means, sigma, the largest latent radius and the score, for comparing likelihood settings.
 
     python bench/hgplvm_conv.py --data 4 --seed 0 [--variant point] [--max-iter 6000]
-                                [--raw] [--kw '{"mean": "integrated"}'] [--every 250] [--json out.json]
+                                [--kw '{"mean": "integrated"}'] [--every 250] [--json out.json]
 
---raw sets the private switch ``lvmcore.models.hgplvm._center_data = False`` (the raw Y with a
-zero-mean GP, as the authors' code fits it).  --kw: constructor overrides (JSON).  Printed every
+--kw: constructor overrides (JSON).  Printed every
 --every iterations (live): sigma, max tangent radius, score (trees: Pearson correlation of the
 hyperbolic latent distances with the Hamming distances; myeloid: Qlocal / Qglobal); after the
 fit: the objective's means over windows of --every iterations, n_iter and whether the convergence
@@ -30,7 +29,6 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variant", default="point")
     ap.add_argument("--max-iter", type=int, default=6000)
-    ap.add_argument("--raw", action="store_true", help="fit the raw Y (_center_data = False)")
     ap.add_argument("--kw", default="{}")
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--json", default=None)
@@ -50,7 +48,7 @@ def main():
 
     def monitor(it, st):
         if it % a.every == 0:
-            X = np.asarray(hg._renorm(st["X"]))
+            X = np.asarray(hg._renorm(st["X"]))  # st: the fit's callback state (NumPy)
             sig = float(np.exp(np.asarray(st["hyp"])[0]))
             r = float(np.arccosh(np.maximum(X[:, 0], 1.0)).max())
             sc = score(X)
@@ -58,14 +56,11 @@ def main():
             dt = time.perf_counter() - t0
             print(f"  it {it:5d} sigma {sig:.3f} rmax {r:.2f} score {sc} ({dt:.0f} s)", flush=True)
 
-    hg._monitor = monitor
-    if a.raw:
-        hg._center_data = False
     kw = json.loads(a.kw)
     if "_drift_every" in kw:  # the earlier name of the switch
         kw["drift_every"] = kw.pop("_drift_every")
     params = dict(n_components=2, kappa=100.0, variant=a.variant, max_iter=a.max_iter, random_state=a.seed)
-    m = hg.HyperboloidGPLVM(**{**params, **kw}).fit(Y)
+    m = hg.HyperboloidGPLVM(**{**params, **kw}).fit(Y, callback=monitor)
     tr = m.elbo_trace_
     w = a.every
     wm = [float(np.mean(tr[i : i + w])) for i in range(0, len(tr) - w + 1, w)]
@@ -74,7 +69,7 @@ def main():
         print("drift moves (it:a): " + " ".join(f"{i}:{x:g}" for i, x in m.drift_moves_))
     print(f"window means ({w} it): " + " ".join(f"{x:.1f}" for x in wm))
     print(
-        f"data {a.data} seed {a.seed} {a.variant} raw={a.raw} kw={a.kw}: n_iter {m.n_iter_} "
+        f"data {a.data} seed {a.seed} {a.variant} kw={a.kw}: n_iter {m.n_iter_} "
         f"converged {m.converged_} score {final} sigma {m.sigma_:.3f} objective {m.elbo_:.2f} "
         f"fit {m.fit_time_:.1f} s"
     )

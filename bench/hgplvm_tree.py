@@ -121,6 +121,7 @@ def main():
                     if a.no_pca or (data == "myeloid" and seed != a.first_seed)
                     else [("pca", cdist(P, P), 0.0, 0)]
                 )
+                monitor = None
                 if a.trace and data != "myeloid":
 
                     def monitor(it, st, Dh=Dh):
@@ -139,14 +140,13 @@ def main():
                                 flush=True,
                             )
 
-                    hg._monitor = monitor
                 for variant in a.variants:
                     t0 = time.perf_counter()
                     params = dict(n_components=2, kappa=100.0, variant=variant)
                     if a.max_iter is not None:
                         params["max_iter"] = a.max_iter
                     params["random_state"] = seed
-                    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y)
+                    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y, callback=monitor)
                     sec = time.perf_counter() - t0
                     L = m.lorentz_embedding_
                     with jax.enable_x64(True):

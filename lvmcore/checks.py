@@ -8,7 +8,17 @@ import numpy as np
 
 
 def check_data(Y, name: str = "Y") -> np.ndarray:
-    """A finite float64 (N, D) array, or a ValueError saying what is wrong with ``Y``."""
+    """A finite float64 (N, D) array, or a ValueError saying what is wrong with ``Y``.
+
+    ``Y`` may be a row source (:mod:`lvmcore.rows`), read here once; the array returned then
+    carries it, as it does when ``Y`` carried one, so chunked work reads rows where they are used."""
+    from lvmcore.rows import attach, is_source, source_of
+
+    if is_source(Y):
+        src = Y
+        Y = Y.whole()
+    else:
+        src = source_of(Y)
     Y = np.asarray(Y)
     if Y.dtype == object or not np.issubdtype(Y.dtype, np.number):
         raise ValueError(f"{name} must be a numeric array, got dtype={Y.dtype}")
@@ -20,7 +30,7 @@ def check_data(Y, name: str = "Y") -> np.ndarray:
         raise ValueError(
             f"{name} contains NaN or inf (first at row {r}, column {c}); remove or impute those values first"
         )
-    return Y
+    return Y if src is None else attach(Y, src)
 
 
 def check_positive_int(value, name: str) -> int:
@@ -36,8 +46,13 @@ def check_positive(value, name: str) -> float:
 
 
 def check_graph(graph, n: int, k: int | None = None) -> np.ndarray:
-    """kNN indices (N, k') as int64: the right number of rows, in range, no self loops."""
-    idx = np.asarray(graph)
+    """kNN indices (N, k') as int64: the right number of rows, in range, no self loops. ``graph``
+    may carry or be a row source (:mod:`lvmcore.rows`); the result carries it when its columns
+    are the source's own."""
+    from lvmcore.rows import attach, is_source, source_of
+
+    src = graph if is_source(graph) else source_of(graph)
+    idx = np.asarray(graph.whole() if is_source(graph) else graph)
     if idx.ndim != 2 or idx.shape[0] != n:
         raise ValueError(f"graph must be kNN indices of shape ({n}, k), got shape {idx.shape}")
     if not np.issubdtype(idx.dtype, np.integer):
@@ -52,7 +67,10 @@ def check_graph(graph, n: int, k: int | None = None) -> np.ndarray:
         idx = idx[:, :k]
     if np.any(idx == np.arange(n)[:, None]):
         raise ValueError("graph lists a point among its own neighbours; pass neighbour indices without self")
-    return idx.astype(np.int64)
+    idx = idx.astype(np.int64)
+    if src is None or tuple(src.shape) != idx.shape or getattr(src, "dtype", idx.dtype) != idx.dtype:
+        return idx
+    return attach(idx, src)
 
 
 #: Label layout shared by every loader, the store and the metrics: integer codes, MISSING_LABEL

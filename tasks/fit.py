@@ -8,7 +8,8 @@ import traceback
 
 import numpy as np
 
-from lvmcore.chunks import StoredRows, stored_rows
+from lvmcore.data.rowsource import ZarrRows
+from lvmcore.rows import attach
 from tasks.inputs import load_data, load_graph
 from tasks.registry import COV_SCALES, MODELS
 from tasks.store import PointResult
@@ -31,18 +32,19 @@ def _dask_context(est):
     return worker_client(separate_thread=True)
 
 
-def _declared(data: dict, data_path: str, graph, graph_path) -> list:
-    """The arrays this fit read from the ingested stores, with where they are stored: chunked work
-    on the cluster reads its rows there (lvmcore.chunks.stored_rows), not from this task."""
+def _with_sources(data: dict, data_path: str, graph, graph_path):
+    """The data and graph this fit read from the ingested stores, each carrying where it is stored
+    (:mod:`lvmcore.rows`): chunked work on the cluster reads its rows there, not from this task.
+    Returns (Y, views, graph)."""
     fp = data["stamps"]
-    out = [(data["Y"], StoredRows(data_path, "Y", expect=fp))]
-    out += [(v, StoredRows(data_path, f"view_{i}", expect=fp)) for i, v in enumerate(data["views"])]
+    Y = attach(data["Y"], ZarrRows(data_path, "Y", expect=fp))
+    views = [attach(v, ZarrRows(data_path, f"view_{i}", expect=fp)) for i, v in enumerate(data["views"])]
     if graph is not None:
         at = {"data_fingerprint": data["fingerprint"]}
-        out.append(
-            (graph, StoredRows(graph_path, "indices", dtype=np.int64, columns=graph.shape[1], expect=at))
+        graph = attach(
+            graph, ZarrRows(graph_path, "indices", dtype=np.int64, columns=graph.shape[1], expect=at)
         )
-    return out
+    return Y, views, graph
 
 
 def fit_point(
@@ -64,13 +66,14 @@ def fit_point(
         if not spec.multiview and "k" in spec.dims:
             graph = load_graph(graph_path)[0][:, : point["k"]]
         t0 = time.perf_counter()
-        with _dask_context(est), stored_rows(*_declared(data, data_path, graph, graph_path)):
+        Y, views, graph = _with_sources(data, data_path, graph, graph_path)
+        with _dask_context(est):
             if spec.multiview:
-                est.fit(data["views"])
+                est.fit(views)
             elif graph is not None:
-                est.fit(data["Y"], graph=graph)
+                est.fit(Y, graph=graph)
             else:
-                est.fit(data["Y"])
+                est.fit(Y)
             res.fit_seconds = time.perf_counter() - t0
             if "generations" in spec.extras and n_generations > 0:
                 res.extras["generations"] = np.asarray(

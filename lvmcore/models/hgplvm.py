@@ -89,6 +89,7 @@ from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
 from lvmcore.manifolds.lorentz import expmap, expmap0, inner, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
+from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import mc_psi_chunk
 
@@ -106,13 +107,9 @@ _LOG2PI = float(np.log(2.0 * np.pi))
 _JITTER = 1e-6
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
-_learn_beta_start = "var"  # experiment: a learned beta's start, "var" (100 / var(Y)) or "ppca"
-_center_data = True  # experiment: False fits the raw Y as the authors' code does (zero-mean GP, no centring)
-_kl_anneal = 0  # experiment (bayesian): the KL's weight rises linearly from 0 to 1 over these iterations
 _MEAN_AUTO = {"point": "integrated", "sparse": "zero", "bayesian": "zero"}  # mean="auto" per variant
 _DRIFT_AUTO = {"point": 250, "sparse": 0, "bayesian": 0}  # drift_every="auto" per variant
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
-_monitor = None  # diagnostics: _monitor(it, state) at each window's end (bench/hgplvm_tree.py --trace)
 
 
 @x64
@@ -278,14 +275,13 @@ def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
 
 
 @x64
-def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps, prior_log_var=0.0, kl_weight=1.0):
+def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps, prior_log_var=0.0):
     """Bayesian GP-LVM bound (eq. 6) with MC psi statistics; eps (H, N, Q) fixes the samples;
-    prior N^w(mu0, s^2 I) with log s^2 = prior_log_var (0: the paper's); ``kl_weight`` < 1 only
-    during a KL warm-up (1: eq. 6)."""
+    prior N^w(mu0, s^2 I) with log s^2 = prior_log_var (0: the paper's)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
     psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, jnp.exp(log_S), eps, Y, Z, sigma, kappa, prior_log_var)
-    return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa) - kl_weight * kl
+    return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa) - kl
 
 
 def _rgrad(X, g):
@@ -325,12 +321,12 @@ def _adam_step(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
     return p, m, v
 
 
-def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False, kl_weight=1.0):
+def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
     if variant == "point":
         return point_objective(X, hyp[0], hyp[1], Y, kappa, restricted)
     if variant == "sparse":
         return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa, restricted)
-    return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2], kl_weight)
+    return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2])
 
 
 def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
@@ -361,9 +357,7 @@ def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, us
     shared by all instances): objective and gradients by autodiff, then the updates.  ``hmask``
     (3,) zeroes the gradient of a fixed hyperparameter (log sigma, log beta, log prior variance).
     """
-    obj = functools.partial(
-        _objective, variant, eps=eps, Y=Y, kappa=kappa, restricted=restricted, kl_weight=state.get("klw", 1.0)
-    )
+    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa, restricted=restricted)
     args = (state["X"], state["hyp"], state["log_S"], state["Z"])
     f, g = jax.value_and_grad(obj, argnums=(0, 1, 2, 3))(*args)
     grads = {"X": g[0], "hyp": g[1] * hmask, "log_S": g[2], "Z": g[3]}
@@ -411,6 +405,11 @@ def _drift_move(X, A_now, A_prev, a):
 
 
 _point_objective_jit = jit64(point_objective, static_argnames=("restricted",))
+
+
+def _snapshot(state):
+    """The observable part of a fit's state, as NumPy copies (for ``fit(callback=...)``)."""
+    return {k: None if state.get(k) is None else np.asarray(state[k]) for k in ("X", "hyp", "log_S", "Z")}
 
 
 def _rule_windows(variant, drift):
@@ -487,31 +486,6 @@ def mc_objective(kappa: float, n: int, d: int):
         return _bound(*stats["psi"], glob["Z"], hyp[0], hyp[1], stats["trYY"], n, d, kappa) - stats["kl"]
 
     return obj
-
-
-def ppca_noise_variance(Y, q):
-    """Maximum-likelihood noise variance of q-dimensional probabilistic PCA (Tipping & Bishop 1999):
-    the mean of the D - q smallest eigenvalues of the (1/N) sample covariance of Y.  The GP-LVM with
-    a linear kernel is dual PPCA (Lawrence 2005) and has this noise at its optimum.  None if D <= q."""
-    Y = np.asarray(Y, dtype=np.float64)
-    n, d = Y.shape
-    if d <= q:
-        return None
-    Yc = Y - Y.mean(0)
-    s = np.linalg.svd(Yc, compute_uv=False)
-    ev = np.zeros(d)
-    ev[: len(s)] = s**2 / n
-    ev = np.sort(ev)[::-1]
-    return float(np.mean(ev[q:]))
-
-
-def _pca(Y, q):
-    Yc = Y - Y.mean(0)
-    U, s, Vt = np.linalg.svd(Yc, full_matrices=False)
-    P = U[:, :q] * s[:q]
-    if P.shape[1] < q:
-        P = np.pad(P, ((0, 0), (0, q - P.shape[1])))
-    return P
 
 
 def _auto_inducing(n):
@@ -724,7 +698,7 @@ class HyperboloidGPLVM(LatentModel):
         q = int(self.n_components)
         if self.init == "random":
             return rng.uniform(-1e-3, 1e-3, size=(Y.shape[0], q))
-        P = _pca(Y, q)
+        P = pca_start(Y, q)
         mx = np.max(np.linalg.norm(P, axis=1))
         if mx > 0:
             P = P * (self._init_scale() / mx)
@@ -744,8 +718,11 @@ class HyperboloidGPLVM(LatentModel):
 
     # ------------------------------------------------------------------ fit
     @x64
-    def fit(self, Y, graph=None):
-        """Fit the model to Y (N, D); returns self."""
+    def fit(self, Y, graph=None, *, callback=None):
+        """Fit the model to Y (N, D); returns self.  ``callback(it, state)``, if given, is called at
+        the end of every window of the convergence rule with the current state (a dict of NumPy
+        arrays: "X" points on the hyperboloid, "hyp" log sigma, log beta, log s^2, "log_S", "Z");
+        it observes the fit and does not change it."""
         self._validate()
         self._refuse_graph(graph)
         Y = check_data(Y)
@@ -753,7 +730,7 @@ class HyperboloidGPLVM(LatentModel):
         if n < 2:
             raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
         t_start = time.perf_counter()
-        mean = Y.mean(0) if _center_data else np.zeros(d)
+        mean = Y.mean(0)
         Yc = jnp.asarray(Y - mean)
         rng = np.random.default_rng(self.random_state)
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
@@ -769,10 +746,6 @@ class HyperboloidGPLVM(LatentModel):
             noise_var = float(mode)
         noise_fixed = noise_var is not None
         log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
-        if noise_var is None and _learn_beta_start == "ppca":  # experiment (bench/hgplvm_bayes_m.py)
-            nv = ppca_noise_variance(Y, int(self.n_components))
-            if nv is not None:
-                log_beta0 = -np.log(max(nv, 1e-6 * var_y))
         prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
         q = int(self.n_components)
         variant = self.variant
@@ -812,18 +785,21 @@ class HyperboloidGPLVM(LatentModel):
         lr, hlr, scale = float(self.learning_rate), float(self.hyper_learning_rate), float(n * d)
         runner = None
         if variant == "bayesian" and self.chunks is not None:
-            runner = RowChunks(MCStats(kappa), mc_objective(kappa, n, d), (np.asarray(Yc),), int(self.chunks))
+            runner = RowChunks(
+                MCStats(kappa),
+                mc_objective(kappa, n, d),
+                (np.asarray(Yc),),
+                int(self.chunks),
+                origin=[(Y, mean)],
+            )
         drift = self._drift_period()
         window, patience = _rule_windows(variant, drift)
         warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
-        anneal = int(_kl_anneal) if variant == "bayesian" and runner is None else 0  # experiment
         trace, means, converged, it = [], [], False, 0
         moves, acc, prev = [], None, None
         for it in range(1, int(self.max_iter) + 1):
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
             upd_S = variant == "bayesian" and it > warm
-            if anneal:
-                state["klw"] = jnp.asarray(min(1.0, it / anneal))
             if runner is not None:  # Monte-Carlo psi statistics map-reduced over row chunks
                 local = {"X": state["X"], "log_S": state["log_S"], "eps": jnp.transpose(eps, (1, 0, 2))}
                 f, g_lo, g_gl = runner.value_and_grad(local, {"Z": state["Z"], "hyp": state["hyp"]})
@@ -866,12 +842,10 @@ class HyperboloidGPLVM(LatentModel):
                         moves.append((it, a_drift))
                     prev = avg
             if it % window == 0:
-                if _monitor is not None:
-                    _monitor(it, state)
+                if callback is not None:
+                    callback(it, _snapshot(state))
                 means.append(np.mean(trace[-window:]))
-                if it <= anneal:  # the rule compares windows of the final bound (KL weight 1) only
-                    means.clear()
-                if self.tol > 0 and it >= max(warm, anneal) + 2 * patience * window:
+                if self.tol > 0 and it >= warm + 2 * patience * window:
                     best_before, best_recent = max(means[:-patience]), max(means[-patience:])
                     if best_recent - best_before <= float(self.tol) * max(abs(best_before), 1.0):
                         converged = True
