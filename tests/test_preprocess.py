@@ -1,0 +1,173 @@
+"""Streamed preprocessing (issue 33, item 3): normalize_total / log1p / PCA over the file's row
+blocks equal scanpy's (pp.normalize_total, pp.log1p, pp.pca with mask_var=None, float64, ARPACK):
+the principal subspace, the explained variance (over N - 1) and its ratio, and the scores; no
+sparse block is densified; the result is fingerprinted with the file and the settings, recorded in
+the ingested store and reused, not recomputed, when the sweep resumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.linalg import subspace_angles
+
+from lvmcore.data import describe, load
+from lvmcore.data import preprocess as pp
+
+sc = pytest.importorskip("scanpy")
+ad = pytest.importorskip("anndata")
+
+
+def _counts(tmp_path, n=400, D=150, latent=3, seed=0, name="x.h5ad"):
+    """Poisson counts with a low-rank log-rate, CSR, about a third non-zero."""
+    rng = np.random.default_rng(seed)
+    rate = np.exp(0.8 * rng.normal(size=(n, latent)) @ rng.normal(size=(latent, D)) / np.sqrt(latent) - 1)
+    X = sp.csr_matrix(rng.poisson(rate).astype(np.float64))
+    a = ad.AnnData(X=X)
+    a.obs_names = [f"c{i}" for i in range(n)]
+    a.var_names = [f"g{j}" for j in range(D)]
+    path = tmp_path / name
+    a.write_h5ad(path)
+    return path, a
+
+
+def _scanpy(a, target_sum, n_comps):
+    b = a.copy()
+    sc.pp.normalize_total(b, target_sum=target_sum)
+    sc.pp.log1p(b)
+    sc.pp.pca(b, n_comps=n_comps, mask_var=None, dtype="float64", svd_solver="arpack")
+    return b
+
+
+def _check(ds, b, tol=1e-6):
+    info = json.loads(ds.attrs["preprocess"])["X"]
+    Y, want = ds["Y"].values, b.obsm["X_pca"]
+    assert subspace_angles(Y, want).max() < tol
+    np.testing.assert_allclose(info["explained_variance"], b.uns["pca"]["variance"], rtol=tol)
+    np.testing.assert_allclose(info["explained_variance_ratio"], b.uns["pca"]["variance_ratio"], rtol=tol)
+    signs = np.sign(np.sum(Y * want, axis=0))  # each component up to its sign
+    np.testing.assert_allclose(Y * signs, want, atol=tol * np.abs(want).max())
+    return info
+
+
+@pytest.mark.parametrize("target, ours", [(1e4, 1e4), (None, True)])
+def test_exact_route_equals_scanpy(tmp_path, target, ours):
+    path, a = _counts(tmp_path)
+    ds = load(
+        str(path), preprocess={"normalize_total": ours, "log1p": True, "pca": 10, "pca_solver": "covariance"}
+    )
+    info = _check(ds, _scanpy(a, target, 10))
+    assert info["solver"] == "covariance"
+    assert info["settings"] == {
+        "normalize_total": "median" if ours is True else 1e4,
+        "log1p": True,
+        "pca": 10,
+        "pca_solver": "covariance",
+        "pca_iter": 7,
+        "pca_seed": 0,
+    }
+    if ours is True:
+        assert info["target_sum"] == pytest.approx(np.median(np.asarray(a.X.sum(axis=1)).ravel()))
+
+
+def test_randomised_route_equals_scanpy_where_its_krylov_space_is_smaller_than_the_data(tmp_path):
+    """D = 400 features, 5 components: the Krylov space (15 columns x 8 rounds = 120) is far from
+    spanning the data, so agreement is the method's, not a full basis's."""
+    path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
+    ds = load(
+        str(path),
+        preprocess={
+            "normalize_total": 1e4,
+            "log1p": True,
+            "pca": 5,
+            "pca_solver": "randomized",
+            "pca_iter": 7,
+        },
+    )
+    assert _check(ds, _scanpy(a, 1e4, 5))["solver"] == "randomized"
+
+
+def test_no_sparse_block_is_densified(tmp_path, monkeypatch):
+    path, a = _counts(tmp_path)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a sparse block was densified")
+
+    monkeypatch.setattr(sp.csr_matrix, "toarray", refuse)
+    monkeypatch.setattr(sp.csr_matrix, "todense", refuse)
+    for solver in ("covariance", "randomized"):
+        ds = load(
+            str(path), preprocess={"normalize_total": 1e4, "log1p": True, "pca": 4, "pca_solver": solver}
+        )
+        assert ds["Y"].shape == (400, 4)
+
+
+def test_normalise_and_log_without_pca_equal_scanpy(tmp_path):
+    path, a = _counts(tmp_path, D=60)
+    ds = load(str(path), preprocess={"normalize_total": 1e4, "log1p": True})
+    b = a.copy()
+    sc.pp.normalize_total(b, target_sum=1e4)
+    sc.pp.log1p(b)
+    np.testing.assert_allclose(ds["Y"].values, b.X.toarray(), rtol=1e-12)
+
+
+def test_settings_are_checked_before_any_work(tmp_path):
+    path, _ = _counts(tmp_path, n=30, D=20)
+    for pre, message in [
+        (
+            {"pca": 50, "bogus": 1},
+            "unknown .*preprocess option 'bogus'; accepted: log1p, normalize_total, pca",
+        ),
+        ({"normalize_total": -1}, "normalize_total must be a positive number"),
+        ({"pca": 0}, "pca must be a positive number of components"),
+        ({"pca": 5, "pca_solver": "arpack"}, "pca_solver must be one of"),
+        ({"pca": 25}, r"pca = 25 components needs at most min\(N - 1, D\) = 20"),
+        ({"log1p": False}, "does nothing"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            describe(str(path), preprocess=pre)
+
+
+def test_the_reduction_is_fingerprinted_recorded_and_reused_on_resume(tmp_path, monkeypatch):
+    from tasks.ingest import ingest_dataset
+
+    path, _ = _counts(tmp_path)
+    spec = {"path": str(path), "preprocess": {"normalize_total": 1e4, "log1p": True, "pca": 8}}
+    fp = describe(str(path), preprocess=spec["preprocess"])["fingerprint"]
+    other = describe(str(path), preprocess={**spec["preprocess"], "pca": 7})["fingerprint"]
+    assert fp != other  # the settings are in the fingerprint
+    data = tmp_path / "inputs" / "data.zarr"
+    ingest_dataset(spec, str(data), fp)
+    from lvmcore.data import open_dataset, source_info
+
+    ds = open_dataset(data)
+    assert ds.attrs["fingerprint"] == fp and ds["Y"].shape == (400, 8)
+    rec = json.loads(ds.attrs["preprocess"])["X"]
+    assert len(rec["explained_variance"]) == 8 and rec["settings"]["pca"] == 8
+    assert source_info(data)["options"]["preprocess"]["pca"] == 8
+
+    def no_second_pca(*args, **kwargs):
+        raise AssertionError("the PCA ran again on resume")
+
+    monkeypatch.setattr(pp, "run_pca", no_second_pca)
+    ingest_dataset(spec, str(data), fp)  # resume: the stored reduction is reused
+    # the file changed: a new plan fingerprint, so the sweep would plan again, never reuse it
+    monkeypatch.undo()
+    _counts(tmp_path, seed=5)
+    assert describe(str(path), preprocess=spec["preprocess"])["fingerprint"] != fp
+
+
+def test_preprocessing_runs_on_the_cluster_from_inside_a_task(tmp_path, cluster_client):
+    """The ingest task runs on a Dask worker; its passes go to the same cluster (worker_client)."""
+    from tasks.ingest import ingest_dataset
+
+    path, a = _counts(tmp_path)
+    spec = {"path": str(path), "preprocess": {"normalize_total": 1e4, "log1p": True, "pca": 10}}
+    fp = describe(str(path), preprocess=spec["preprocess"])["fingerprint"]
+    data = tmp_path / "data.zarr"
+    cluster_client.submit(ingest_dataset, spec, str(data), fp, pure=False).result()
+    from lvmcore.data import open_dataset
+
+    _check(open_dataset(data).load(), _scanpy(a, 1e4, 10))
