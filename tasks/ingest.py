@@ -94,6 +94,17 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     return str(p)
 
 
+def ingested_attrs(data_path) -> dict:
+    """What only the ingest knows, for the result store's attributes: ``data_preprocess`` (per
+    view: the settings, the explained variance and its ratio, the target sum and the PCA route)
+    where the data were preprocessed; empty otherwise."""
+    try:
+        attrs = open_dataset(data_path).attrs
+    except ValueError:
+        return {}
+    return {"data_preprocess": attrs["preprocess"]} if "preprocess" in attrs else {}
+
+
 @task(name="ingest", retries=2, retry_delay_seconds=2)
 def ingest_task(dataset: str | dict, data_path: str, expect: str | None = None) -> str:
     return ingest_dataset(dataset, data_path, expect)

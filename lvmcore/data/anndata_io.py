@@ -153,7 +153,11 @@ def read_obs(path: str, group: str = ""):
 
     if group:
         raise ValueError(f"{path}: {group}/obs is in a format this reader does not know; re-save the file")
-    ad = anndata.read_h5ad(path, backed="r")
+    import warnings
+
+    with warnings.catch_warnings():  # the old format's own warnings (re-save the file) are not ours
+        warnings.simplefilter("ignore")
+        ad = anndata.read_h5ad(path, backed="r")
     try:
         return ad.obs.copy()
     finally:

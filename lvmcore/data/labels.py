@@ -34,8 +34,10 @@ def encode_labels(values) -> tuple[np.ndarray, list[str]]:
     s = pd.Series(values, copy=False)
     miss = _missing(s)
     if isinstance(s.dtype, pd.CategoricalDtype):
-        cats = s.cat.categories
-        codes = s.cat.codes.to_numpy().astype(np.int64)
+        # declared order; an empty-string category (anndata stores text columns as categories)
+        # is a missing value, not a class
+        cats = pd.Index([c for c in s.cat.categories if not (isinstance(c, str) and c.strip() == "")])
+        codes = cats.get_indexer(s.astype(object).where(~miss, None)).astype(np.int64)
         codes[miss] = MISSING_LABEL
         used = list(cats)
     else:
