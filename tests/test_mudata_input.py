@@ -116,3 +116,39 @@ def test_a_list_of_view_files(tmp_path):
     np.save(tmp_path / "short.npy", a[:40])
     with pytest.raises(ValueError, match="different numbers of rows"):
         load("views", views=[str(tmp_path / "rna.npy"), str(tmp_path / "short.npy")])
+
+
+@pytest.mark.slow
+def test_mrd_and_a_single_view_model_run_on_the_h5mu_in_the_sweep(prefect_api, sweep_cluster, tmp_path):
+    """The sweep on the .h5mu file: ingest on a worker (the RNA counts log1p-transformed there),
+    MRD over the joined modalities, PPCA on the named view; the store says which view PPCA fit and
+    how many cells each modality lost."""
+    import xarray as xr
+
+    from flows.sweep import embed_sweep, input_paths
+    from tasks.store import STATUS_DONE, read_status
+    from tests.prefect_server import pointed_at
+
+    path, names, _ = _two_modalities(tmp_path)
+    store = tmp_path / "cite.zarr"
+    dataset = {"path": str(path), "view": "prot", **OPTS}
+    with pointed_at(prefect_api):
+        embed_sweep(
+            dataset=dataset,
+            models=["mrd", "ppca"],
+            grid={"latent_dim": [4], "seed": [0]},
+            store=str(store),
+            model_options={"mrd": {"kernel": "linear", "max_iter": 200}},
+            cluster=sweep_cluster,
+            report=False,
+            n_generations=0,
+        )
+    assert (read_status(store, "mrd") == STATUS_DONE).all() and (
+        read_status(store, "ppca") == STATUS_DONE
+    ).all()
+    attrs = xr.open_datatree(store, engine="zarr", consolidated=False).attrs
+    assert json.loads(attrs["data_params"])["view"] == "prot" and attrs["data_fitted_view"] == "prot"
+    assert json.loads(attrs["data_source_info"])["dropped"] == {"rna": 10, "prot": 5}
+    data_path, _ = input_paths(str(store))
+    np.testing.assert_array_equal(obs_names(data_path), names)
+    assert source_info(data_path)["options"]["view"] == "prot"
