@@ -236,8 +236,8 @@ def test_bound_monotone_default_and_refusals():
         LLLVM(likelihood="student").fit(Y)
     # solver="auto" refuses the dense-only eps 1 1^T form beyond its size, naming N and the way out,
     # before work (the paper's eps I form goes to the factorised solver there: test_lllvm_factorised)
-    big = np.random.default_rng(0).normal(size=(ll.GAUSSIAN_DENSE_MAX_N + 1, 3))
-    with pytest.raises(ValueError, match=f"N = {ll.GAUSSIAN_DENSE_MAX_N + 1}.*subsample"):
+    big = np.random.default_rng(0).normal(size=(ll.ONES_DENSE_MAX_N + 1, 3))
+    with pytest.raises(ValueError, match=f"N = {ll.ONES_DENSE_MAX_N + 1}.*subsample"):
         LLLVM(epsilon_form="ones").fit(big)
 
 

@@ -181,6 +181,8 @@ def test_fit_monotone_and_auto_picks_factorised():
     assert d.elbo_ > m.elbo_
     assert LLLVM()._resolve_solver(ll.GAUSSIAN_DENSE_MAX_N) == "dense"
     assert LLLVM()._resolve_solver(ll.GAUSSIAN_DENSE_MAX_N + 1) == "factorised"
+    # the authors' dense-only eps 1 1^T form keeps the dense solver up to its own limit
+    assert LLLVM(epsilon_form="ones")._resolve_solver(ll.ONES_DENSE_MAX_N) == "dense"
 
 
 def test_refusals():

@@ -17,7 +17,14 @@ form of eq. 28 stays as ``likelihood="quadratic"``, which is not the paper's mod
 from .bound import LikStats, elbo, expected_S, gauss_loglik, lik_stats
 from .estep_c import update_qc
 from .estep_x import update_qx
-from .estimator import AUTO_DENSE_MAX_N, GAUSSIAN_DENSE_MAX_N, LLLVM, lllvm_fit, spectral_init
+from .estimator import (
+    AUTO_DENSE_MAX_N,
+    GAUSSIAN_DENSE_MAX_N,
+    LLLVM,
+    ONES_DENSE_MAX_N,
+    lllvm_fit,
+    spectral_init,
+)
 from .mstep import update_alpha, update_beta, update_gamma
 from .oos import reconstruct, transform_points, transform_points_gaussian
 from .operators import (
@@ -62,4 +69,5 @@ __all__ = [
     "lap_logdet_trace",
     "AUTO_DENSE_MAX_N",
     "GAUSSIAN_DENSE_MAX_N",
+    "ONES_DENSE_MAX_N",
 ]

@@ -24,10 +24,15 @@ from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
 
 #: quadratic variant: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 200
-#: largest N the exact dense solver of the gaussian likelihood takes under solver="auto"; above it
-#: the factorised solver (``factorised.py``). The dense one holds several (N Q)^2 matrices and factors
-#: them in O((N Q)^3) per iteration (bench/README.md, issue 20 scale section)
-GAUSSIAN_DENSE_MAX_N = 2000
+#: largest N the exact dense solver of the paper's model (eps I) takes under solver="auto": the
+#: measured crossover in CPU time per iteration (bench/lllvm.py --solvers dense factorised), above
+#: which the factorised solver (``factorised.py``) is the faster. The dense solver holds several
+#: (N Q)^2 matrices and factors them in O((N Q)^3) per iteration; the factorised one grows about
+#: linearly with N
+GAUSSIAN_DENSE_MAX_N = 250
+#: the authors' eps 1 1^T form has the dense solver only: solver="auto" takes it up to this N (its
+#: O((N Q)^2) memory and O((N Q)^3) time per iteration) and refuses it above
+ONES_DENSE_MAX_N = 2000
 _SOLVERS = ("auto", "dense", "sparse", "factorised")
 _INITS = ("random_c", "random_x", "spectral")
 
@@ -179,8 +184,9 @@ class LLLVM(LatentModel):
         bound; sparse factorisation of eps_y I + 2 gamma L, selected inversion on distance-2 pairs, CG
         for the means; see ``factorised.py`` and bench/README.md for its measured cost), "sparse"
         (quadratic variant only: level-block Cholesky with selected inversion) or "auto" (gaussian:
-        dense up to GAUSSIAN_DENSE_MAX_N points, factorised above, refused above for
-        epsilon_form="ones"; quadratic: dense up to AUTO_DENSE_MAX_N points, else sparse)
+        dense up to GAUSSIAN_DENSE_MAX_N points, factorised above, where it is the faster; the
+        dense-only epsilon_form="ones" up to ONES_DENSE_MAX_N, refused above; quadratic: dense up to
+        AUTO_DENSE_MAX_N points, else sparse)
     max_iter, tol : EM iterations and relative bound change to stop at (0: run max_iter)
     epsilon_c, epsilon_y : the small fixed precisions of the C prior and of the y likelihood
     epsilon_form : "identity" (eps I, the paper) or "ones" (eps 1 1^T, the authors' code: it only
@@ -269,13 +275,13 @@ class LLLVM(LatentModel):
             return self.solver
         if not paper:
             return "dense" if n <= AUTO_DENSE_MAX_N else "sparse"
-        if n <= GAUSSIAN_DENSE_MAX_N:
+        if n <= (ONES_DENSE_MAX_N if self.epsilon_form == "ones" else GAUSSIAN_DENSE_MAX_N):
             return "dense"
         if self.epsilon_form == "ones":
             raise ValueError(
                 f"LL-LVM with epsilon_form='ones' (the authors' eps 1 1^T) has only the exact dense solver, "
                 f"O((N Q)^3) time and O((N Q)^2) memory per iteration; solver='auto' takes it up to N = "
-                f"{GAUSSIAN_DENSE_MAX_N}, got N = {n}. Use epsilon_form='identity' (the paper's eps I; "
+                f"{ONES_DENSE_MAX_N}, got N = {n}. Use epsilon_form='identity' (the paper's eps I; "
                 "solver='auto' then fits it with the factorised solver), fit a subsample, or pass "
                 "solver='dense' to run it anyway"
             )
