@@ -304,7 +304,7 @@ def cmd_export(a) -> int:
         print(res["partial"])
     if res["into"]:
         print(
-            f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells; X, layers, obs, var, uns kept) "
+            f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells, everything in it kept) "
             f"with obsm {res['obsm']} and uns['embed_sweep']"
         )
         if res["cells_without"]:

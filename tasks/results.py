@@ -446,9 +446,14 @@ def _source_of(store, source=None) -> dict | None:
 
 def _file_obs_names(path: str) -> np.ndarray:
     """The obs_names of an .h5ad file or of a .h5mu file's MuData (its root ``obs``)."""
+    import warnings
+
     from lvmcore.data.anndata_io import read_obs
 
-    return np.asarray(read_obs(path).index.astype(str), dtype=object)
+    with warnings.catch_warnings():  # an old-format file's warnings are about parts not read here
+        warnings.simplefilter("ignore")
+        obs = read_obs(path)
+    return np.asarray(obs.index.astype(str), dtype=object)
 
 
 def _rows_of(src: dict) -> tuple[np.ndarray, int]:
