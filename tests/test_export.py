@@ -84,6 +84,7 @@ def test_export_of_a_named_setting_and_one_model(store, tmp_path):
         (["--setting", "depth=3"], "write dimension=value"),
         (["--setting", "k=eight"], "'eight' is not a number"),
         (["--model", "umap"], "models ['umap'] are not in"),
+        (["--from", "mine.h5ad"], "--from mine.h5ad: the data of"),  # a named data set has no file
         (["--to-csv"], None),
     ],
 )

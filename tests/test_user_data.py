@@ -268,19 +268,22 @@ def test_the_report_colours_by_the_label_names_with_a_legend(pbmc, tmp_path, mon
 
 def test_csv_labels_come_back_as_names_with_missing_values_empty(tmp_path):
     """Data from a CSV: the export keeps the label column's name and its category names (not
-    codes); an empty label is a missing value, not a class."""
+    codes); an empty label is a missing value, not a class. A numeric colour column comes back
+    under its name, and the report colours by it (on viridis) rather than by the labels."""
     import pandas as pd
+
+    from tasks.report import colouring
 
     rng = np.random.default_rng(0)
     df = pd.DataFrame(rng.normal(size=(40, 3)), columns=["a", "b", "c"])
     df["cell_type"] = np.where(np.arange(40) % 2 == 0, "T cell", "B cell")
     df.loc[3, "cell_type"] = ""
+    df["time"] = rng.random(40)
     f = tmp_path / "cells.csv"
     df.to_csv(f, index=False)
     store = tmp_path / "cells.zarr"
-    build_store(
-        store, {"path": str(f), "label_column": "cell_type"}, ["ppca"], {"latent_dim": [1], "seed": [0]}
-    )
+    dataset = {"path": str(f), "label_column": "cell_type", "color_column": "time"}
+    build_store(store, dataset, ["ppca"], {"latent_dim": [1], "seed": [0]})
     data = xr_data(store)
     assert data["label"][3] == MISSING_LABEL
     a = to_anndata(store)
@@ -289,6 +292,10 @@ def test_csv_labels_come_back_as_names_with_missing_values_empty(tmp_path):
     assert got.isna().tolist() == [i == 3 for i in range(40)]
     assert got.dropna().astype(str).tolist() == df["cell_type"].drop(3).tolist()
     assert a.obsm["X_ppca"].shape == (40, 1)
+    np.testing.assert_array_equal(a.obs["time"].to_numpy(), df["time"].to_numpy())
+    col = colouring(store)
+    assert col["title"] == "time" and col["names"] is None
+    np.testing.assert_array_equal(col["values"], df["time"].to_numpy())
 
 
 def xr_data(store):
