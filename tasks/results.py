@@ -288,7 +288,7 @@ def write_state(store) -> dict:
             holder = {k: have.get(k) for k in ("pid", "host", "since")}
     root = zarr.open_group(str(path), mode="r")
     pending = total = 0
-    for key in json.loads(root.attrs.get("groups", "[]")):
+    for key in json.loads(root.attrs.get("groups") or "null") or list(root.group_keys()):
         if key in root:
             st = np.asarray(root[key]["status"][...])
             pending += int((st == STATUS_PENDING).sum())
