@@ -52,6 +52,12 @@ def _check(ds, b, tol=1e-6):
     return info
 
 
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Passes of 64 rows: several blocks and a short tail joined to the block before it."""
+    monkeypatch.setattr(pp, "PASS_ROWS", 64)
+
+
 @pytest.mark.parametrize("target, ours", [(1e4, 1e4), (None, True)])
 def test_exact_route_equals_scanpy(tmp_path, target, ours):
     path, a = _counts(tmp_path)

@@ -133,12 +133,14 @@ def transform_block(block, settings: dict | None, target: float | None):
 # ------------------------------------------------------------------ Dask passes over the blocks
 
 
-def _bounds(n: int, rows: int = PASS_ROWS):
+def _bounds(n: int, rows: int | None = None):
     """Row blocks of about ``rows``; a short tail joins the block before it (every block then has
-    at least rows / 2 rows, more than the randomised route's columns, as tsqr needs)."""
+    at least rows / 2 rows)."""
+    rows = rows or PASS_ROWS
     out = [[a, min(a + rows, n)] for a in range(0, n, rows)]
     if len(out) > 1 and out[-1][1] - out[-1][0] < rows // 2:
-        out[-2][1] = out.pop()[1]
+        last = out.pop()
+        out[-1][1] = last[1]
     return [tuple(x) for x in out]
 
 

@@ -1,0 +1,317 @@
+"""A synthetic single-cell atlas through the pipeline, stage by stage, beside scanpy (issue 33).
+
+The atlas: negative-binomial counts (dispersion 2) over a branching trajectory (a trunk splitting
+into two branches; six gene programs: trunk, two branches, a cycle, pseudotime, a cell state),
+gene base rates log-normal and shifted so a cell has about ``--nnz`` non-zero genes, library size
+log-normal. Written as a sparse (CSR) .h5ad in blocks: no cells x genes dense matrix is ever held.
+
+Stages, each in a fresh process (its own peak RSS; the Dask workers' peaks read on the workers):
+
+- ``gen``: write the atlas.
+- ``ours``: describe (the plan: obs read, the file hashed) and the ingest task on a 2-worker
+  LocalCluster (one thread each), as the sweep runs it: normalize_total(1e4) + log1p + PCA(50)
+  streamed over the file's row blocks on the cluster (``--solver``), written to data.zarr.
+- ``scanpy``: ``sc.read_h5ad``, ``pp.normalize_total(target_sum=1e4)``, ``pp.log1p``,
+  ``pp.pca(n_comps=50, mask_var=None)`` (scanpy's defaults: ARPACK on the implicitly centred
+  sparse matrix, float32), each timed; the anchor.
+- ``compare``: the largest principal angle between the two 50-D score subspaces and the relative
+  difference of the explained variances.
+- ``knn``: the sweep's kNN graph (tasks.knn.build_graph, k = 15) on the ingested data.
+- ``sweep``: ``embed-sweep run`` on the ingested data with ppca, glle_em, bgplvm_rbf (k = 15,
+  latent_dim 2; ``--max-iter`` for the iterative models), its own server and cluster.
+
+Each stage prints one JSON line; the summary gives wall time and peak RSS per process, and the
+ratios ours / scanpy for the preprocessing.
+
+    python bench/atlas.py --cells 20000 --genes 5000 --out /tmp/atlas
+    python bench/atlas.py --cells 200000 --genes 20000 --out /tmp/atlas-full --stages gen,ours,scanpy,compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PRE = {"normalize_total": 1e4, "log1p": True, "pca": 50}
+BLOCK = 2000
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _programs(t, branch, state):
+    return np.column_stack(
+        [
+            np.clip(1 - t / 0.3, 0, 1),
+            np.where(branch == 1, np.clip((t - 0.3) / 0.7, 0, 1), 0),
+            np.where(branch == 2, np.clip((t - 0.3) / 0.7, 0, 1), 0),
+            np.sin(2 * np.pi * t),
+            t,
+            state,
+        ]
+    )
+
+
+def gen(a) -> dict:
+    import anndata as ad
+    import h5py
+    import pandas as pd
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(a.seed)
+    N, G, r = a.cells, a.genes, 2.0
+    t = rng.uniform(0, 1, N)
+    branch = np.where(t < 0.3, 0, rng.integers(1, 3, N))
+    state = rng.normal(size=N)
+    size = rng.lognormal(0, 0.3, N)
+    load = rng.normal(0, 1.2, (6, G)) * (rng.uniform(size=(6, G)) < 0.3)
+    base = rng.normal(0, 1.5, G)
+
+    def nnz_per_cell(offset, idx):
+        mu = size[idx, None] * np.exp(offset + base + _programs(t[idx], branch[idx], state[idx]) @ load)
+        return float(np.mean(np.sum(1 - (r / (r + mu)) ** r, axis=1)))
+
+    pilot = rng.choice(N, min(N, 300), replace=False)
+    lo, hi = -20.0, 10.0
+    for _ in range(50):  # the base-rate shift giving about a.nnz non-zeros per cell
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if nnz_per_cell(mid, pilot) < a.nnz else (lo, mid)
+    offset = (lo + hi) / 2
+    obs = pd.DataFrame(
+        {"pseudotime": t, "branch": pd.Categorical(np.array(["trunk", "branch1", "branch2"])[branch])},
+        index=[f"cell{i}" for i in range(N)],
+    )
+    var = pd.DataFrame(index=[f"gene{j}" for j in range(G)])
+    path = Path(a.out) / "atlas.h5ad"
+    ad.AnnData(obs=obs, var=var).write_h5ad(path)
+    nnz = 0
+    with h5py.File(path, "r+") as f:
+        if "X" in f:
+            del f["X"]
+        X = f.create_group("X")
+        X.attrs.update(
+            {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": np.array([N, G])}
+        )
+        data = X.create_dataset("data", (0,), dtype=np.float32, maxshape=(None,), chunks=(1 << 18,))
+        indices = X.create_dataset("indices", (0,), dtype=np.int32, maxshape=(None,), chunks=(1 << 18,))
+        indptr = [0]
+        for a0 in range(0, N, BLOCK):
+            b0 = min(a0 + BLOCK, N)
+            idx = np.arange(a0, b0)
+            mu = size[idx, None] * np.exp(offset + base + _programs(t[idx], branch[idx], state[idx]) @ load)
+            counts = rng.poisson(rng.gamma(r, mu / r)).astype(np.float32)
+            rows, cols = np.nonzero(counts)
+            k = len(rows)
+            data.resize((nnz + k,))
+            indices.resize((nnz + k,))
+            data[nnz:] = counts[rows, cols]
+            indices[nnz:] = cols.astype(np.int32)
+            indptr.extend((nnz + np.cumsum(np.bincount(rows, minlength=b0 - a0))).tolist())
+            nnz += k
+        # int32 offsets where they fit, as scipy makes them (scikit-learn wants indices and indptr alike)
+        X.create_dataset("indptr", data=np.asarray(indptr, dtype=np.int32 if nnz < 2**31 else np.int64))
+    return {
+        "stage": "gen",
+        "wall_s": time.perf_counter() - t0,
+        "rss_mb": {"main": _rss_mb()},
+        "nnz_per_cell": nnz / N,
+        "file_mb": path.stat().st_size / 2**20,
+    }
+
+
+def ours(a) -> dict:
+    from distributed import Client, LocalCluster
+
+    from lvmcore.data import describe
+    from tasks.ingest import ingest_dataset
+
+    path = str(Path(a.out) / "atlas.h5ad")
+    pre = dict(PRE, pca_solver=a.solver)
+    spec = {"path": path, "preprocess": pre}
+    data_path = str(Path(a.out) / "data.zarr")
+    t0 = time.perf_counter()
+    fp = describe(path, preprocess=pre)["fingerprint"]
+    t_plan = time.perf_counter() - t0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        with Client(lc) as client:
+            t1 = time.perf_counter()
+            client.submit(ingest_dataset, spec, data_path, fp, pure=False).result()
+            t_ingest = time.perf_counter() - t1
+            workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    import xarray as xr
+
+    ds = xr.open_zarr(data_path, consolidated=False)
+    rec = json.loads(ds.attrs["preprocess"])["X"]
+    np.save(Path(a.out) / "ours_ev.npy", np.asarray(rec["explained_variance"]))
+    rss = {"main": _rss_mb(), **{f"worker{i}": v for i, v in enumerate(workers.values())}}
+    return {
+        "stage": "ours",
+        "wall_s": t_plan + t_ingest,
+        "plan_s": t_plan,
+        "ingest_preprocess_s": t_ingest,
+        "solver": rec["solver"],
+        "rss_mb": rss,
+    }
+
+
+def scanpy_stage(a) -> dict:
+    import scanpy as sc
+
+    path = str(Path(a.out) / "atlas.h5ad")
+    out = {"stage": "scanpy"}
+    t0 = time.perf_counter()
+    adata = sc.read_h5ad(path)
+    out["read_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    sc.pp.normalize_total(adata, target_sum=1e4)
+    out["normalize_total_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    sc.pp.log1p(adata)
+    out["log1p_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    sc.pp.pca(adata, n_comps=50, mask_var=None)
+    out["pca_s"] = time.perf_counter() - t1
+    out["wall_s"] = time.perf_counter() - t0
+    np.save(Path(a.out) / "scanpy_pca.npy", np.asarray(adata.obsm["X_pca"], dtype=np.float64))
+    np.save(Path(a.out) / "scanpy_ev.npy", np.asarray(adata.uns["pca"]["variance"], dtype=np.float64))
+    out["rss_mb"] = {"main": _rss_mb()}
+    return out
+
+
+def compare(a) -> dict:
+    import xarray as xr
+    from scipy.linalg import subspace_angles
+
+    Y = xr.open_zarr(Path(a.out) / "data.zarr", consolidated=False)["Y"].values
+    S = np.load(Path(a.out) / "scanpy_pca.npy")
+    ang = subspace_angles(Y, S)
+    ev_o, ev_s = np.load(Path(a.out) / "ours_ev.npy"), np.load(Path(a.out) / "scanpy_ev.npy")
+    top = {q: float(subspace_angles(Y[:, :q], S[:, :q]).max()) for q in (10, 20, 30, 40, 50)}
+    return {
+        "stage": "compare",
+        "max_angle_50": float(ang.max()),
+        "max_angle_top_q": top,
+        "ev_rel_max": float(np.max(np.abs(ev_o / ev_s - 1))),
+        "wall_s": 0.0,
+        "rss_mb": {"main": _rss_mb()},
+    }
+
+
+def knn_stage(a) -> dict:
+    from tasks.knn import build_graph
+
+    t0 = time.perf_counter()
+    build_graph(str(Path(a.out) / "data.zarr"), 15, str(Path(a.out) / "graph.zarr"), "auto")
+    return {"stage": "knn", "wall_s": time.perf_counter() - t0, "rss_mb": {"main": _rss_mb()}}
+
+
+def sweep(a) -> dict:
+    out = Path(a.out) / "sweep"
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "embed-sweep"),
+        "run",
+        "--dataset",
+        str(Path(a.out) / "data.zarr"),
+        "--models",
+        "ppca,glle_em,bgplvm_rbf",
+        "--grid",
+        '{"k": [15], "latent_dim": [2], "seed": [0]}',
+        "--options",
+        json.dumps({"glle": {"max_iter": a.max_iter}, "bgplvm": {"max_iter": a.max_iter}}),
+        "--out",
+        str(out),
+        "--store",
+        "atlas.zarr",
+        "--no-report",
+        "--replace",
+    ]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    tail = (p.stdout + p.stderr).strip().splitlines()[-6:]
+    return {
+        "stage": "sweep",
+        "wall_s": wall,
+        "rc": p.returncode,
+        "tail": tail,
+        "rss_mb": {"largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024},
+    }
+
+
+STAGES = {
+    "gen": gen,
+    "ours": ours,
+    "scanpy": scanpy_stage,
+    "compare": compare,
+    "knn": knn_stage,
+    "sweep": sweep,
+}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cells", type=int, default=200_000)
+    p.add_argument("--genes", type=int, default=20_000)
+    p.add_argument("--nnz", type=float, default=1500, help="non-zero genes per cell (about)")
+    p.add_argument("--out", default="/tmp/atlas")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--solver", default="auto", choices=["auto", "covariance", "randomized"])
+    p.add_argument("--max-iter", type=int, default=100, help="glle_em and bgplvm_rbf iterations in the sweep")
+    p.add_argument("--stages", default="gen,ours,scanpy,compare,knn,sweep")
+    p.add_argument("--stage", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(v, "1")
+    if a.stage:
+        print(json.dumps(STAGES[a.stage](a)), flush=True)
+        return
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    results = {}
+    for stage in a.stages.split(","):
+        rest, skip = [], False
+        for x in sys.argv[1:]:  # every flag but --stages
+            if skip or x.startswith("--stages="):
+                skip = False
+                continue
+            if x == "--stages":
+                skip = True
+                continue
+            rest.append(x)
+        argv = [sys.executable, __file__, "--stage", stage, *rest]
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if r.returncode or not line:
+            print(f"stage {stage} failed (exit {r.returncode}):\n{r.stderr[-3000:]}", flush=True)
+            break
+        results[stage] = json.loads(line[-1])
+        rss = ", ".join(f"{k} {v:,.0f}" for k, v in results[stage]["rss_mb"].items())
+        extra = {k: v for k, v in results[stage].items() if k not in ("stage", "wall_s", "rss_mb")}
+        print(
+            f"{stage:8s} {results[stage]['wall_s']:9.1f} s   peak RSS MB: {rss}   {json.dumps(extra)}",
+            flush=True,
+        )
+    if "ours" in results and "scanpy" in results:
+        o, s = results["ours"], results["scanpy"]
+        s_pre = s["normalize_total_s"] + s["log1p_s"] + s["pca_s"]
+        print(
+            f"preprocessing time ours / scanpy: {o['ingest_preprocess_s'] / s_pre:.2f} (scanpy without its "
+            f"read: {s_pre:.1f} s; with: {s['wall_s']:.1f} s; ours {o['ingest_preprocess_s']:.1f} s + plan "
+            f"{o['plan_s']:.1f} s); largest process peak RSS ours / scanpy: "
+            f"{max(o['rss_mb'].values()) / s['rss_mb']['main']:.2f}"
+        )
+    print(f"bench wall time: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
