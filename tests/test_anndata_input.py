@@ -88,6 +88,15 @@ def test_the_ingested_store_records_source_names_and_labels(tmp_path):
         "dropped": {},
     }
     assert file_fingerprint(path).startswith(f"sha256:{os.path.getsize(path)}:")
+    # the data are identified by content and options, not by the path's spelling
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "copy.h5ad"
+    copy.parent.mkdir()
+    shutil.copy(path, copy)
+    opts = {"use_rep": "X_pca", "label_column": "stage"}
+    assert describe(str(copy), **opts)["fingerprint"] == describe(str(path), **opts)["fingerprint"]
+    assert describe(str(copy), use_rep="X_pca")["fingerprint"] != describe(str(path), **opts)["fingerprint"]
     np.testing.assert_array_equal(obs_names(store), a.obs_names.to_numpy())
     assert label_names(store) == ["early", "late"] and color_names(store) == ["early", "late"]
     import zarr

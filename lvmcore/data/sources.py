@@ -177,10 +177,19 @@ class Plan:
         }
 
     def fingerprint(self) -> str:
+        """A hash of the files' content fingerprints (in order), the kind and the options applied,
+        not of the paths: the same file by another path is the same data (issue 36, item 11)."""
         from lvmcore.data.loaders import GENERATOR_VERSION
 
+        options = {k: v for k, v in self.applied.items() if k != "views"}  # "views": the paths
         blob = json.dumps(
-            {"source": self.source_info(), "input_version": INPUT_VERSION, "generators": GENERATOR_VERSION},
+            {
+                "kind": self.kind,
+                "files": [file_fingerprint(p) for p in self.paths],
+                "options": options,
+                "input_version": INPUT_VERSION,
+                "generators": GENERATOR_VERSION,
+            },
             sort_keys=True,
             default=str,
         ).encode()
