@@ -378,7 +378,7 @@ def _plan_h5mu(path: Path, opts: dict) -> Plan:
         dropped[v.name] = int(len(idx) - len(common))
         rows = idx.get_indexer(common)
         if not (len(rows) == len(idx) and np.array_equal(rows, np.arange(len(idx)))):
-            object.__setattr__(v, "matrix", v.matrix.select(rows))
+            v.matrix = v.matrix.select(rows)
     for m, d in dropped.items():
         if d:
             log.warning(
