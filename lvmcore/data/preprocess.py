@@ -14,21 +14,28 @@
   over trace(C) (the total variance of every feature), the scores are Z V - 1 (mu^T V) and each
   component's sign is scikit-learn's (``svd_flip``: its largest-magnitude loading positive).
 
-Two routes for the PCA, both over the same Dask graph of blocks read from the file:
+The transformed blocks Z_b (sparse stays sparse) are read from the file once and held for the
+PCA's passes: on the cluster's workers as Dask futures where the code runs on a cluster (inside
+the ingest task through ``worker_client``), else in this process; memory is the transformed
+matrix once (12 bytes per stored non-zero), spread over the workers. Three routes:
 
-- ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. Cost per
-  block O(nnz^2 / rows) for sparse data; memory D^2 per partial sum. Exact to rounding.
+- ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. One pass;
+  O(nnz^2 / N) per row for sparse data; D^2 memory per partial sum.
+- ``"arpack"`` (exact): ARPACK's implicitly restarted Lanczos (scipy ``eigsh``, tol = 0) on C,
+  C v = (Z^T (Z v) - N mu (mu^T v)) / (N - 1), one pass over the held blocks per product: the
+  eigenproblem scanpy's default sparse PCA solves (``svd_solver="arpack"``), to machine precision.
 - ``"randomized"``: randomised block Krylov with implicit centring (Musco and Musco 2015): the
   Krylov basis of Z_c Omega (l = k + 10 columns) over ``pca_iter`` rounds of Z_c Z_c^T, then
-  Rayleigh-Ritz (the SVD of Q^T Z_c). 2 ``pca_iter`` + 3 passes over the data, O(nnz l) each
-  (the last O(nnz l (pca_iter + 1))); memory N l (pca_iter + 1). Its accuracy grows with
-  ``pca_iter``; components on a flat noise floor converge slowest.
+  Rayleigh-Ritz (the SVD of Q^T Z_c). 2 ``pca_iter`` + 3 passes of O(nnz l) (the last
+  O(nnz l (pca_iter + 1))). Its accuracy grows with ``pca_iter``; components on a flat noise floor
+  converge slowest.
 
-``"auto"`` takes the covariance route when D <= :data:`COVARIANCE_MAX_D`, else randomized.
+``"auto"``: covariance when D <= :data:`COVARIANCE_MAX_D`, else arpack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 
@@ -42,9 +49,9 @@ __all__ = ["PREPROCESS_OPTIONS", "normalise_settings", "transform_block", "run_p
 log = logging.getLogger("lvmcore.data")
 
 PREPROCESS_OPTIONS = ("normalize_total", "log1p", "pca", "pca_solver", "pca_iter", "pca_seed")
-PCA_SOLVERS = ("auto", "covariance", "randomized")
-#: "auto" takes the exact covariance route up to this many features (a D x D float64 partial sum
-#: per block: 32 MB at 2,000)
+PCA_SOLVERS = ("auto", "covariance", "arpack", "randomized")
+#: "auto" takes the covariance route up to this many features (a D x D float64 partial sum per
+#: block: 32 MB at 2,000), ARPACK above
 COVARIANCE_MAX_D = 2000
 #: rows per Dask task in the streamed passes
 PASS_ROWS = 8192
@@ -144,23 +151,36 @@ def _bounds(n: int, rows: int | None = None):
     return [tuple(x) for x in out]
 
 
-def _compute(*xs):
-    """Compute Dask objects on the cluster this code runs on: inside a Dask task through the
-    worker's client (``worker_client``: the task secedes and its work runs on the same cluster,
-    shared/STACK.md), elsewhere with the default scheduler (a registered client, or threads)."""
-    import dask
-
+@contextlib.contextmanager
+def _cluster():
+    """The Dask client to run the passes on: inside a Dask task the worker's own (``worker_client``:
+    the task secedes and its work runs on the same cluster without deadlocking a one-thread
+    worker, shared/STACK.md); elsewhere a client registered in this process; else None (the
+    passes run here)."""
     try:
         from distributed import get_worker, worker_client
 
         get_worker()
     except (ImportError, ValueError):
-        return dask.compute(*xs)
+        try:
+            from distributed import default_client
+
+            yield default_client()
+        except (ImportError, ValueError):
+            yield None
+        return
     with worker_client(separate_thread=True) as client:
-        return tuple(client.compute(list(xs), sync=True))
+        yield client
 
 
-def _z(matrix, a, b, settings, target):
+def _sum(parts):
+    out = parts[0].copy()
+    for p in parts[1:]:
+        out += p
+    return out
+
+
+def _read_z(matrix, a, b, settings, target):
     return transform_block(matrix.read(a, b), settings, target)
 
 
@@ -168,47 +188,92 @@ def _totals(matrix, a, b):
     return np.asarray(matrix.read(a, b).sum(axis=1), dtype=np.float64).ravel()
 
 
-def _moments(matrix, a, b, settings, target, gram: bool):
-    Z = _z(matrix, a, b, settings, target)
+def _moments(Z, gram: bool):
     s = np.asarray(Z.sum(axis=0)).ravel()
     sq = np.asarray((Z.multiply(Z) if sp.issparse(Z) else Z * Z).sum(axis=0)).ravel()
-    out = {"sum": s, "sumsq": sq}
+    out = [s, sq]
     if gram:
         G = Z.T @ Z
-        out["gram"] = G.toarray() if sp.issparse(G) else np.asarray(G)
-    return out
+        out.append(G.toarray() if sp.issparse(G) else np.asarray(G))
+    return np.concatenate([np.ravel(x) for x in out])
 
 
-def _times(matrix, a, b, settings, target, W, shift):
-    """Rows a:b of Z_c W = Z W - 1 (mu^T W) (``shift`` = mu^T W)."""
-    Z = _z(matrix, a, b, settings, target)
+def _times(Z, W, shift):
+    """Rows of Z_c W = Z W - 1 (mu^T W) (``shift`` = mu^T W)."""
     return np.asarray(Z @ W) - shift
 
 
-def _t_times(matrix, a, b, settings, target, Qb):
+def _t_times(Z, Qb):
     """Z_b^T Q_b (the centring correction is applied once to the sum)."""
-    Z = _z(matrix, a, b, settings, target)
-    return np.asarray(Z.T @ Qb)
+    return np.asarray((Qb.T @ Z).T)
 
 
-def _delayed_stack(parts, shape_each, dtype=np.float64):
-    import dask.array as da
+def _gram_times(Z, v):
+    """Z_b^T (Z_b v): one block's share of Z^T Z v."""
+    return np.asarray(Z.T @ np.asarray(Z @ v)).ravel()
 
-    return da.stack([da.from_delayed(p, shape=shape_each, dtype=dtype) for p in parts])
+
+class _Blocks:
+    """The transformed row blocks Z_b (normalize_total / log1p applied, sparse kept sparse), read
+    from the file once and held for every pass of the PCA: on the cluster's workers (Dask
+    futures) where there is a cluster, else in this process. Memory: the transformed matrix once
+    (12 bytes per stored non-zero), spread over the workers."""
+
+    def __init__(self, client, matrix, settings, target, bounds):
+        self.client, self.bounds = client, bounds
+        a_s, b_s = [a for a, _ in bounds], [b for _, b in bounds]
+        nb = len(bounds)
+        if client is None:
+            self.blocks = [_read_z(matrix, a, b, settings, target) for a, b in bounds]
+        else:
+            self.blocks = client.map(
+                _read_z, [matrix] * nb, a_s, b_s, [settings] * nb, [target] * nb, pure=False
+            )
+
+    def _share(self, x):
+        if self.client is None or not isinstance(x, np.ndarray) or x.nbytes < 1 << 16:
+            return x
+        return self.client.scatter(x, broadcast=True, hash=False)
+
+    def reduce(self, fn, *args):
+        """sum over the blocks of fn(Z_b, *args)"""
+        if self.client is None:
+            return _sum([fn(z, *args) for z in self.blocks])
+        shared = [self._share(x) for x in args]
+        parts = self.client.map(fn, self.blocks, *[[x] * len(self.blocks) for x in shared], pure=False)
+        return self.client.submit(_sum, parts, pure=False).result()
+
+    def reduce_rows(self, fn, rows):
+        """sum over the blocks of fn(Z_b, rows[a:b])"""
+        if self.client is None:
+            return _sum([fn(z, rows[a:b]) for z, (a, b) in zip(self.blocks, self.bounds)])
+        parts = self.client.map(fn, self.blocks, [rows[a:b] for a, b in self.bounds], pure=False)
+        return self.client.submit(_sum, parts, pure=False).result()
+
+    def rows(self, fn, *args):
+        """fn(Z_b, *args) of every block, stacked in row order"""
+        if self.client is None:
+            return np.vstack([fn(z, *args) for z in self.blocks])
+        shared = [self._share(x) for x in args]
+        parts = self.client.map(fn, self.blocks, *[[x] * len(self.blocks) for x in shared], pure=False)
+        return np.vstack(self.client.gather(parts))
+
+    def release(self):
+        if self.client is not None:
+            self.client.cancel(self.blocks)
+        self.blocks = []
 
 
-def median_total(matrix) -> float:
-    """scanpy's ``target_sum=None``: the median of the cells' total counts."""
-    import dask
-    import dask.array as da
-
+def median_total(matrix, client=None) -> float:
+    """scanpy's ``target_sum=None``: the median of the cells' total counts (a pass of its own)."""
     n = matrix.shape[0]
-    parts = [
-        da.from_delayed(dask.delayed(_totals)(matrix, a, b), shape=(b - a,), dtype=np.float64)
-        for a, b in _bounds(n)
-    ]
-    (totals,) = _compute(da.concatenate(parts))
-    return float(np.median(totals))
+    bounds = _bounds(n)
+    if client is None:
+        totals = [_totals(matrix, a, b) for a, b in bounds]
+    else:
+        nb = len(bounds)
+        totals = client.gather(client.map(_totals, [matrix] * nb, *zip(*bounds), pure=False))
+    return float(np.median(np.concatenate(totals)))
 
 
 def _svd_flip(V: np.ndarray) -> np.ndarray:
@@ -220,33 +285,20 @@ def _svd_flip(V: np.ndarray) -> np.ndarray:
     return V * signs
 
 
-def _scores(matrix, settings, target, V, mu):
-    import dask
-    import dask.array as da
-
-    shift = mu @ V
-    n, k = matrix.shape[0], V.shape[1]
-    parts = [
-        da.from_delayed(
-            dask.delayed(_times)(matrix, a, b, settings, target, V, shift), shape=(b - a, k), dtype=np.float64
-        )
-        for a, b in _bounds(n)
-    ]
-    (X,) = _compute(da.concatenate(parts))
-    return X
-
-
 def run_pca(matrix, settings: dict) -> dict:
     """normalize_total / log1p / PCA of ``matrix`` (a :class:`lvmcore.data.anndata_io.Matrix`) as
-    the settings say, streamed over its row blocks; returns ``{"scores": (N, k) or None,
+    the settings say, streamed over its row blocks on the cluster; returns ``{"scores": (N, k),
     "components": (k, D), "mean", "explained_variance", "explained_variance_ratio",
     "target_sum", "solver"}`` (only ``target_sum`` when there is no PCA)."""
-    import dask
+    with _cluster() as client:
+        return _run_pca(client, matrix, settings)
 
+
+def _run_pca(client, matrix, settings):
     n, D = matrix.shape
     target = None
     if settings.get("normalize_total") == "median":
-        target = median_total(matrix)
+        target = median_total(matrix, client)
     elif settings.get("normalize_total") is not None:
         target = float(settings["normalize_total"])
     out = {"target_sum": target}
@@ -260,29 +312,27 @@ def run_pca(matrix, settings: dict) -> dict:
         )
     solver = settings["pca_solver"]
     if solver == "auto":
-        solver = "covariance" if D <= COVARIANCE_MAX_D else "randomized"
+        solver = "covariance" if D <= COVARIANCE_MAX_D else "arpack"
     gram = solver == "covariance"
-    bounds = _bounds(n)
-    parts = [dask.delayed(_moments)(matrix, a, b, settings, target, gram) for a, b in bounds]
-    sums = _delayed_stack([p["sum"] for p in parts], (D,)).sum(axis=0)
-    sumsq = _delayed_stack([p["sumsq"] for p in parts], (D,)).sum(axis=0)
-    if gram:
-        G = _delayed_stack([p["gram"] for p in parts], (D, D)).sum(axis=0)
-        s, sq, G = _compute(sums, sumsq, G)
-    else:
-        s, sq = _compute(sums, sumsq)
-    mu = s / n
-    total_var = float(np.sum(sq - n * mu * mu) / (n - 1))
-    if gram:
-        C = (G - n * np.outer(mu, mu)) / (n - 1)  # eq. P1
-        C = (C + C.T) / 2
-        evals, evecs = np.linalg.eigh(C)
-        order = np.argsort(evals)[::-1][:k]
-        ev, V = evals[order], evecs[:, order]
-    else:
-        ev, V = _randomized(matrix, settings, target, mu, k, bounds)
-    V = _svd_flip(V)
-    scores = _scores(matrix, settings, target, V, mu)
+    blocks = _Blocks(client, matrix, settings, target, _bounds(n))
+    try:
+        m = blocks.reduce(_moments, gram)
+        s, sq = m[:D], m[D : 2 * D]
+        mu = s / n
+        total_var = float(np.sum(sq - n * mu * mu) / (n - 1))
+        if gram:
+            C = (m[2 * D :].reshape(D, D) - n * np.outer(mu, mu)) / (n - 1)  # eq. P1
+            evals, evecs = np.linalg.eigh((C + C.T) / 2)
+            order = np.argsort(evals)[::-1][:k]
+            ev, V = evals[order], evecs[:, order]
+        elif solver == "arpack":
+            ev, V = _arpack(blocks, mu, n, D, k, settings["pca_seed"])
+        else:
+            ev, V = _randomized(blocks, mu, n, D, k, settings)
+        V = _svd_flip(V)
+        scores = blocks.rows(_times, V, mu @ V)
+    finally:
+        blocks.release()
     out.update(
         scores=scores,
         components=V.T,
@@ -294,34 +344,35 @@ def run_pca(matrix, settings: dict) -> dict:
     return out
 
 
-def _randomized(matrix, settings, target, mu, k, bounds):
+def _arpack(blocks, mu, n, D, k, seed):
+    """The top k eigenpairs of C (eq. P1) by ARPACK's implicitly restarted Lanczos (scipy's eigsh,
+    to machine precision: tol=0), C v = (Z^T (Z v) - N mu (mu^T v)) / (N - 1) one pass over the
+    held blocks per product. The same eigenproblem scanpy's default sparse PCA solves."""
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    def matvec(v):
+        v = np.asarray(v, dtype=np.float64).ravel()
+        return (blocks.reduce(_gram_times, v) - n * mu * (mu @ v)) / (n - 1)
+
+    v0 = np.random.default_rng(seed).uniform(-1, 1, D)
+    ev, V = eigsh(LinearOperator((D, D), matvec=matvec, dtype=np.float64), k=k, which="LA", v0=v0, tol=0)
+    order = np.argsort(ev)[::-1]
+    return ev[order], V[:, order]
+
+
+def _randomized(blocks, mu, n, D, k, settings):
     """Randomised block Krylov (Musco and Musco 2015, Alg. 2) with implicit centring: the basis
     of [Z_c Omega, (Z_c Z_c^T) Z_c Omega, ..., (Z_c Z_c^T)^q Z_c Omega] (each block orthonormalised
     as it is made), then Rayleigh-Ritz: the SVD of Q^T Z_c. The tall factors (N x l) are gathered
-    in this process (N l floats); the passes over the data run as Dask tasks."""
-    import dask
-    import dask.array as da
-
-    n, D = matrix.shape
+    in this process (N l floats); the passes over the data run on the held blocks."""
     ell = min(k + 10, n, D)
     rng = np.random.default_rng(settings["pca_seed"])
 
     def times(W):  # Z_c W, N x l
-        shift = mu @ W
-        parts = [
-            da.from_delayed(
-                dask.delayed(_times)(matrix, a, b, settings, target, W, shift),
-                shape=(b - a, W.shape[1]),
-                dtype=np.float64,
-            )
-            for a, b in bounds
-        ]
-        return _compute(da.concatenate(parts))[0]
+        return blocks.rows(_times, W, mu @ W)
 
     def t_times(Q):  # Z_c^T Q = Z^T Q - mu (1^T Q), D x l
-        parts = [dask.delayed(_t_times)(matrix, a, b, settings, target, Q[a:b]) for a, b in bounds]
-        (ZtQ,) = _compute(_delayed_stack(parts, (D, Q.shape[1])).sum(axis=0))
-        return ZtQ - np.outer(mu, Q.sum(axis=0))
+        return blocks.reduce_rows(_t_times, Q) - np.outer(mu, Q.sum(axis=0))
 
     W = rng.standard_normal((D, ell))
     Qs = []
