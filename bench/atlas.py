@@ -10,10 +10,12 @@ Stages, each in a fresh process (its own peak RSS; the Dask workers' peaks read 
 - ``gen``: write the atlas.
 - ``ours``: describe (the plan: obs read, the file hashed) and the ingest task on a 2-worker
   LocalCluster (one thread each), as the sweep runs it: normalize_total(1e4) + log1p + PCA(50)
-  streamed over the file's row blocks on the cluster (``--solver``), written to data.zarr.
+  streamed over the file's row blocks on the cluster (``--solver``: auto = arpack above 2,000
+  genes), written to data.zarr.
 - ``scanpy``: ``sc.read_h5ad``, ``pp.normalize_total(target_sum=1e4)``, ``pp.log1p``,
   ``pp.pca(n_comps=50, mask_var=None)`` (scanpy's defaults: ARPACK on the implicitly centred
-  sparse matrix, float32), each timed; the anchor.
+  sparse matrix, float32; ``--scanpy-dtype float64`` for its float64 answer), each timed; the
+  anchor.
 - ``compare``: the largest principal angle between the two 50-D score subspaces and the relative
   difference of the explained variances.
 - ``knn``: the sweep's kNN graph (tasks.knn.build_graph, k = 15) on the ingested data.
@@ -183,7 +185,7 @@ def scanpy_stage(a) -> dict:
     sc.pp.log1p(adata)
     out["log1p_s"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    sc.pp.pca(adata, n_comps=50, mask_var=None)
+    sc.pp.pca(adata, n_comps=50, mask_var=None, dtype=a.scanpy_dtype)
     out["pca_s"] = time.perf_counter() - t1
     out["wall_s"] = time.perf_counter() - t0
     np.save(Path(a.out) / "scanpy_pca.npy", np.asarray(adata.obsm["X_pca"], dtype=np.float64))
@@ -269,7 +271,12 @@ def main():
     p.add_argument("--nnz", type=float, default=1500, help="non-zero genes per cell (about)")
     p.add_argument("--out", default="/tmp/atlas")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--solver", default="auto", choices=["auto", "covariance", "randomized"])
+    p.add_argument("--solver", default="auto", choices=["auto", "covariance", "arpack", "randomized"])
+    p.add_argument(
+        "--scanpy-dtype",
+        default="float32",
+        help="scanpy's pp.pca dtype (its default float32; float64 to compare)",
+    )
     p.add_argument("--max-iter", type=int, default=100, help="glle_em and bgplvm_rbf iterations in the sweep")
     p.add_argument("--stages", default="gen,ours,scanpy,compare,knn,sweep")
     p.add_argument("--stage", help=argparse.SUPPRESS)

@@ -118,11 +118,13 @@ def _sweeps_from_args(a) -> list[dict]:
     return default_sweeps()
 
 
-def _plan_all(sweeps, stores, replace: bool) -> list[dict]:
+def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None) -> list[dict]:
     """Every sweep's refusals before any server or cluster starts: models, options, grid, data,
-    an existing store's identity, a writable location. Returns each sweep's plan (a dict, handed
-    to the flow: the data is loaded and the options checked once per run)."""
+    each grid point's predicted cost on ``cluster`` (tasks.costs), an existing store's identity, a
+    writable location. Returns each sweep's plan (a dict, handed to the flow: the data is loaded
+    and the options checked once per run)."""
     from flows.sweep import check_store, check_writable, plan_sweep
+    from tasks.costs import check_plan
 
     if len(set(stores)) != len(stores):
         raise ValueError(f"two sweeps write the same store: {stores}; give each its own 'store'")
@@ -131,6 +133,7 @@ def _plan_all(sweeps, stores, replace: bool) -> list[dict]:
         plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
         n, d = plan.size
         print(f"data {plan.dataset[0]}: {n} rows x {d} columns -> {store}")
+        check_plan(plan, cluster or {"type": "local"}, max_point_hours)
         plans.append(plan.to_dict())
         if not replace:
             check_store(store, plan.identity)
@@ -190,7 +193,8 @@ def cmd_run(a) -> int:
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
         for sw in sweeps
     ]
-    plans = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
+    # every sweep's errors (and points its cluster cannot run) before any work starts
+    plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours)
     failed = {}
     with contextlib.ExitStack() as stack:
         for store in stores:  # held from here to the end: a second run on a store is refused now
@@ -223,6 +227,7 @@ def cmd_run(a) -> int:
                 report=not a.no_report,
                 retry_failed=a.retry_failed,
                 plan=plan,
+                max_point_hours=a.max_point_hours,
             )
             print(summary_table(store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
             if res.get("report"):
@@ -386,6 +391,12 @@ def main(argv=None) -> int:
     r.add_argument("--no-report", action="store_true")
     r.add_argument(
         "--retry-failed", action="store_true", help="run the grid points that failed in an earlier run again"
+    )
+    r.add_argument(
+        "--max-point-hours",
+        type=float,
+        default=None,
+        help="refuse a sweep with a grid point predicted to run longer (default 24; tasks/costs.py)",
     )
     r.add_argument(
         "--replace",

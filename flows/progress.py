@@ -25,22 +25,41 @@ class Progress:
     Otherwise one plain line per point, through ``print`` (so Prefect's ``log_prints`` records it).
     ``on_update(fraction)`` is called after every batch (the Prefect progress artifact)."""
 
-    def __init__(self, total: int, label: str = "", stream=None, tty: bool | None = None, on_update=None):
+    def __init__(
+        self,
+        total: int,
+        label: str = "",
+        stream=None,
+        tty: bool | None = None,
+        on_update=None,
+        predicted=None,
+    ):
         self.total, self.label = int(total), label
+        #: the plan's predicted seconds for the points (tasks.costs): the time left before one finishes
+        self.predicted = predicted
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(tty if tty is not None else getattr(self.stream, "isatty", lambda: False)())
         self.on_update = on_update
         self.done = self.failed = 0
         self.t0 = time.perf_counter()
+        if predicted is not None and self.total:  # shown until the first point finishes
+            if self.tty:
+                self.stream.write("\r\033[K" + self.line("(as predicted)"))
+                self.stream.flush()
+            else:
+                print(f"predicted (upper bound): about {_clock(predicted)} for {self.total} grid points")
 
     @property
     def finished(self) -> int:
         return self.done + self.failed
 
     def eta(self) -> float | None:
-        """Seconds left at the mean pace so far (None before the first point)."""
+        """Seconds left at the mean pace so far; before the first point, what is left of the
+        plan's prediction (None without one)."""
         if self.finished == 0:
-            return None
+            return (
+                None if self.predicted is None else max(self.predicted - (time.perf_counter() - self.t0), 0.0)
+            )
         return (time.perf_counter() - self.t0) / self.finished * (self.total - self.finished)
 
     def line(self, last: str = "") -> str:

@@ -1,0 +1,488 @@
+"""Measure every model's cost and refresh the shipped cost data (tasks/costs.json).
+
+    nice -n 10 .venv/bin/python bench/costs.py measure [--models all] [--raw bench/costs_raw.jsonl]
+    COSTS_ROUND=2 nice -n 10 .venv/bin/python bench/costs.py measure --models glle_em,...   # fewer sizes
+    .venv/bin/python bench/costs.py fit [--raw a.jsonl,b.jsonl] [--out tasks/costs.json]
+
+``measure``: for each cost entry (a model key, or key/regime where ``auto`` picks a path), fits at
+the ``fit`` sizes (and one size with more data dimensions or inducing inputs, so their terms are
+determined) and at the ``validate`` sizes, which the fit never sees. Each size runs in its own
+process: the data (scikit-learn's swiss roll, embedded in D dimensions by a fixed orthonormal map
+plus N(0, 0.05^2) noise; the MRD toy views for mrd) and its kNN graph are made, the probe of
+tasks/costs.py is timed, then the model is fitted with a budget of I1 iterations, (JAX models: again
+with I1, the first having compiled) and with I2: seconds per iteration = (t(I2) - t(I1)) /
+(iterations run by I2 - by I1), the fixed part = the first fit less I1 iterations (so compilation
+counts); GLLE also times two generations (``sample``). Times are CPU seconds of the process
+(``time.process_time``): on a machine shared with other jobs, wall time measures the load, CPU time
+the work. Peak memory is ru_maxrss above the process's resident size before the first fit. One JSON
+line per size is appended to ``--raw``; a size past ``--timeout`` wall seconds is recorded as such.
+``COSTS_ROUND=2`` takes the shorter plan ``ROUND2`` (fewer sizes, fewer iterations).
+
+``fit``: per entry, non-negative least squares of each stage on its complexity's monomials (the
+functional form is fixed below, per algorithm; relative errors: each measurement weighted by its
+inverse), every time first scaled to the median probe. Prints measured and predicted per size, the
+``validate`` sizes (never fitted on) marked, and the ratio prediction / measurement of a fit at the
+model's default iteration budget; writes tasks/costs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_k, "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+sys.path.insert(0, str(ROOT))
+
+#: per cost entry: the model key, options, iteration budgets (I1, I2), the sizes fitted on
+#: ((N, D, extra options)), the sizes only validated on, and the monomials of each stage
+#: (the algorithm's complexity per fixed stage, per iteration, per generation, and of its memory)
+GP_ITER = ["1", "N*M^2*Q", "N*M*D", "M^3"]
+PLAN = {
+    "ppca": dict(
+        key="ppca",
+        iters=None,
+        fit=[(20000, 3), (100000, 3), (300000, 3), (100000, 30)],
+        validate=[(1000000, 3)],
+        fixed=["1", "N*D^2"],
+        memory=["1", "N*D"],
+    ),
+    "lllvm/dense": dict(
+        warm=False,
+        key="lllvm",
+        opts={"solver": "dense"},
+        iters=(2, 4),
+        fit=[(250, 3), (400, 3), (600, 3), (400, 30)],
+        validate=[(900, 3)],
+        fixed=["1", "N^2*Q^2"],
+        iteration=["1", "N*k*D", "N^3*Q^3"],
+        memory=["1", "N^2*Q^2"],
+    ),
+    "lllvm/factorised": dict(
+        warm=False,
+        key="lllvm",
+        opts={"solver": "factorised"},
+        iters=(2, 4),
+        fit=[(500, 3), (1000, 3), (2000, 3), (4000, 3), (1000, 30)],
+        validate=[(8000, 3)],
+        fixed=["1", "N*k*Q^2"],
+        iteration=["1", "N*k*Q^2", "N^1.5*Q^3", "N*k*D"],
+        memory=["1", "N*k*Q^2", "N*k*D"],
+    ),
+    "glle_em": dict(
+        warm=False,
+        key="glle_em",
+        iters=(5, 15),
+        fit=[(2000, 3), (5000, 3), (10000, 3), (5000, 30)],
+        validate=[(40000, 3)],
+        fixed=["1", "N*k^3", "N*k^2*D", "N^1.5"],
+        iteration=["1", "N*k"],
+        generation=["1", "N*k^2", "N^1.5"],
+        memory=["1", "N*k^2", "N^1.5"],
+    ),
+    "glle_direct": dict(
+        warm=False,
+        key="glle_direct",
+        iters=(5, 15),
+        fit=[(2000, 3), (5000, 3), (10000, 3)],
+        validate=[(40000, 3)],
+        fixed=["1", "N*k^3", "N*k^2*D", "N^1.5"],
+        iteration=["1", "N*k"],
+        generation=["1", "N*k^2", "N^1.5"],
+        memory=["1", "N*k^2", "N^1.5"],
+    ),
+    "bgplvm_rbf": dict(
+        key="bgplvm_rbf",
+        opts={"init_iters": 0},
+        iters=(5, 15),
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30), (1000, 3, {"n_inducing": 60})],
+        validate=[(5000, 3)],
+        fixed=["1", "N*D"],
+        iteration=GP_ITER,
+        memory=["1", "N*M", "N*D"],
+        budget=["max_iter", "init_iters"],
+    ),
+    "bgplvm_linear": dict(
+        key="bgplvm_linear",
+        opts={"init_iters": 0},
+        iters=(5, 15),
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30)],
+        validate=[(5000, 3)],
+        fixed=["1", "N*D"],
+        iteration=GP_ITER,
+        memory=["1", "N*M", "N*D"],
+        budget=["max_iter", "init_iters"],
+    ),
+    "bgplvm_svi": dict(
+        key="bgplvm_svi",
+        opts={"init_epochs": 0},
+        iters=(1, 3),
+        fit=[(2000, 3), (4000, 3), (8000, 3), (4000, 30), (4000, 3, {"n_inducing": 60})],
+        validate=[(20000, 3)],
+        fixed=["1", "N*D"],
+        iteration=GP_ITER,
+        memory=["1", "N*M", "N*D"],
+    ),
+    "mrd": dict(
+        key="mrd",
+        opts={"init_iters": 0},
+        iters=(5, 15),
+        fit=[(200, 30), (400, 30), (800, 30), (400, 30, {"n_inducing": 60})],
+        validate=[(1600, 30)],
+        fixed=["1", "N*D"],
+        iteration=["1", "N*M^2*Q*V", "N*M*D", "M^3*V"],
+        memory=["1", "N*M*V", "N*D"],
+        budget=["max_iter", "init_iters"],
+    ),
+    "hgplvm_point": dict(
+        key="hgplvm_point",
+        iters=(10, 30),
+        fit=[(150, 3), (300, 3), (600, 3), (300, 30)],
+        validate=[(1000, 3)],
+        fixed=["1", "N^2*D"],
+        iteration=["1", "N^2*D", "N^3"],
+        memory=["1", "N^2"],
+    ),
+    "hgplvm_sparse": dict(
+        key="hgplvm_sparse",
+        iters=(10, 30),
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30)],
+        validate=[(4000, 3)],
+        fixed=["1", "N*M*D"],
+        iteration=["1", "N*M^2", "N*M*D", "M^3"],
+        memory=["1", "N*M"],
+    ),
+    "hgplvm_bayesian/full": dict(
+        key="hgplvm_bayesian",
+        iters=(10, 30),
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30)],
+        validate=[(4000, 3)],
+        fixed=["1", "N*M*D"],
+        iteration=["1", "N*M^2", "N*M*D", "M^3"],
+        memory=["1", "N*M"],
+    ),
+    "hgplvm_bayesian/minibatch": dict(
+        key="hgplvm_bayesian",
+        iters=(5, 15),
+        # N = 2,000 by training="minibatch" (auto takes it above 5,000): sizes the 5-minute cap allows
+        fit=[(2000, 3, {"training": "minibatch"}), (6000, 3), (6000, 30), (6000, 3, {"batch_size": 500})],
+        validate=[(12000, 3)],
+        fixed=["1", "N*M^2", "N*M*D"],
+        iteration=["1", "B*M^2", "B*M*D"],
+        memory=["1", "N*M", "N*D"],
+    ),
+}
+Q, K = 2, 10
+
+#: a shorter round (``--round 2``): fewer sizes and iterations, for a machine whose load leaves each
+#: measurement a small share of a core (the 5-minute cap per size)
+ROUND2 = {
+    "glle_em": dict(iters=(3, 8), fit=[(2000, 3), (5000, 3)], validate=[(10000, 3)]),
+    "hgplvm_bayesian/full": dict(iters=(3, 8), fit=[(500, 3), (1000, 3)], validate=[(2000, 3)]),
+    "bgplvm_svi": dict(iters=(1, 2), fit=[(1000, 3), (2000, 3)], validate=[(4000, 3)]),
+    # MRD's iterations take milliseconds: a longer difference than (3, 8) to measure them
+    "mrd": dict(iters=(10, 60), fit=[(200, 30), (400, 30), (800, 30)], validate=[(1600, 30)]),
+    "hgplvm_point": dict(iters=(3, 8), fit=[], validate=[(1000, 3)]),
+    "lllvm/factorised": dict(iters=(1, 2), fit=[], validate=[(6000, 3)]),
+    "bgplvm_rbf": dict(iters=(3, 8), fit=[], validate=[(4000, 3)]),
+    "hgplvm_sparse": dict(iters=(3, 8), fit=[(2000, 3)], validate=[(3000, 3)]),
+}
+
+
+def make_data(key: str, n: int, d: int):
+    import numpy as np
+
+    if key == "mrd":
+        from lvmcore.data.synthetic import mrd_toy
+
+        views, _ = mrd_toy(n, seed=0)
+        return [np.asarray(v) for v in views], None
+    from lvmcore.data.synthetic import swiss_roll
+
+    Y, _ = swiss_roll(n, 0)
+    if d > 3:
+        rng = np.random.default_rng(d)
+        B, _ = np.linalg.qr(rng.standard_normal((d, 3)))
+        Y = Y @ B.T + 0.05 * rng.standard_normal((n, d))
+    return Y, None
+
+
+def _maxrss() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def one(entry: str, n: int, d: int, extra: dict) -> dict:
+    """Runs in its own process: one size of one entry."""
+    import numpy as np
+
+    from lvmcore.graph import knn
+    from tasks.costs import probe_seconds
+    from tasks.registry import MODELS
+
+    plan = dict(PLAN[entry], **ROUND2.get(entry, {})) if os.environ.get("COSTS_ROUND") == "2" else PLAN[entry]
+    spec = MODELS[plan["key"]]
+    Y, _ = make_data(plan["key"], n, d)
+    graph = knn(Y, K)[0] if "k" in spec.dims else None
+    point = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
+    base = dict(plan.get("opts", {}), **extra)
+    cls = spec.estimator_class()
+    probe = probe_seconds()
+
+    def fit(iters):
+        opts = dict(base)
+        if iters is not None:
+            opts["max_iter"] = iters
+            opts["tol"] = 0.0
+        est = cls(**spec.constructor_args({dd: point[dd] for dd in spec.dims}, opts))
+        t0 = time.process_time()
+        if graph is not None:
+            est.fit(Y, graph=graph)
+        else:
+            est.fit(Y)
+        t = time.process_time() - t0
+        its = len(getattr(est, "elbo_trace_", [])) or int(getattr(est, "n_iter_", 0) or 0)
+        return t, its, est
+
+    rss0 = _maxrss()
+    out = {"entry": entry, "n": n, "d": d, "extra": extra, "probe_s": probe}
+    if plan["iters"] is None:
+        t0, _, est = fit(None)
+        t1, _, est = fit(None)
+        out.update(fixed_s=min(t0, t1), iteration_s=0.0)
+    else:
+        i1, i2 = plan["iters"]
+        tw, nw, est = fit(i1)
+        # JAX models compile in their first fit: fit again for the per-iteration difference
+        t1, n1, est = fit(i1) if plan.get("warm", True) else (tw, nw, est)
+        t2, n2, est = fit(i2)
+        per = (t2 - t1) / (n2 - n1) if n2 > n1 else 0.0
+        out.update(
+            warm_s=tw,
+            t1_s=t1,
+            t2_s=t2,
+            n1=n1,
+            n2=n2,
+            iteration_s=max(per, 0.0),
+            fixed_s=max(tw - per * n1, 0.0),
+        )
+    if hasattr(est, "sample") and "generations" in spec.extras:
+        ts = []
+        for a in (1.0, 10.0):
+            t0 = time.process_time()
+            est.sample(1, random_state=1, cov_scale=a)
+            ts.append(time.process_time() - t0)
+        out["generation_s"] = float(np.mean(ts))
+    out["memory_bytes"] = max(_maxrss() - rss0, 0.0)
+    out["rss0_bytes"] = rss0
+    out["probe_after_s"] = probe_seconds(3)
+    out["probe_s"] = (probe * out["probe_after_s"]) ** 0.5  # the machine's speed around the fits
+    return out
+
+
+def measure(entries, raw: Path, timeout: float, only_validate: bool = False, skip_done: bool = True):
+    done = set()
+    if skip_done and raw.exists():
+        for line in raw.read_text().splitlines():
+            r = json.loads(line)
+            if "error" in r:  # tried again
+                continue
+            done.add((r["entry"], r["n"], r["d"], json.dumps(r.get("extra", {}), sort_keys=True)))
+    for entry in entries:
+        plan = (
+            dict(PLAN[entry], **ROUND2.get(entry, {}))
+            if os.environ.get("COSTS_ROUND") == "2"
+            else PLAN[entry]
+        )
+        sizes = [(*s, "fit") for s in plan["fit"]] + [(*s, "validate") for s in plan["validate"]]
+        for s in sizes:
+            n, d = s[0], s[1]
+            extra = s[2] if len(s) > 3 else {}
+            role = s[-1]
+            if only_validate and role != "validate":
+                continue
+            tag = (entry, n, d, json.dumps(extra, sort_keys=True))
+            if tag in done:
+                continue
+            cmd = [sys.executable, __file__, "one", entry, str(n), str(d), json.dumps(extra)]
+            t0 = time.perf_counter()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+                if p.returncode != 0 or not lines:
+                    r = {"entry": entry, "n": n, "d": d, "extra": extra, "error": p.stderr[-800:]}
+                else:
+                    r = json.loads(lines[-1])
+            except subprocess.TimeoutExpired:
+                r = {
+                    "entry": entry,
+                    "n": n,
+                    "d": d,
+                    "extra": extra,
+                    "error": f"timed out after {timeout:.0f} s",
+                }
+            r["role"] = role
+            r["wall_s"] = time.perf_counter() - t0
+            r["load"] = open("/proc/loadavg").read().split()[0]
+            with open(raw, "a") as f:
+                f.write(json.dumps(r) + "\n")
+            brief = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "error"}
+            print(
+                json.dumps(brief) if "error" not in r else f"{entry} {n} {d}: ERROR {r['error'][-300:]}",
+                flush=True,
+            )
+
+
+# --------------------------------------------------------------------------- fitting
+def _variables(entry: str, r: dict) -> dict:
+    from tasks.costs import point_variables
+    from tasks.registry import MODELS
+
+    plan = PLAN[entry]
+    spec = MODELS[plan["key"]]
+    point = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
+    args = spec.constructor_args(
+        {dd: point[dd] for dd in spec.dims}, dict(plan.get("opts", {}), **r.get("extra", {}))
+    )
+    dims = [15, 15] if plan["key"] == "mrd" else [r["d"]]
+    got, v = point_variables(plan["key"], args, r["n"], dims)
+    if got != entry:
+        raise RuntimeError(f"{entry}: the measured point resolves to {got}")
+    return v
+
+
+def _nnls(rows, monomials):
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from tasks.costs import evaluate_terms
+
+    rows = [(v, t) for v, t in rows if t > 0]  # a difference that measured nothing says nothing
+    if not monomials or not rows:
+        return {}
+    A = np.array([[evaluate_terms({m: 1.0}, v) for m in monomials] for v, _ in rows])
+    y = np.array([t for _, t in rows])
+    w = 1.0 / np.maximum(y, 1e-6)
+    scale = np.maximum(np.abs(A * w[:, None]).max(axis=0), 1e-300)
+    coef, _ = nnls(A * w[:, None] / scale, y * w)
+    coef = coef / scale
+    return {m: float(c) for m, c in zip(monomials, coef) if c > 0}
+
+
+def _default_budget(entry: str, e: dict) -> int:
+    """The model's default iteration budget (its constructor's defaults for the entry's budget)."""
+    import inspect
+
+    from tasks.registry import MODELS
+
+    params = inspect.signature(MODELS[PLAN[entry]["key"]].estimator_class()).parameters
+    return sum(int(params[name].default) for name in e.get("budget", []) if name in params)
+
+
+def fit(raw: Path, out: Path) -> None:
+    import numpy as np
+
+    from tasks.costs import evaluate_terms
+
+    paths = [Path(p) for p in str(raw).split(",") if Path(p).exists()]
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines()]
+    good = [r for r in rows if "error" not in r]
+    ref = float(np.median([r["probe_s"] for r in good]))
+    old = json.loads(out.read_text()) if out.exists() else {}
+    costs = {
+        "about": "cost data per model (CPU seconds, bytes), from bench/costs.py, read by tasks/costs.py",
+        "probe_seconds": ref,
+        "process_bytes": float(np.median([r["rss0_bytes"] for r in good])),
+        "overrun": old.get("overrun", {"factor": 4.0, "min_seconds": 300.0}),
+        "models": {},
+    }
+    print(f"reference probe {ref:.4f} CPU s (median of {len(good)} measurements)")
+    print(
+        "per size: CPU s per iteration and of the fixed part, measured / predicted; 'budget': the fit at "
+        "its default iteration budget, predicted / measured; peak MB above the process, measured / predicted"
+    )
+    head = f"{'entry':26s} {'N':>8s} {'D':>3s} {'role':8s} {'s/it':>19s} {'fixed':>19s} {'budget':>6s}"
+    print(head + f" {'MB':>11s}")
+    for entry, plan in PLAN.items():
+        mine = [r for r in good if r["entry"] == entry]
+        if not mine:
+            print(f"{entry}: no measurements")
+            continue
+        norm = [(r, ref / r["probe_s"]) for r in mine]
+        fitted = [(r, s) for r, s in norm if r["role"] == "fit"]
+        e = {"budget": plan.get("budget", ["max_iter"] if plan["iters"] else [])}
+        stage_rows = {
+            "fixed": [(_variables(entry, r), r["fixed_s"] * s) for r, s in fitted],
+            "iteration": [
+                (_variables(entry, r), r["iteration_s"] * s)
+                for r, s in fitted
+                if r.get("n2", 1) > r.get("n1", 0)
+            ],
+            "generation": [
+                (_variables(entry, r), r["generation_s"] * s) for r, s in fitted if "generation_s" in r
+            ],
+            "memory": [(_variables(entry, r), r["memory_bytes"]) for r, _ in fitted],
+        }
+        for stage, rs in stage_rows.items():
+            terms = _nnls(rs, plan.get(stage, []))
+            if terms:
+                e[stage] = terms
+        e["measured"] = [
+            {
+                k: r[k]
+                for k in ("n", "d", "extra", "role", "fixed_s", "iteration_s", "memory_bytes", "probe_s")
+                if k in r
+            }
+            | ({"generation_s": r["generation_s"]} if "generation_s" in r else {})
+            for r in mine
+        ]
+        costs["models"][entry] = e
+        for r, s in sorted(norm, key=lambda x: (x[0]["role"] != "fit", x[0]["n"])):
+            v = _variables(entry, r)
+            pi = evaluate_terms(e.get("iteration", {}), v)
+            pf = evaluate_terms(e.get("fixed", {}), v)
+            pm = evaluate_terms(e.get("memory", {}), v)
+            budget = _default_budget(entry, e)
+            mi, mf = r["iteration_s"] * s, r["fixed_s"] * s
+            ratio = (pf + budget * pi) / max(mf + budget * mi, 1e-9)
+            gen = ""
+            if "generation_s" in r:
+                gen = f" gen {r['generation_s'] * s:.3g} / {evaluate_terms(e.get('generation', {}), v):.3g}"
+            print(
+                f"{entry:26s} {r['n']:>8d} {r['d']:>3d} {r['role']:8s} {mi:>9.3g} / {pi:<7.3g} {mf:>9.3g} / "
+                f"{pf:<7.3g} {ratio:>6.2f} {r['memory_bytes'] / 2**20:>5.0f} / {pm / 2**20:<5.0f}{gen}"
+                + (f" {r['extra']}" if r.get("extra") else "")
+            )
+    out.write_text(json.dumps(costs, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "one":
+        print(json.dumps(one(argv[1], int(argv[2]), int(argv[3]), json.loads(argv[4]))))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["measure", "fit"])
+    ap.add_argument("--models", default="all", help="comma-separated cost entries (default all)")
+    ap.add_argument("--raw", default=str(ROOT / "bench" / "costs_raw.jsonl"))
+    ap.add_argument("--out", default=str(ROOT / "tasks" / "costs.json"))
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per size")
+    ap.add_argument("--validate-only", action="store_true")
+    a = ap.parse_args(argv)
+    entries = list(PLAN) if a.models == "all" else a.models.split(",")
+    if a.what == "measure":
+        measure(entries, Path(a.raw), a.timeout, a.validate_only)
+    else:
+        fit(Path(a.raw), Path(a.out))
+
+
+if __name__ == "__main__":
+    main()

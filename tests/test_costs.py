@@ -1,0 +1,235 @@
+"""The plan knows what each grid point costs (issue 35): it refuses, before any server or cluster
+starts, a point the cluster cannot run (exit 2, one line naming the model, N, the prediction and
+the way out), lets a feasible one through, takes its numbers from the cost data file (not from
+constants in the code), and a point that runs past its prediction is stopped and recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from flows.cli import main as cli_main
+from flows.sweep import plan_sweep
+from tasks import costs
+from tasks.store import read_status
+from tests.results_store import build_store
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLL_20K = '{"name": "swiss_roll", "n": 20000, "seed": 0}'
+
+
+def _refused(tmp_path, capsys, argv) -> str:
+    """Run the CLI; it must refuse with exit 2 and one line, before any server starts."""
+    out = tmp_path / "out"
+    rc = cli_main(["run", "--out", str(out), "--no-report", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert not (out / "prefect-server.log").exists()  # no server was started
+    assert not list(out.glob("*.zarr")) if out.exists() else True
+    return lines[0]
+
+
+@pytest.fixture
+def no_server(monkeypatch, tmp_path):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("EMBED_SWEEP_CALIBRATION", str(tmp_path / "no-calibration.json"))
+
+
+def _costs_copy(tmp_path, monkeypatch, edit) -> Path:
+    """A copy of the shipped cost data, changed by ``edit(data)``, in use for this test."""
+    data = json.loads(costs.COSTS_PATH.read_text())
+    edit(data)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("EMBED_SWEEP_COSTS", str(path))
+    return path
+
+
+def test_the_issue_command_refuses_the_point_hgplvm_at_20000_naming_the_way_out(no_server, tmp_path, capsys):
+    line = _refused(
+        tmp_path,
+        capsys,
+        ["--dataset", ROLL_20K, "--models", "hgplvm_point,lllvm"]
+        + ["--grid", '{"kappa": [10], "k": [10], "latent_dim": [2], "seed": [0]}'],
+    )
+    assert line.startswith("embed-sweep: error: hgplvm_point at N = 20,000 "), line
+    assert "hgplvm_sparse or hgplvm_bayesian instead of hgplvm_point" in line
+    assert "predicted" in line or "needs about" in line
+
+
+def test_a_dense_lllvm_beyond_a_workers_memory_is_refused_with_the_factorised_solver_named(
+    no_server, tmp_path, capsys
+):
+    line = _refused(
+        tmp_path,
+        capsys,
+        ["--dataset", '{"name": "swiss_roll", "n": 5000, "seed": 0}', "--models", "lllvm"]
+        + ["--grid", '{"k": [10], "latent_dim": [2], "seed": [0]}']
+        + ["--options", '{"lllvm": {"solver": "dense"}}']
+        + ["--cluster", '{"type": "local", "n_workers": 2, "memory_limit": "2GB"}'],
+    )
+    assert "lllvm at N = 5,000 needs about" in line and "local worker's memory limit (1.9 GB)" in line, line
+    assert 'solver="factorised"' in line and "more memory" in line
+    # solver="auto" takes the factorised solver there: the same sweep is not refused for its cost
+    # (refused only later, for the store it cannot write: no server starts in this test)
+    rc = cli_main(
+        ["run", "--out", str(tmp_path / "o2"), "--no-report", "--store", "/proc/no/x.zarr"]
+        + ["--dataset", '{"name": "swiss_roll", "n": 5000, "seed": 0}', "--models", "lllvm"]
+        + ["--grid", '{"k": [10], "latent_dim": [2], "seed": [0]}']
+        + ["--cluster", '{"type": "local", "n_workers": 2, "memory_limit": "2GB"}']
+    )
+    out, err = capsys.readouterr()
+    assert rc == 2 and "is not writable" in err, err
+    assert "predicted cost" in out and "lllvm" in out
+
+
+def test_a_feasible_sweep_passes_the_cost_check_and_prints_its_prediction(no_server, tmp_path, capsys):
+    rc = cli_main(
+        ["run", "--out", str(tmp_path / "o"), "--no-report", "--store", "/proc/no/x.zarr"]
+        + ["--dataset", '{"name": "swiss_roll", "n": 300, "seed": 0}', "--models", "ppca,glle,hgplvm_point"]
+        + ["--grid", '{"k": [8, 10], "latent_dim": [2], "kappa": [10.0], "seed": [0, 1]}']
+    )
+    out, err = capsys.readouterr()
+    assert rc == 2 and "is not writable" in err, err  # the cost check came first and passed
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+    for key, points in (("ppca", "2"), ("glle_em", "4"), ("glle_direct", "4"), ("hgplvm_point", "2")):
+        assert rows[key][1] == points, out
+    assert "whole grid:" in out
+
+
+def test_predictions_and_refusals_come_from_the_cost_data_file(no_server, tmp_path, capsys, monkeypatch):
+    plan = plan_sweep(
+        {"name": "swiss_roll", "n": 300},
+        ["ppca", "lllvm"],
+        {"k": [8], "latent_dim": [2]},
+        str(tmp_path / "s"),
+        None,
+        3,
+        "auto",
+    )
+    before = costs.check_plan(plan, {"type": "local"}, out=None)
+
+    def slower(data):
+        for entry in data["models"].values():
+            for stage in ("fixed", "iteration", "generation"):
+                entry[stage] = {m: 1000.0 * c for m, c in entry.get(stage, {}).items()}
+
+    _costs_copy(tmp_path, monkeypatch, slower)
+    after = costs.check_plan(plan, {"type": "local"}, max_point_hours=10**6, out=None)
+    for b, a in zip(before, after):
+        assert a["seconds"] == pytest.approx(1000.0 * b["seconds"], rel=1e-9)
+    # a calibration on a machine half as fast doubles them; `calibrate` writes what it measured here
+    monkeypatch.delenv("EMBED_SWEEP_COSTS")
+    ref = json.loads(costs.COSTS_PATH.read_text())["probe_seconds"]
+    (tmp_path / "no-calibration.json").write_text(json.dumps({"probe_seconds": 2 * ref}))
+    slow = costs.check_plan(plan, {"type": "local"}, out=None)
+    for b, a in zip(before, slow):
+        assert a["seconds"] == pytest.approx(2.0 * b["seconds"], rel=1e-9)
+    cal = costs.calibrate(repeats=3)
+    assert costs.speed_factor() == pytest.approx(cal["probe_seconds"] / ref) == pytest.approx(cal["factor"])
+    (tmp_path / "no-calibration.json").unlink()
+    # a model the shipped data lets through is refused once its data says it is slow
+    _costs_copy(tmp_path, monkeypatch, lambda d: d["models"]["ppca"].update(fixed={"1": 10.0 * 3600}))
+    line = _refused(
+        tmp_path,
+        capsys,
+        ["--dataset", '{"name": "swiss_roll", "n": 300}', "--models", "ppca", "--grid", '{"latent_dim": [2]}']
+        + ["--max-point-hours", "2"],
+    )
+    assert "ppca at N = 300 is predicted to take up to 10.0 h per grid point" in line
+    assert "above --max-point-hours 2 (2.0 h)" in line
+
+
+def test_a_slurm_walltime_and_memory_share_are_the_limits(tmp_path):
+    lim = costs.cluster_limits(
+        {
+            "type": "slurm",
+            "memory": "16GB",
+            "processes": 4,
+            "walltime": "1-02:30:00",
+            "adapt": {"maximum_jobs": 8},
+        },
+        max_point_hours=48,
+    )
+    assert lim["memory"] == pytest.approx(4e9)
+    assert lim["seconds"] == 26.5 * 3600 and "walltime" in lim["time_what"]
+    assert lim["workers"] == 32
+    lim = costs.cluster_limits(
+        {"type": "slurm", "memory": "16GB", "processes": 4, "walltime": "02:00:00"}, 24
+    )
+    assert lim["seconds"] == 7200
+    assert (
+        costs.cluster_limits({"type": "kubernetes", "resources": {"limits": {"memory": "4G"}}})["memory"]
+        == 4e9
+    )
+    with pytest.raises(ValueError, match="max-point-hours must be > 0"):
+        costs.cluster_limits({"type": "local"}, 0)
+
+
+@pytest.mark.parametrize("name", ["local", "slurm", "k8s"])
+def test_every_deployments_defaults_are_feasible_on_the_machines_it_names(name, tmp_path):
+    deployments = {
+        d["name"]: d for d in yaml.safe_load((ROOT / "deploy/prefect.yaml").read_text())["deployments"]
+    }
+    p = deployments[name]["parameters"]
+    plan = plan_sweep(
+        p["dataset"], p["models"], p["grid"], str(tmp_path / "s"), p.get("model_options"), 3, "auto"
+    )
+    rows = costs.check_plan(plan, p["cluster"], out=None)  # raises if any point cannot run there
+    assert all(r["slowest"] is not None for r in rows), [r["key"] for r in rows if r["slowest"] is None]
+
+
+def test_a_point_past_its_prediction_is_stopped_and_recorded_failed(tmp_path, monkeypatch):
+    def tiny(data):
+        data["overrun"] = {"factor": 1.0, "min_seconds": 1.0}
+        data["models"]["lllvm/dense"].update(fixed={"1": 1e-3}, iteration={"1": 1e-6})
+
+    _costs_copy(tmp_path, monkeypatch, tiny)
+    store = tmp_path / "s.zarr"
+    # 100,000 iterations without a stopping rule: minutes unless stopped
+    opts = {"lllvm": {"max_iter": 100000, "tol": 0.0, "solver": "dense"}}
+    build_store(
+        store,
+        {"name": "swiss_roll", "n": 60, "seed": 0},
+        ["lllvm", "ppca"],
+        {"k": [6], "latent_dim": [2]},
+        opts,
+    )
+    import zarr
+
+    g = zarr.open_group(str(store), mode="r")
+    assert read_status(str(store), "lllvm").ravel().tolist() == [2]
+    err = str(np.asarray(g["lllvm"]["error"][...]).ravel()[0])
+    assert err.startswith("PointOverrun: lllvm at {") and "stopped after 1.0 s" in err, err
+    assert read_status(str(store), "ppca").ravel().tolist() == [1]  # its prediction holds: not stopped
+
+
+def test_the_stop_is_raised_in_the_running_code_and_not_after_it():
+    import time
+
+    with pytest.raises(costs.PointOverrun, match="x stopped after 10 ms, past 2.0x its predicted 5 ms"):
+        with costs.overrun_guard((0.01, 0.005), "x"):
+            for _ in range(10**8):
+                pass
+    with costs.overrun_guard((0.05, 0.01), "y"):  # ends in time: nothing raised, then or later
+        pass
+    time.sleep(0.1)
+    for _ in range(10**5):
+        pass
+
+
+def test_the_progress_bars_time_left_starts_from_the_prediction(capsys):
+    from flows.progress import Progress
+
+    bar = Progress(2, tty=False, predicted=3600.0)
+    assert "predicted (upper bound): about 1:00:00 for 2 grid points" in capsys.readouterr().out
+    assert 3590 < bar.eta() <= 3600
+    bar.point("ppca", {"seed": 0}, "done")  # then the pace of the points that finished
+    assert bar.eta() < 60
+    assert Progress(2, tty=False).eta() is None
