@@ -78,20 +78,31 @@ def _json_arg(text, what):
         raise ValueError(f"--{what}: not valid JSON ({e}): {text!r}") from e
 
 
-#: exit codes: every grid point done; refused input (before any work); some grid point failed;
+#: exit codes: every grid point done; refused input (before any work) or a damaged store; some grid
+#: point failed; the store cannot be written (a full disk, an unwritable chunk: a re-run resumes);
 #: interrupted (SIGINT / SIGTERM)
-EXIT_OK, EXIT_REFUSED, EXIT_POINTS_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_OK, EXIT_REFUSED, EXIT_POINTS_FAILED, EXIT_UNWRITABLE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+
+
+#: the keys of one sweep in a --config file (the file itself, or each item of its "sweeps" list)
+SWEEP_KEYS = ("dataset", "models", "grid", "store", "model_options")
 
 
 def _sweeps_from_args(a) -> list[dict]:
     """The sweeps a `run` command asks for, from --config / --dataset / --models / --grid / --options."""
+    from lvmcore.checks import check_options
+
     cfg = _json_arg(a.config, "config") or {}
     if not isinstance(cfg, dict):
         raise ValueError(f"--config must hold a JSON object, got {cfg!r}")
     if "sweeps" in cfg:  # several sweeps in one run, sharing one local cluster
+        check_options(cfg, ["sweeps"], "--config")
         if a.dataset or a.models or a.grid or a.store:
             raise ValueError("a --config 'sweeps' list takes none of --dataset, --models, --grid, --store")
+        if not isinstance(cfg["sweeps"], list):
+            raise ValueError(f"--config 'sweeps' must be a list of sweeps, got {cfg['sweeps']!r}")
         return [_sweep_entry(sw, i) for i, sw in enumerate(cfg["sweeps"])]
+    check_options(cfg, SWEEP_KEYS, "--config")  # a typo ("model") is refused, not ignored
     if a.dataset or a.models or a.grid or a.config or a.options:
         grid = _json_arg(a.grid, "grid") if a.grid is not None else cfg.get("grid")
         if a.grid is not None and not isinstance(grid, dict):
@@ -141,24 +152,6 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
     return plans
 
 
-def _failure_summary(store: str, limit: int = 5) -> list[str]:
-    """The distinct errors of a store's failed grid points, most frequent first (for the exit note)."""
-    import collections
-    import re
-
-    import zarr
-
-    root = zarr.open_group(store, mode="r")
-    seen = collections.Counter()
-    for key in root.group_keys():
-        g = root[key]
-        status = g["status"][...]
-        errors = g["error"][...]
-        for msg in errors[status == 2].ravel():
-            seen[(key, re.sub(r" \[[^\]]*\]$", "", str(msg)))] += 1
-    return [f"  {key}: {n} point(s): {msg}" for (key, msg), n in seen.most_common(limit)]
-
-
 def _on_interrupt(signum, frame):
     """SIGINT and SIGTERM end the CLI alike: the flow run is marked crashed, the cluster and server
     stop; Dask's shutdown complaints (workers losing their scheduler) are not shown."""
@@ -173,9 +166,9 @@ def cmd_run(a) -> int:
     _env_defaults()
     from flows.cluster import normalise_cluster, start_cluster
     from flows.server import local_server
-    from flows.sweep import embed_sweep
+    from flows.sweep import embed_sweep, mark_stale, outcome
     from tasks.report import summary_table
-    from tasks.store import store_lock, store_path
+    from tasks.store import failure_summary, store_lock, store_path
 
     out = Path(a.out)
     sweeps = _sweeps_from_args(a)
@@ -193,12 +186,12 @@ def cmd_run(a) -> int:
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
         for sw in sweeps
     ]
-    # every sweep's errors (and points its cluster cannot run) before any work starts
-    plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours)
+    plans = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
     failed = {}
     with contextlib.ExitStack() as stack:
+        stale = []  # holders of stale locks taken over: their flow runs are marked crashed below
         for store in stores:  # held from here to the end: a second run on a store is refused now
-            stack.enter_context(store_lock(store))
+            stale += stack.enter_context(store_lock(store))
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -207,6 +200,7 @@ def cmd_run(a) -> int:
             ) from e
         url = stack.enter_context(local_server(out / "prefect-server.log"))
         print(f"Prefect API: {url}")
+        mark_stale(stale)
         if spec["type"] == "local" and len(sweeps) > 1:
             # one local cluster for all the sweeps (its start and stop cost seconds per sweep); the
             # sweeps reach it by address, as they would a user's scheduler
@@ -217,7 +211,7 @@ def cmd_run(a) -> int:
             print(f"\n== sweep {sw['dataset']} -> {store}")
             if a.replace:
                 _set_aside_if_different(store, plan["identity"])
-            res = embed_sweep(
+            state = embed_sweep(
                 dataset=sw["dataset"],
                 models=sw["models"],
                 grid=sw["grid"],
@@ -227,9 +221,12 @@ def cmd_run(a) -> int:
                 report=not a.no_report,
                 retry_failed=a.retry_failed,
                 plan=plan,
-                max_point_hours=a.max_point_hours,
+                return_state=True,
             )
+            res = outcome(state)  # a run with failed points ends Failed in Prefect; its counts are here
             print(summary_table(store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            for note in store_notes(store):
+                print(f"note: {note}")
             if res.get("report"):
                 print(f"report: {res['report']}")
             if res.get("failed") or res.get("failed_before"):
@@ -239,7 +236,7 @@ def cmd_run(a) -> int:
         print(f"\n{sum(failed.values())} grid point(s) failed:", file=sys.stderr)
         for store in failed:
             print(f"{store}:", file=sys.stderr)
-            print("\n".join(_failure_summary(store)), file=sys.stderr)
+            print("\n".join(failure_summary(store)), file=sys.stderr)
         print("re-run the same command with --retry-failed to run the failed points again", file=sys.stderr)
         return EXIT_POINTS_FAILED
     return EXIT_OK
@@ -249,9 +246,9 @@ def _sweep_entry(sw, i: int) -> dict:
     """One item of a config's "sweeps" list, with the keys a sweep needs."""
     if not isinstance(sw, dict) or "dataset" not in sw:
         raise ValueError(f"--config sweeps[{i}] must be an object with at least a 'dataset'; got {sw!r}")
-    unknown = set(sw) - {"dataset", "models", "grid", "store", "model_options"}
-    if unknown:
-        raise ValueError(f"--config sweeps[{i}] has unknown keys {sorted(unknown)}")
+    from lvmcore.checks import check_options
+
+    check_options(sw, SWEEP_KEYS, f"--config sweeps[{i}]")
     return {
         "dataset": sw["dataset"],
         "models": sw.get("models", "all"),
@@ -286,7 +283,36 @@ def cmd_show(a) -> int:
 
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(a.store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for note in store_notes(a.store):
+        print(f"note: {note}")
     return 0
+
+
+def store_notes(store) -> list[str]:
+    """What the sweep said once about its evaluation (unlabelled points, a metric it cannot compute)."""
+    import zarr
+
+    from tasks.store import store_path
+
+    return json.loads(zarr.open_group(str(store_path(store)), mode="r").attrs.get("evaluation_notes", "[]"))
+
+
+def cmd_verify(a) -> int:
+    """`verify STORE`: every finished grid point's chunks present and its embedding finite."""
+    from tasks.store import POINTS_FIX, describe_damage, open_results, store_path, verify_points
+
+    path = store_path(a.store)
+    open_results(path, check=False)  # a missing path or not a result store: refused
+    bad = verify_points(path)  # (open_results checked the metadata: check_metadata)
+    if bad:
+        print(f"embed-sweep: error: {describe_damage(path, bad, len(bad))}; {POINTS_FIX}", file=sys.stderr)
+        return EXIT_REFUSED
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    n = sum(int((root[k]["status"][...] == 1).sum()) for k in root.group_keys())
+    print(f"{path}: sound ({n} finished grid points: their chunks are present and their embeddings finite)")
+    return EXIT_OK
 
 
 def cmd_report(a) -> int:
@@ -393,12 +419,6 @@ def main(argv=None) -> int:
         "--retry-failed", action="store_true", help="run the grid points that failed in an earlier run again"
     )
     r.add_argument(
-        "--max-point-hours",
-        type=float,
-        default=None,
-        help="refuse a sweep with a grid point predicted to run longer (default 24; tasks/costs.py)",
-    )
-    r.add_argument(
         "--replace",
         action="store_true",
         help="if a store holds a different sweep, move it aside (renamed, not deleted) and start fresh",
@@ -411,10 +431,15 @@ def main(argv=None) -> int:
     rp.add_argument("store")
     rp.add_argument("--out", help="folder (default beside the store)")
     rp.set_defaults(fn=cmd_report)
+    v = sub.add_parser("verify", help="check a store: every finished point's files present, values finite")
+    v.add_argument("store")
+    v.set_defaults(fn=cmd_verify)
     _add_export_parser(sub)
     d = sub.add_parser("datasets", help="what can be loaded")
     d.set_defaults(fn=cmd_datasets)
     a = p.parse_args(argv)
+    from tasks.store import StoreWriteError
+
     if a.cmd == "run":
         old = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     else:
@@ -424,6 +449,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"embed-sweep: error: {e}", file=sys.stderr)
         return EXIT_REFUSED
+    except StoreWriteError as e:  # one line: what, where, the free space, and that a re-run resumes
+        print(f"embed-sweep: error: {e}", file=sys.stderr)
+        return EXIT_UNWRITABLE
     except KeyboardInterrupt:
         print(
             "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "

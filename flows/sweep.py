@@ -13,28 +13,34 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import zarr
 from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
-from lvmcore.data import describe
+from lvmcore.data import describe, label_names
 from lvmcore.graph import KNN_METHODS
 from tasks.artifacts import publish_results, start_progress, update_progress
-from tasks.evaluate import eval_subset_attrs
+from tasks.evaluate import eval_subset, eval_subset_attrs, label_notes
 from tasks.ingest import dataset_spec, ingest_task
 from tasks.knn import graph_matches, knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
 from tasks.registry import MODELS, ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
 from tasks.report import report_task
 from tasks.store import (
-    STALE_HOLDERS,
     STATUS_DONE,
     STATUS_FAILED,
     Layout,
+    StoreWriteError,
+    check_metadata,
+    check_numerics,
+    describe_damage,
+    failure_summary,
     growth,
     inputs_dir,
+    mark_pending,
     prepare_store,
     read_status,
     record_flow_run,
@@ -42,6 +48,8 @@ from tasks.store import (
     store_lock,
     store_path,
     sweep_id,
+    verify_points,
+    write_error,
 )
 
 DEFAULT_GRID = {"k": [8, 12], "latent_dim": [2], "kappa": [100.0], "seed": [0]}
@@ -187,6 +195,17 @@ def check_writable(store) -> None:
         ) from e
 
 
+def data_source(dataset) -> tuple:
+    """``(name or absolute path, options)`` of a dataset argument: a file's path is made absolute
+    (the CLI's working directory is not the workers'), so its spelling never changes the sweep."""
+    from lvmcore.data import list_datasets
+
+    src, opts = dataset_spec(dataset)
+    if isinstance(src, str) and src not in list_datasets() and Path(src).expanduser().exists():
+        src = str(Path(src).expanduser().absolute())
+    return src, opts
+
+
 def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method) -> SweepPlan:
     """Validate everything a sweep needs before any work (once per run); raises ValueError with
     the fix."""
@@ -213,7 +232,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         )
     if knn_method not in KNN_METHODS:
         raise ValueError(f"knn_method must be one of {KNN_METHODS}, got {knn_method!r}")
-    src, opts = dataset_spec(dataset)
+    src, opts = data_source(dataset)
     # sizes, attributes, fingerprint: a large file is read in blocks, a named data set is not drawn
     # (its recipe is fingerprinted; the ingest task draws it on a worker)
     meta = describe(src, **opts)
@@ -307,7 +326,7 @@ class SweepPlan:
         """Refuse a plan made for other arguments than the flow was called with (cheap: no data
         is loaded; the arguments were validated when the plan was made)."""
         asked = {
-            "dataset": list(dataset_spec(dataset)),
+            "dataset": list(data_source(dataset)),
             "models": [s.key for s in resolve_models(models)],
             "grid": normalise_grid(grid if grid is not None else DEFAULT_GRID),
             "options": dict(model_options or {}),
@@ -337,8 +356,10 @@ def check_store(store: str, identity: dict) -> None:
             f"{p} exists but is not an embed-sweep result store (or its set-up never finished); choose "
             "another store path, or pass --replace to move it aside"
         )
+    check_metadata(p)  # a damaged zarr.json: named with the fix, before any server or cluster starts
     if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
         growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
+    check_numerics(p)  # finished points of another version of the numerics are not resumed
 
 
 def _store_points(store: str, spec: ModelSpec):
@@ -351,18 +372,45 @@ def _store_points(store: str, spec: ModelSpec):
         yield idx, {d: g[d][i] for d, i in zip(spec.dims, idx)}
 
 
-def _note_flow_run(store: str) -> None:
-    """Record this flow run in the store's lock; mark the runs of dead lock holders crashed."""
+def _note_flow_run(store: str, stale: list[dict] | None = None) -> None:
+    """Record this flow run in the store's lock; mark the flow runs of the dead lock holders in
+    ``stale`` (what :func:`tasks.store.store_lock` returned when it took their locks over) crashed."""
     from prefect.runtime import flow_run
 
     if flow_run.id:
         record_flow_run(store, flow_run.id)
-    while STALE_HOLDERS:
-        held = STALE_HOLDERS.pop()
+    mark_stale(stale)
+
+
+def mark_stale(stale: list[dict] | None) -> None:
+    """Mark the flow runs recorded by dead lock holders (``store_lock``'s value) crashed."""
+    for held in stale or []:
         ids = held.get("flow_runs", [])
         if ids:
             mark_crashed(ids, f"its process (pid {held.get('pid')} on {held.get('host')}) died")
             print(f"marked {len(ids)} flow run(s) of pid {held.get('pid')} crashed")
+
+
+class PointsFailed(Exception):
+    """Some grid points of a sweep failed: the flow run ends Failed with this as its result
+    (``result``: the sweep's counts, as a completed run returns them)."""
+
+    def __init__(self, message: str, result: dict):
+        super().__init__(message, result)
+        self.message, self.result = message, result
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def outcome(state):
+    """The result of a sweep flow run called with ``return_state=True``: its dict, also for a run
+    that ended Failed because grid points failed (PointsFailed); any other failure is raised."""
+    if state.is_failed():
+        exc = state.result(raise_on_failure=False)
+        if isinstance(exc, PointsFailed):
+            return exc.result
+    return state.result()
 
 
 def mark_crashed(flow_run_ids, why: str) -> None:
@@ -380,11 +428,18 @@ def mark_crashed(flow_run_ids, why: str) -> None:
                 client.set_flow_run_state(fid, Crashed(message=f"Crashed: {why}"), force=True)
 
 
-def _progress(store: str, todo: int, already: int, predicted: float | None = None) -> Progress:
-    """Terminal progress of this run's grid points, mirrored in a Prefect progress artifact;
-    ``predicted``: the plan's seconds for them (tasks.costs), the time left until one finishes."""
+def _labels(data_path: str):
+    """The ingested data's label codes (None without labels), read alone (not the data)."""
+    import xarray as xr
+
+    ds = xr.open_zarr(data_path, consolidated=False)
+    return ds["label"].values if "label" in ds else None
+
+
+def _progress(store: str, todo: int, already: int) -> Progress:
+    """Terminal progress of this run's grid points, mirrored in a Prefect progress artifact."""
     artifact = start_progress(store, todo, already)
-    return Progress(todo, on_update=lambda f: update_progress(artifact, f), predicted=predicted)
+    return Progress(todo, on_update=lambda f: update_progress(artifact, f))
 
 
 @flow(name="embed-sweep-grid", log_prints=True)
@@ -398,6 +453,8 @@ def sweep_grid(
 ) -> dict:
     """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster.
     ``plan``: the outer flow's :class:`SweepPlan`, as a dict."""
+    from prefect.states import Failed
+
     logger = get_run_logger()
     store = str(store_path(store))
     _note_flow_run(store)
@@ -407,18 +464,33 @@ def sweep_grid(
     Path(data_path).parent.mkdir(parents=True, exist_ok=True)
     src, opts = plan.dataset
     fp = plan.identity["data_fingerprint"]
-    data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path, fp).result()
-    ks = [max(model_grid(s, grid)["k"]) for s in specs if "k" in s.dims]
-    graph = knn_task.submit(data_path, max(ks) if ks else 0, graph_path, knn_method).result() if ks else None
-    if graph and not graph_matches(graph, data_path, max(ks), knn_method):
-        raise RuntimeError(f"the kNN graph {graph} does not match the data {data_path} (fingerprint); re-run")
-    attrs = {
-        "dataset": json.dumps(plan.dataset),
-        "flow_parameters": json.dumps(plan.identity),
-        **{f"data_{k}": v for k, v in plan.provenance.items()},
-        **eval_subset_attrs(plan.size[0]),
-    }
-    prepare_store(store, plan.identity, specs, grid, layout, attrs)
+    try:  # a full disk or an unwritable folder: one line (StoreWriteError), not a traceback
+        data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path, fp).result()
+        ks = [max(model_grid(s, grid)["k"]) for s in specs if "k" in s.dims]
+        graph = knn_task.submit(data_path, max(ks), graph_path, knn_method).result() if ks else None
+        if graph and not graph_matches(graph, data_path, max(ks), knn_method):
+            raise RuntimeError(f"the kNN graph {graph} does not match the data {data_path}; re-run")
+        labels = _labels(data_path)
+        attrs = {
+            "dataset": json.dumps(plan.dataset),
+            "flow_parameters": json.dumps(plan.identity),
+            **{f"data_{k}": v for k, v in plan.provenance.items()},
+            **eval_subset_attrs(plan.size[0], labels),
+        }
+        prepare_store(store, plan.identity, specs, grid, layout, attrs)
+        # what the label metrics leave out or cannot compute: said once here, kept for `show`
+        notes = label_notes(labels, eval_subset(plan.size[0], labels), label_names(data_path))[1]
+        zarr.open_group(store, mode="r+").attrs["evaluation_notes"] = json.dumps(notes)
+        for note in notes:
+            print(f"note: {note}")
+    except OSError as e:
+        err = write_error(store, e)
+        logger.error(str(err))
+        return Failed(message=str(err), data=err)
+    damaged = verify_points(store)  # finished points whose chunks are gone or whose values are not finite
+    if damaged:
+        print(f"{describe_damage(store, damaged)}; running them again")
+        mark_pending(store, damaged)
 
     todo = []
     finished = (STATUS_DONE,) if retry_failed else (STATUS_DONE, STATUS_FAILED)
@@ -455,29 +527,39 @@ def sweep_grid(
             retry_failed,
         )
         futures[id(fut)] = (fut, s.key, items)
-    from tasks.costs import predicted_seconds
-
-    progress = _progress(store, len(todo), total - len(todo), predicted_seconds(plan, todo, n_workers))
+    progress = _progress(store, len(todo), total - len(todo))
+    unwritten = None
     for fut in as_completed([f for f, _, _ in futures.values()]):
         _, key, items = futures[id(fut)]
         for (_, point), state in zip(items, fut.result()):
+            if state.startswith("write-error: "):  # the store cannot be written: stop here
+                unwritten = unwritten or StoreWriteError(state.removeprefix("write-error: "))
+                state = "skipped"
             progress.point(key, point, state)
         progress.batch_done()
+        if unwritten is not None:
+            break
     progress.close()
+    if unwritten is not None:  # the points in flight are lost; those written are kept
+        logger.error(str(unwritten))
+        return Failed(message=str(unwritten), data=unwritten)
     done, failed = progress.done, progress.failed
-    if failed:
-        logger.warning(f"{failed} grid points failed; their errors are in the store's 'error' variables")
     failed_before = 0 if retry_failed else int(n_failed_before)
+    reasons = failure_summary(store) if failed or failed_before else []
+    if failed:
+        logger.error(f"{failed} of the {len(todo)} grid points run failed; their errors are in the store")
     if failed_before:
-        logger.warning(
+        logger.error(
             f"{failed_before} grid points failed in an earlier run and were not re-run; "
             "run again with --retry-failed (retry_failed=True) to re-run them"
         )
+    for line in reasons:
+        logger.error(line)
     report = None
     if make_report:
         report = report_task.submit(store).result()
-    publish_results(store, report)  # the Prefect UI: summary table and links (tasks.artifacts)
-    return {
+    publish_results(store, report, reasons, notes)  # the Prefect UI: summary and links (tasks.artifacts)
+    result = {
         "store": store,
         "total": total,
         "ran": len(todo),
@@ -486,6 +568,10 @@ def sweep_grid(
         "failed_before": failed_before,
         "report": report,
     }
+    if failed or failed_before:  # the flow run ends Failed, as the CLI exits 3
+        msg = f"{failed + failed_before} of {total} grid points failed ({failed} in this run)"
+        return Failed(message=msg, data=PointsFailed(msg, result))
+    return result
 
 
 @flow(name="embed-sweep", log_prints=True)
@@ -502,7 +588,6 @@ def embed_sweep(
     points_per_task: int | None = None,
     retry_failed: bool = False,
     plan: dict | None = None,
-    max_point_hours: float | None = None,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -521,12 +606,9 @@ def embed_sweep(
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
     plan: this sweep's ``plan_sweep(...).to_dict()`` when the caller planned it already (the CLI
         plans every sweep before it starts anything); refused if made for other arguments.
-    max_point_hours: refuse the sweep if a grid point is predicted to run longer (default 24 h;
-        also a Slurm job's walltime and a worker's memory: tasks.costs.check_plan).
     """
     spec = normalise_cluster(cluster)
     store = str(store_path(store))
-    given = plan  # the CLI printed a given plan's costs already
     if plan is None:
         plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
     else:
@@ -534,26 +616,31 @@ def embed_sweep(
         plan.check_request(dataset, models, grid, model_options, n_generations, knn_method)
     check_store(store, plan.identity)
     check_writable(store)
-    from tasks.costs import check_plan
-
-    check_plan(plan, spec, max_point_hours, out=print if given is None else None)  # before the cluster
     if os.environ.get("PREFECT_API_URL") is None:
         from prefect.settings import PREFECT_API_URL
 
         if PREFECT_API_URL.value():  # so worker processes talk to the same API
             os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(store_lock(store))
-        _note_flow_run(store)
+        stale = stack.enter_context(store_lock(store))  # dead holders whose lock it took over
+        _note_flow_run(store, stale)
         address, dashboard, _cluster = stack.enter_context(start_cluster(spec))
         if dashboard:
             print(f"Dask dashboard: {dashboard}")
         runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
-        return sweep_grid.with_options(task_runner=runner)(
+        state = sweep_grid.with_options(task_runner=runner)(
             plan.to_dict(),
             store,
             report,
             dashboard,
             points_per_task,
             retry_failed,
+            return_state=True,
         )
+        if state.is_failed():  # failed grid points or an unwritable store: this run ends Failed too
+            from prefect.states import Failed
+
+            exc = state.result(raise_on_failure=False)
+            if isinstance(exc, (PointsFailed, StoreWriteError)):
+                return Failed(message=state.message, data=exc)
+        return state.result()

@@ -49,8 +49,10 @@ def _cell(v):
     return v
 
 
-def publish_results(store, report: str | None) -> dict:
-    """The summary table and the links artifact; returns {kind: artifact id}."""
+def publish_results(store, report: str | None, failures=(), notes=()) -> dict:
+    """The summary table and the links artifact; returns {kind: artifact id}. ``failures``: the
+    distinct reasons of failed grid points (tasks.store.failure_summary), ``notes``: what the
+    evaluation left out or could not compute; both are listed in the links artifact."""
     from tasks.results import summary_rows
 
     rows = [{k: _cell(v) for k, v in row.items()} for row in summary_rows(store)]
@@ -59,7 +61,7 @@ def publish_results(store, report: str | None) -> dict:
             rows,
             key=artifact_key(store, "summary"),
             description=f"per-model summary of {store}: the chosen setting, the criterion that chose it, "
-            "its bound and metrics",
+            "its bound and metrics" + "".join(f"\n\nfailed: {line.strip()}" for line in failures),
         )
     }
     store_abs = Path(store).resolve()
@@ -77,6 +79,8 @@ def publish_results(store, report: str | None) -> dict:
         "|---|---|---|",
         *(f"| {r['model']} | {r.get('best', '')} | {r.get('chosen by', '')} |" for r in rows),
         "",
+        *(["## Failed grid points", "", *(f"- {line.strip()}" for line in failures), ""] if failures else []),
+        *(["## Notes", "", *(f"- {n}" for n in notes), ""] if notes else []),
         f"Open in Python: `tasks.results.open_store({str(store_abs)!r})`; to scanpy: "
         f"`embed-sweep export {store_abs} --to {store_abs.with_suffix('.h5ad')}`.",
     ]

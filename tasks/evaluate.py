@@ -9,6 +9,7 @@ import numpy as np
 from scipy.spatial.distance import pdist, squareform
 
 from lvmcore import metrics
+from lvmcore.checks import MISSING_LABEL
 from tasks.inputs import load_data
 from tasks.registry import MODELS
 from tasks.store import PointResult
@@ -18,17 +19,76 @@ MAX_EVAL_POINTS = 2000
 EVAL_NEIGHBORS = 10
 #: seed of the evaluation subset (the same rows for every grid point of a sweep)
 EVAL_SEED = 0
+#: a label class keeps at least this many members in a stratified evaluation subset (all it has if fewer)
+MIN_PER_CLASS = 10
 
 
-def eval_subset_attrs(n: int) -> dict:
+def eval_subset_attrs(n: int, labels=None) -> dict:
     """What the result store records about the evaluation subset of an n-point sweep: how many
     rows every metric is computed on, drawn how."""
+    how = "stratified by label" if labels is not None else "uniform"
     return {
         "eval_points": int(min(n, MAX_EVAL_POINTS)),
         "eval_subset": "all points"
         if n <= MAX_EVAL_POINTS
-        else f"uniform without replacement, seed {EVAL_SEED}",
+        else f"{how} without replacement, seed {EVAL_SEED}",
     }
+
+
+def eval_subset(n: int, labels=None, size: int = MAX_EVAL_POINTS, seed: int = EVAL_SEED) -> np.ndarray:
+    """Sorted rows of the evaluation subset: all n if n <= size; else ``size`` rows drawn without
+    replacement, stratified by label where there are labels (missing ones a stratum of their own):
+    each class gets its share of ``size``, at least ``MIN_PER_CLASS`` (or all its members), so a
+    rare class keeps enough members for the label metrics."""
+    if n <= size:
+        return np.arange(n)
+    rng = np.random.default_rng(seed)
+    if labels is None:
+        return np.sort(rng.choice(n, size, replace=False))
+    labels = np.asarray(labels)
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    take = np.minimum(counts, np.maximum(MIN_PER_CLASS, np.floor(size * counts / n).astype(int)))
+    while take.sum() > size:  # the guaranteed minimums pushed it over: trim the largest shares
+        take[np.argmax(take - np.minimum(counts, MIN_PER_CLASS))] -= 1
+    spare = counts - take
+    extra = size - int(take.sum())
+    if extra > 0:  # rounding left rows over: drawn from the members not yet taken, in proportion
+        pool = np.repeat(np.arange(len(classes)), spare)
+        take += np.bincount(rng.choice(pool, extra, replace=False), minlength=len(classes))
+    rows = [rng.choice(np.flatnonzero(inverse == c), int(t), replace=False) for c, t in enumerate(take)]
+    return np.sort(np.concatenate(rows))
+
+
+def label_notes(labels, sel, names=None) -> tuple[bool, list[str]]:
+    """Whether ``knn_accuracy`` can be computed on the evaluation rows ``sel`` and what to tell the
+    user once per sweep: points without a label (``MISSING_LABEL``) are left out of it and
+    counted; a class with a single labelled member in the subset leaves the metric undefined
+    (stratified cross-validation needs two of every class). ``names``: category names by code."""
+    if labels is None:
+        return False, []
+    lab = np.asarray(labels)[sel]
+    notes = []
+    missing = int(np.sum(lab == MISSING_LABEL))
+    if missing:
+        notes.append(f"{missing} of {len(lab)} evaluated points have no label: left out of knn_accuracy")
+    lab = lab[lab != MISSING_LABEL]
+    classes, counts = np.unique(lab, return_counts=True)
+    if len(classes) < 2:
+        notes.append(
+            f"knn_accuracy cannot be computed: {len(classes)} label class(es) among the labelled points "
+            "(it needs two); it is NaN at every grid point"
+        )
+        return False, notes
+    single = classes[counts < 2].tolist()
+    if single:
+        if names is not None:
+            single = [names[c] if 0 <= c < len(names) else c for c in single]
+        notes.append(
+            f"knn_accuracy cannot be computed: label class(es) {single[:5]} have a single "
+            "labelled point (cross-validation needs two of every class); it is NaN at every grid point"
+        )
+        return False, notes
+    return True, notes
 
 
 def poincare_distances(P) -> np.ndarray:
@@ -47,10 +107,7 @@ def _reference(data_path: str, fingerprint, seed: int):
     evaluation subset, data distances, the ranks of the data's pairwise distances (Shepard) and
     the truth's distances."""
     data = load_data(data_path)
-    n = data["Y"].shape[0]
-    sel = np.arange(n)
-    if n > MAX_EVAL_POINTS:
-        sel = np.sort(np.random.default_rng(seed).choice(n, MAX_EVAL_POINTS, replace=False))
+    sel = eval_subset(data["Y"].shape[0], data["label"], seed=seed)
     DY = squareform(pdist(data["Y"][sel]))
     iu = np.triu_indices(len(sel), k=1)
     nranks_y = metrics.neighbour_ranks(DY)
@@ -88,9 +145,11 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> P
         m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
             None, DX, metric_x="precomputed", data_distances=geo
         )
-        if data["label"] is not None:
+        if label_notes(data["label"], sel)[0]:  # else NaN, said once per sweep (tasks.evaluate.label_notes)
+            lab = np.asarray(data["label"])[sel]
+            keep = lab != MISSING_LABEL  # an unlabelled point is no class
             m["knn_accuracy"] = metrics.knn_accuracy(
-                DX, data["label"][sel], n_neighbors=1, metric="precomputed"
+                DX[np.ix_(keep, keep)], lab[keep], n_neighbors=1, metric="precomputed"
             )
         if DT is not None:
             m["distance_correlation"] = metrics.distance_correlation(DT, DX, "precomputed", "precomputed")

@@ -18,11 +18,18 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.costs import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.registry import MODELS
-from tasks.store import STATUS_FAILED, STATUS_PENDING, Layout, PointResult, read_status, write_point
+from tasks.store import (
+    STATUS_FAILED,
+    STATUS_PENDING,
+    Layout,
+    StoreWriteError,
+    read_status,
+    write_error,
+    write_point,
+)
 
 #: a region write that fails with an I/O error is tried this many times, WRITE_RETRY_S apart
 WRITE_ATTEMPTS = 3
@@ -80,24 +87,16 @@ def run_point(
     store: str,
     layout: Layout,
 ) -> str:
-    """Fit, evaluate and write one grid point; returns ``done`` or ``failed``. A fit that runs past
-    its predicted time by the set factor is stopped and recorded failed (tasks.costs)."""
+    """Fit, evaluate and write one grid point; returns ``done`` or ``failed``."""
     n_gen = layout.n_generations if "generations" in MODELS[key].extras else 0
-    try:
-        with point_guard(key, options, point, data_path, n_gen):
-            res = fit_point(key, options, data_path, graph_path, index, point, n_gen)
-    except PointOverrun as e:  # stopped outside the fit's own error handling
-        res = PointResult(
-            key=key, index=tuple(index), point=dict(point), status="failed", error=f"PointOverrun: {e}"
-        )
-    res = evaluate_point(res, data_path)
+    res = evaluate_point(fit_point(key, options, data_path, graph_path, index, point, n_gen), data_path)
     for attempt in range(WRITE_ATTEMPTS):  # retries only on I/O (a transient file-system error)
         try:
             write_point(store, MODELS[key], res, layout)
             break
-        except OSError:
-            if attempt == WRITE_ATTEMPTS - 1:
-                raise
+        except OSError as e:
+            if attempt == WRITE_ATTEMPTS - 1:  # a full disk, an unwritable chunk: one line, no traceback
+                raise write_error(store, e) from None
             time.sleep(WRITE_RETRY_S)
     return res.status
 
@@ -115,7 +114,9 @@ def grid_points_task(
     retry_failed: bool = False,
 ) -> list[str]:
     """Run a batch of grid points (``items``: (index, point) pairs) of one model, skipping any
-    that a previous attempt already finished (failed ones too, unless ``retry_failed``)."""
+    that a previous attempt already finished (failed ones too, unless ``retry_failed``). A point
+    that cannot be written (StoreWriteError) ends the batch: its state is ``write-error: <the
+    one-line reason>`` and the rest are ``skipped`` (the flow stops the sweep with that line)."""
     status = read_status(store, key)
     runnable = (STATUS_PENDING, STATUS_FAILED) if retry_failed else (STATUS_PENDING,)
     out = []
@@ -123,5 +124,9 @@ def grid_points_task(
         if np.asarray(status)[tuple(index)] not in runnable:
             out.append("skipped")
             continue
-        out.append(run_point(key, options, data_path, graph_path, tuple(index), point, store, layout))
-    return out
+        try:
+            out.append(run_point(key, options, data_path, graph_path, tuple(index), point, store, layout))
+        except StoreWriteError as e:
+            out.append(f"write-error: {e}")
+            break
+    return out + ["skipped"] * (len(items) - len(out))

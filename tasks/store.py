@@ -12,8 +12,12 @@ resumed by the same sweep.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import errno
+import functools
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -49,6 +53,49 @@ METRICS = (
 #: ran out of iterations or its optimiser gave up (the model's ``converged_``)
 SCALARS = ("elbo", "fit_seconds", "n_iter", "converged") + METRICS
 MAX_TRACE = 2000
+#: what each grid point records of the code that computed it (``numerics`` variable): the version
+#: of the numerics, a hash of the abstract syntax trees (docstrings and comments left out) of
+#: lvmcore's modules and of the tasks that call them and compute the metrics (tasks/fit.py,
+#: tasks/evaluate.py, tasks/registry.py). Two versions that differ there may give other numbers for
+#: the same grid point; a store is grown or resumed only by the version of its finished points.
+NUMERICS_CHARS = 16
+
+
+def _strip_docstrings(tree):
+    import ast
+
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.lru_cache(maxsize=1)
+def numerics_version() -> str:
+    """The version of the numerics this code computes with (see ``NUMERICS_CHARS``): the first 16
+    hex digits of a SHA-256 over each source file's path and docstring-free syntax tree."""
+    import ast
+
+    import lvmcore
+
+    here = Path(__file__).resolve().parent
+    pkg = Path(lvmcore.__file__).resolve().parent
+    files = sorted(pkg.rglob("*.py")) + [here / "fit.py", here / "evaluate.py", here / "registry.py"]
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.relative_to(pkg.parent).as_posix()
+        h.update(rel.encode() + b"\0")
+        h.update(ast.dump(_strip_docstrings(ast.parse(f.read_text(), filename=rel))).encode() + b"\0")
+    return h.hexdigest()[:NUMERICS_CHARS]
+
+
 #: rows per chunk along ``point`` (embeddings, variances, generations): a grid point's cell of a
 #: 10^6-point sweep is then 16 chunks of 1 MiB (latent_dim 2), not one chunk of 16 MiB that every
 #: reader of a few rows must read and decompress whole
@@ -122,10 +169,6 @@ def _proc_start(pid: int) -> float | None:
         return None
 
 
-#: holders of stale locks this process took over (their flow runs are marked crashed once an API is up)
-STALE_HOLDERS: list[dict] = []
-
-
 def record_flow_run(store, flow_run_id: str) -> None:
     """Add a flow run to the lock this process holds, so that if this process dies without a word
     (SIGKILL), the run that takes the stale lock over can mark that flow run crashed."""
@@ -153,8 +196,10 @@ def store_lock(store):
     The lock file holds the holder's pid, process start time and host. A second sweep on the same
     store is refused with them; a lock left by a process that no longer runs (same host, pid gone or
     reused) is stale and taken over. Re-entrant within one process (the CLI takes it before the
-    server starts, the flow again)."""
+    server starts, the flow again). Yields the stale holders it took over (their lock contents,
+    with the flow runs they recorded, for the caller to mark crashed once an API is up)."""
     path = lock_path(store)
+    stale: list[dict] = []
     path.parent.mkdir(parents=True, exist_ok=True)
     me = {"pid": os.getpid(), "start": _proc_start(os.getpid()), "host": socket.gethostname()}
     for _ in range(3):
@@ -172,7 +217,7 @@ def store_lock(store):
                 except (OSError, ValueError):
                     have = {"pid": -1, "host": me["host"], "start": None}
             if have.get("pid") == me["pid"] and have.get("host") == me["host"]:
-                yield  # this process holds it already
+                yield []  # this process holds it already
                 return
             alive = have.get("host") != me["host"] or (
                 _proc_start(int(have.get("pid", -1))) is not None
@@ -188,7 +233,7 @@ def store_lock(store):
             try:  # only one of several processes taking over a stale lock wins this rename
                 path.rename(aside)
                 aside.unlink()
-                STALE_HOLDERS.append(have)
+                stale.append(have)
                 print(
                     f"{store_path(store)}: removed a stale lock of pid {have.get('pid')} (no longer running)"
                 )
@@ -198,7 +243,7 @@ def store_lock(store):
         with os.fdopen(fd, "w") as f:
             json.dump({**me, "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
         try:
-            yield
+            yield stale
         finally:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -243,6 +288,7 @@ def group_template(spec: ModelSpec, grid: dict, layout: Layout) -> xr.Dataset:
         "elbo_trace": lazy(("iteration",), (layout.trace_len.get(spec.key, 1),)),
         "status": lazy((), (), fill=STATUS_PENDING, dtype=np.int8),
         "error": lazy((), (), fill="", dtype=f"<U{ERROR_CHARS}"),
+        "numerics": lazy((), (), fill="", dtype=f"<U{NUMERICS_CHARS}"),
     }
     if spec.has_variance:
         v["embedding_var"] = lazy(("point", "component"), (n, q))
@@ -283,6 +329,18 @@ def _open_root(path: Path):
 MEANING_KEYS = ("dataset", "data_fingerprint", "n_generations", "knn_method")
 
 
+def _same_file_source(a, b) -> bool:
+    """Two ``[source, options]`` of files (not named data sets) with the same options: one data
+    set whatever the path's spelling (relative, absolute, another copy), as its content is compared
+    by ``data_fingerprint``."""
+    from lvmcore.data import list_datasets
+
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) == 2):
+        return False
+    names = set(list_datasets())
+    return a[0] not in names and b[0] not in names and a[1] == b[1]
+
+
 def growth(path, identity: dict, specs, grid) -> dict | None:
     """How the sweep ``identity`` extends the store at ``path``: None if the store holds exactly
     this sweep, else ``{"groups": {key: {dim: [new values]}}, "new_models": [keys]}``.
@@ -300,7 +358,11 @@ def growth(path, identity: dict, specs, grid) -> dict | None:
         have = {}
     where = f"{Path(path)} holds a different sweep"
     fix = "; choose another store path, or pass --replace to move it aside"
-    differ = [k for k in MEANING_KEYS if have.get(k) != json.loads(json.dumps(identity.get(k), default=str))]
+    want = {k: json.loads(json.dumps(identity.get(k), default=str)) for k in MEANING_KEYS}
+    differ = [
+        k for k in MEANING_KEYS
+        if have.get(k) != want[k] and not (k == "dataset" and _same_file_source(have.get(k), want[k]))
+    ]  # fmt: skip
     if differ:
         raise ValueError(f"{where} ({', '.join(differ)} differ){fix}")
     held = json.loads(root.attrs.get("groups", "[]"))
@@ -372,8 +434,8 @@ def _grow_group(path: Path, key: str, new: dict) -> None:
 
 def _add_missing_scalars(path: Path, keys) -> None:
     """Give the groups of a store written by an earlier version the per-point scalars it lacks
-    (``converged``), every cell NaN (not recorded), so that resuming or growing the store can
-    write its new points."""
+    (``converged``; ``numerics``), every cell NaN or "" (not recorded), so that resuming or growing
+    the store can write its new points."""
     root = zarr.open_group(str(path), mode="r+")
     for key in keys:
         g = root[key]
@@ -385,6 +447,11 @@ def _add_missing_scalars(path: Path, keys) -> None:
                     name, shape=st.shape, chunks=st.chunks, dtype="float64", fill_value=np.nan,
                     dimension_names=dims,
                 )  # fmt: skip
+        if "numerics" not in g:
+            g.create_array(
+                "numerics", shape=st.shape, chunks=st.chunks, dtype=f"<U{NUMERICS_CHARS}", fill_value="",
+                dimension_names=dims,
+            )  # fmt: skip
 
 
 def store_grid(path, spec) -> dict:
@@ -492,6 +559,7 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
+    data["numerics"] = var((), np.array(numerics_version(), dtype=f"<U{NUMERICS_CHARS}"))
     data["status"] = var((), np.int8(code))
     # direct zarr writes of whole chunks (a cell is a whole number of chunks of every variable,
     # shared with no other cell): the same bytes as xarray's region write at a fraction of its
@@ -503,16 +571,228 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
         z[sel + (slice(None),) * (z.ndim - len(sdims))] = arr.astype(z.dtype, copy=False)
 
 
-def open_results(path) -> xr.DataTree:
-    """The result store as an xarray DataTree (one group per model key)."""
+def check_numerics(path) -> None:
+    """Refuse to resume or grow a store whose finished points were computed by another version of
+    the numerics (``numerics`` per point, see ``NUMERICS_CHARS``): their numbers and this code's
+    would not be one study. ValueError with the fix (--replace, or another store)."""
+    root = zarr.open_group(str(path), mode="r")
+    mine, other, unknown = numerics_version(), collections.Counter(), 0
+    for key in json.loads(root.attrs.get("groups", "[]")):
+        if key not in root:
+            continue
+        g = root[key]
+        done = np.asarray(g["status"][...]) == STATUS_DONE
+        if not done.any():
+            continue
+        if "numerics" not in g:
+            unknown += int(done.sum())
+            continue
+        for v in np.asarray(g["numerics"][...])[done].ravel():
+            if v == "":
+                unknown += 1
+            elif v != mine:
+                other[str(v)] += 1
+    if other or unknown:
+        parts = [f"{n} by numerics {v}" for v, n in other.most_common()]
+        if unknown:
+            parts.append(f"{unknown} by a version before numerics were recorded")
+        raise ValueError(
+            f"{Path(path)} holds finished grid points computed by another version of the numerics "
+            f"({', '.join(parts)}; this code is {mine}), so its results and this run's would not be one "
+            "study; pass --replace to move the store aside (nothing is deleted) and start afresh, or "
+            "choose a new --store"
+        )
+
+
+class StoreWriteError(OSError):
+    """The store (or its inputs) cannot be written: a full disk, a read-only or unwritable chunk.
+    Its message is the one line a user needs: what, where, the free space, and that a re-run resumes."""
+
+    def __reduce__(self):  # one argument (the message) through pickling between processes
+        return (type(self), (str(self),))
+
+
+def write_error(where, e: OSError) -> StoreWriteError:
+    """The one-line StoreWriteError for an OSError ``e`` raised writing under ``where``."""
+    if isinstance(e, StoreWriteError):
+        return e
+    p = Path(where)
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    what = e.strerror or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space (or choose another --out)"
+    else:
+        fix = "make it writable (or choose another --out)"
+    target = e.filename or p
+    return StoreWriteError(
+        f"cannot write {target}: {what} ({free}); the finished grid points are kept: {fix} and run the "
+        "same command again to resume"
+    )
+
+
+def failure_summary(store, limit: int = 5) -> list[str]:
+    """The distinct errors of a store's failed grid points, most frequent first, one line each:
+    ``  key: n point(s): reason``."""
+    import re
+
+    root = zarr.open_group(str(store), mode="r")
+    seen = collections.Counter()
+    for key in root.group_keys():
+        g = root[key]
+        status = g["status"][...]
+        errors = g["error"][...]
+        for msg in errors[status == STATUS_FAILED].ravel():
+            seen[(key, re.sub(r" \[[^\]]*\]$", "", str(msg)))] += 1
+    return [f"  {key}: {n} point(s): {msg}" for (key, msg), n in seen.most_common(limit)]
+
+
+class StoreDamagedError(ValueError):
+    """A result store whose metadata or finished points cannot be trusted (names what and the fix)."""
+
+
+#: the fix for damaged metadata (a zarr.json): nothing of the sweep can be read without it
+METADATA_FIX = (
+    "restore that file from a backup, or run the sweep again with --replace, which moves the store "
+    "aside (nothing is deleted) and starts afresh"
+)
+#: the fix for damaged finished points
+POINTS_FIX = "run the same `embed-sweep run` command again: it recomputes them"
+
+
+def check_metadata(path) -> None:
+    """Every ``zarr.json`` of the store (root, model groups, their arrays) is present and parses;
+    else :class:`StoreDamagedError` naming the file and the fix (before anything else reads it)."""
+    path = Path(path)
+    files = [path / "zarr.json"]
+    with contextlib.suppress(OSError):
+        for group in sorted((e for e in os.scandir(path) if e.is_dir()), key=lambda e: e.name):
+            files.append(Path(group.path) / "zarr.json")
+            files += [Path(a.path) / "zarr.json" for a in sorted(os.scandir(group.path), key=lambda e: e.name)
+                      if a.is_dir()]  # fmt: skip
+    for f in files:
+        try:
+            meta = json.loads(f.read_bytes())
+            if not isinstance(meta, dict) or "node_type" not in meta:
+                raise ValueError("not zarr v3 metadata (no node_type)")
+        except FileNotFoundError:
+            raise StoreDamagedError(f"{f} is missing (damaged metadata); {METADATA_FIX}") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise StoreDamagedError(f"{f} is damaged ({type(e).__name__}: {e}); {METADATA_FIX}") from None
+
+
+def _chunk_files(arr_dir: Path) -> set[str]:
+    """Relative paths of the chunk files an array's folder holds (one listing)."""
+    out = set()
+    for dirpath, _, names in os.walk(arr_dir / "c"):
+        rel = os.path.relpath(dirpath, arr_dir)
+        out.update(f"{rel}/{n}".replace(os.sep, "/") for n in names)
+    return out
+
+
+def point_name(key: str, point: dict) -> str:
+    return f"{key} " + " ".join(f"{d}={v}" for d, v in point.items())
+
+
+def verify_points(path, finite: bool = True) -> list[dict]:
+    """The finished (done) grid points of a store that cannot be trusted, each as
+    ``{"key", "index", "point", "what"}``: a chunk file of its ``embedding`` or ``elbo_trace`` missing
+    (a listing of the files, which every done point writes: they always hold values), and with
+    ``finite``, an embedding value that is NaN or infinite within its latent dimensions (every model
+    promises a finite embedding). Arrays whose sweep dimensions disagree with ``status`` are
+    damaged metadata (:class:`StoreDamagedError`)."""
+    path = Path(path)
+    root = zarr.open_group(str(path), mode="r")
+    keys = json.loads(root.attrs.get("groups", "[]"))
+    bad = []
+    for key in keys:
+        if key not in root:
+            continue
+        g = root[key]
+        st = g["status"]
+        sdims = _array_dims(st)
+        status = np.asarray(st[...])
+        coords = {d: np.asarray(g[d][...]) for d in sdims}
+        for name in g.array_keys():
+            arr = g[name]
+            dims = _array_dims(arr)
+            for d in sdims:
+                if d in dims and arr.shape[dims.index(d)] != status.shape[sdims.index(d)] and name != d:
+                    raise StoreDamagedError(
+                        f"{path / key / name / 'zarr.json'} says {name} has {arr.shape[dims.index(d)]} "
+                        f"values along {d}, the group has {status.shape[sdims.index(d)]}; {METADATA_FIX}"
+                    )
+        done = [tuple(int(i) for i in idx) for idx in np.argwhere(status == STATUS_DONE)]
+        if not done:
+            continue
+        why = {}
+        for name in ("embedding", "elbo_trace"):
+            if name not in g:
+                continue
+            arr = g[name]
+            have = _chunk_files(path / key / name)
+            extra = [range(-(-n // c)) for n, c in zip(arr.shape[len(sdims) :], arr.chunks[len(sdims) :])]
+            enc = arr.metadata.chunk_key_encoding
+            for idx in done:
+                for rest in itertools.product(*extra):
+                    ckey = enc.encode_chunk_key(idx + rest)
+                    if ckey not in have:
+                        why.setdefault(idx, f"chunk file {name}/{ckey} is missing")
+                        break
+        if finite and "embedding" in g:
+            emb = g["embedding"]
+            q_of = coords.get("latent_dim")
+            for idx in done:
+                if idx in why:
+                    continue
+                q = int(q_of[idx[sdims.index("latent_dim")]]) if q_of is not None else emb.shape[-1]
+                cell = np.asarray(emb[idx])[..., :q]
+                if not np.all(np.isfinite(cell)):
+                    r = np.argwhere(~np.isfinite(cell))[0]
+                    why[idx] = f"embedding holds {cell[tuple(r)]} at point {r[0]}, component {r[-1]}"
+        for idx, what in why.items():
+            point = {d: coords[d][i].item() for d, i in zip(sdims, idx)}
+            bad.append({"key": key, "index": idx, "point": point, "what": what})
+    return bad
+
+
+def describe_damage(path, bad: list[dict], limit: int = 5) -> str:
+    names = "; ".join(f"{point_name(b['key'], b['point'])} ({b['what']})" for b in bad[:limit])
+    more = f"; and {len(bad) - limit} more" if len(bad) > limit else ""
+    return f"{Path(path)}: {len(bad)} finished grid point(s) are damaged: {names}{more}"
+
+
+def mark_pending(path, bad: list[dict]) -> None:
+    """Set damaged points back to pending (their data is rewritten when they run again)."""
+    root = zarr.open_group(str(path), mode="r+")
+    for b in bad:
+        g = root[b["key"]]
+        g["error"][b["index"]] = ""
+        g["status"][b["index"]] = STATUS_PENDING
+
+
+def open_results(path, check: bool = True) -> xr.DataTree:
+    """The result store as an xarray DataTree (one group per model key), checked first: its
+    metadata (:func:`check_metadata`) and, with ``check``, its finished points
+    (:func:`verify_points`); a damaged store is refused naming what and the fix (StoreDamagedError)."""
     path = Path(path)
     if not path.exists() and store_path(path).exists():  # `x` names `x.zarr`
         path = store_path(path)
     if not path.exists():
         raise ValueError(f"result store {str(path)!r} does not exist")
+    check_metadata(path)
     root = _open_root(path)
     if "sweep_id" not in root.attrs:
         raise ValueError(f"{path} is not an embed-sweep result store")
+    if check:
+        bad = verify_points(path)
+        if bad:
+            raise StoreDamagedError(f"{describe_damage(path, bad)}; {POINTS_FIX}")
     return xr.open_datatree(str(path), engine="zarr", consolidated=False)
 
 

@@ -23,9 +23,15 @@ trace-relative regulariser LLE uses. Then, exactly (push-through identity, every
   with A_i = X~ X~^T + eps I, S1_i = r r^T + X~ Cov X~^T (r the residual of the mean) and
   S2_i = Cov + E[v] E[v]^T (the second moment; eq. 22 names the covariance). Both traces are
   non-negative and tr(Cov) > 0, so sigma_i > 0 at every iteration; the update is the affine map
-  sigma <- (b_i + c_i sigma) / (D + k') with slope c_i / (D + k') < 1, so EM converges. A floor of
-  ``SIGMA_FLOOR`` times the neighbourhood scale guards the degenerate case b_i = 0 (a point that
-  its neighbours reconstruct exactly with zero weights, e.g. all duplicates).
+  sigma <- (b_i + c_i sigma) / (D + k') with slope c_i / (D + k') < 1, so EM converges. A floor
+  guards the degenerate case b_i = 0 (a point that its neighbours reconstruct exactly with zero
+  weights, e.g. all duplicates): ``SIGMA_FLOOR`` times the neighbourhood's mean squared distance
+  over the data's mean squared (centred) value, a pure number like sigma_i itself.
+
+Scale: sigma_i, the weights and their covariance are pure numbers (the weights are trace-relative),
+so for data c Y the fit is the fit of Y and the bound, a density of Y (eq. 23), is shifted by the
+log-Jacobian: elbo(c Y) = elbo(Y) - N D log c. ``data_scale_`` (the data's root mean square
+centred value) is recorded and enters only as a ratio to the data's units.
 
 The expected complete-data log-likelihood (eq. 23 with the relaxation) is recorded every
 iteration in ``elbo_trace_``; iteration stops when its relative change falls below ``tol``.
@@ -33,9 +39,13 @@ iteration in ``elbo_trace_``; iteration stops when its relative change falls bel
 Direct sampling (Algorithm 2): LLE first; then w ~ N(w_LLE, a Gamma_i) on the plane sum(w) = 1
 with Gamma_i = tau_i^2 (B^T (G_i G_i^T + H_i H_i^T) B + eps_i' I)^-1, H_i the neighbour differences
 in the LLE embedding (scaled to unit variance, eq. 37) and eps_i' = reg * trace(G G^T + H H^T).
-The ridge makes eq. 35's precision defined when k > D + Q. Eq. 33 has unit noise variance, which
-ties the weights' spread to the data's units; here its exponent is divided by a per-point noise
-variance tau_i^2, so a = 1 means "as uncertain as the reconstruction residuals say". Reading the
+The ridge makes eq. 35's precision defined when k > D + Q. Eq. 33 adds the data's squared
+residual to the embedding's (unit variance per coordinate), which ties the result to the data's
+units; here the embedding is put in the data's units first (H multiplied by ``data_scale_``, the
+data's root mean square centred value, so both are of one size per coordinate as if the data were
+standardised), and the exponent is divided by a per-point noise variance tau_i^2, so a = 1 means
+"as uncertain as the reconstruction residuals say". Then data c Y gives the fit of Y, and the
+bound, a log-density of the (pure-number) weights, is the same for every c (not shifted). Reading the
 ridge as a prior v ~ N(0, (tau^2 / eps') I), tau_i^2 is the evidence-maximising value
 
     tau_i^2 = (|r_i|^2 + eps' |v_ridge|^2) / (D + Q),   r_i the residual at the ridge weights,
@@ -74,7 +84,8 @@ from lvmcore.lle import (
 )
 from lvmcore.models._base import LatentModel, stalled
 
-#: sigma_i never falls below this times the neighbourhood's mean squared distance
+#: sigma_i never falls below this times the neighbourhood's mean squared distance over the data's
+#: mean squared centred value (a pure number: the same floor for data at any scale)
 SIGMA_FLOOR = 1e-12
 _METHODS = ("em", "direct")
 
@@ -83,6 +94,13 @@ def sum_to_one_basis(k: int) -> np.ndarray:
     """Orthonormal basis B (k, k-1) of the plane sum(w) = 0 (columns orthogonal to ones)."""
     Q, _ = np.linalg.qr(np.column_stack([np.ones(k), np.eye(k)[:, : k - 1]]))
     return Q[:, 1:]
+
+
+def data_scale(Y) -> float:
+    """The data's root mean square centred value, sqrt(sum (Y - mean)^2 / (N D)): the unit the fit
+    measures the data in (1.0 for constant data, which has none)."""
+    s = float(np.sqrt(np.mean((Y - Y.mean(axis=0)) ** 2)))
+    return s if s > 0 and np.isfinite(s) else 1.0
 
 
 # --------------------------------------------------------------------------- per-point statistics
@@ -217,6 +235,8 @@ class GLLE(LatentModel):
     embedding_ : (N, Q) the generation drawn with ``random_state`` (axes matched to the LLE one)
     embedding_var_ : None (the model has weight variances, not per-point latent variances)
     lle_embedding_ : (N, Q) LLE's embedding (unit variance per coordinate)
+    data_scale_ : the data's root mean square centred value (the floor's and, for direct sampling,
+        the embedding's unit; see the module docstring, "Scale")
     weights_ : (N, k) mean reconstruction weights (the LLE weights for both methods)
     sigma_ : (N,) EM's relaxed weight variances (method "em")
     elbo_, elbo_trace_ : EM: expected complete-data log-likelihood per iteration (the final one);
@@ -295,11 +315,12 @@ class GLLE(LatentModel):
             idx = check_graph(graph, n, k)
         self.Y_train_, self.graph_ = Y, idx
         seed = 0 if self.random_state is None else self.random_state
+        self.data_scale_ = data_scale(Y)
         if self.method == "em":
             mean_w, b, c, logdet_A, eps, L = map_points(
                 em_point_stats, Y, idx, chunks=self.chunks, reg=self.reg
             )
-            floor = SIGMA_FLOOR * eps / self.reg / k
+            floor = SIGMA_FLOOR * eps / self.reg / k / self.data_scale_**2
             sigma, trace, it = em_iterations(
                 b, c, logdet_A, D, k - 1, max_iter=self.max_iter, tol=self.tol, floor=floor
             )
@@ -312,7 +333,12 @@ class GLLE(LatentModel):
         self.lle_embedding_, _ = embed(W, q, solver=self.eigen_solver, random_state=seed, order=self._order)
         if self.method == "direct":
             L, logdet_P = map_points(
-                direct_point_stats, Y, idx, chunks=self.chunks, E=self.lle_embedding_, reg=self.reg
+                direct_point_stats,
+                Y,
+                idx,
+                chunks=self.chunks,
+                E=self.lle_embedding_ * self.data_scale_,  # in the data's units (module docstring)
+                reg=self.reg,
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
