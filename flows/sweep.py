@@ -345,6 +345,7 @@ def check_store(store: str, identity: dict) -> None:
         return
     import zarr
 
+    check_metadata(p)  # a damaged zarr.json: named with the fix, before any server or cluster starts
     try:
         have = zarr.open_group(str(p), mode="r").attrs.get("sweep_id")
     except Exception as e:
@@ -356,7 +357,6 @@ def check_store(store: str, identity: dict) -> None:
             f"{p} exists but is not an embed-sweep result store (or its set-up never finished); choose "
             "another store path, or pass --replace to move it aside"
         )
-    check_metadata(p)  # a damaged zarr.json: named with the fix, before any server or cluster starts
     if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
         growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
     check_numerics(p)  # finished points of another version of the numerics are not resumed
