@@ -60,7 +60,7 @@ def _anchor_seconds(W, reps: int = 3) -> float:
     return float(np.median(ts))
 
 
-def one_size(n, k, iters, likelihood, solver):
+def one_size(n, k, iters, likelihood, solver, anchor=True):
     """Fit ``iters`` iterations at size n (``solver="auto"``: the estimator's choice); returns the
     seconds per iteration after the first, the whole fit's seconds, peak RSS and the anchor."""
     Y, _, _ = lllvm_swiss_roll(n, 0)
@@ -72,7 +72,7 @@ def one_size(n, k, iters, likelihood, solver):
         solver = LLLVM(likelihood=likelihood)._resolve_solver(n)
     Ys = (Y - Y.mean(0)) / np.abs(Y - Y.mean(0)).max()
     W = adjacency(idx)
-    anchor = _anchor_seconds(W)
+    anchor = _anchor_seconds(W) if anchor else float("nan")
     t0 = time.perf_counter()
     kw = dict(solver=solver, max_iter=max(iters, 2), random_state=0, likelihood=likelihood)
     if likelihood == "gaussian":
@@ -102,7 +102,7 @@ def one_size(n, k, iters, likelihood, solver):
     }
 
 
-def timing(sizes, k, iters, solvers=("auto",)):
+def timing(sizes, k, iters, solvers=("auto",), anchor=True):
     print(
         f"LL-LVM EM (default model) on the authors' roll, Q = 2, k = {k}, {iters} iterations per fit, "
         "one process per fit; anchor: SuperLU factorisation of eps I + 2 L (same graph, same process)"
@@ -114,6 +114,7 @@ def timing(sizes, k, iters, solvers=("auto",)):
     for n in sizes:
         for solver in solvers:
             cmd = [sys.executable, __file__, "--one", str(n), str(k), str(iters), "gaussian", solver]
+            cmd.append("anchor" if anchor else "no-anchor")
             out = subprocess.run(
                 cmd, stdout=subprocess.PIPE, text=True, check=True
             ).stdout  # progress: stderr
@@ -247,7 +248,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--one":
         n, k, iters, lik, solver = argv[1:6]
-        print(json.dumps(one_size(int(n), int(k), int(iters), lik, solver)))
+        anchor = len(argv) < 7 or argv[6] == "anchor"
+        print(json.dumps(one_size(int(n), int(k), int(iters), lik, solver, anchor)))
         return None
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000, 16000])
@@ -258,6 +260,9 @@ def main(argv=None):
     ap.add_argument(
         "--k", type=int, default=None, help="timing: k (default 10); --study short: our k (default 9)"
     )
+    ap.add_argument(
+        "--no-anchor", action="store_true", help="timing: skip the SuperLU anchor (minutes at N = 10^5)"
+    )
     ap.add_argument("--study", choices=["roll", "short", "digits", "unroll", "approx"], default=None)
     ap.add_argument("--solver", default=None, help="studies: the estimator's solver (default 'auto')")
     ap.add_argument("--seeds", type=int, default=None)
@@ -266,7 +271,7 @@ def main(argv=None):
     ap.add_argument("--beta", default=None, help="fixed beta, or 'learned' (default: the estimator's)")
     args = ap.parse_args(argv)
     if args.study is None:
-        return timing(args.sizes, args.k or 10, args.iters or 3, tuple(args.solvers))
+        return timing(args.sizes, args.k or 10, args.iters or 3, tuple(args.solvers), not args.no_anchor)
     kw = {"likelihood": args.likelihood}
     if args.solver is not None:
         kw["solver"] = args.solver
