@@ -20,8 +20,8 @@ the user's cache folder (or ``EMBED_SWEEP_CALIBRATION``). Memory is the fit's pe
 resident memory before it, plus that (``process_bytes``) and the data. ``EMBED_SWEEP_COSTS`` names
 another cost file (the tests edit a copy).
 
-At run time a fit is stopped once it runs past ``overrun.factor`` times its prediction (and at
-least ``overrun.min_seconds``): :func:`overrun_guard` raises :class:`PointOverrun` inside the
+At run time a fit is stopped once it has used ``overrun.factor`` times its predicted CPU time (and
+at least ``overrun.min_seconds``): :func:`overrun_guard` raises :class:`PointOverrun` inside the
 fitting thread, which the fit records as the point's error.
 """
 
@@ -502,40 +502,46 @@ def _set_async_exc(tid: int, exc) -> None:
 
 @contextlib.contextmanager
 def overrun_guard(limit, what: str):
-    """Stop the code inside once ``limit`` = (limit seconds, predicted seconds) has passed: a timer
-    raises :class:`PointOverrun` in this thread (delivered between Python operations, so a single
-    long numerical call finishes first). ``limit`` None: no stop. If the timer fires as the code
-    ends, the stop is withdrawn before this returns (never raised after it)."""
+    """Stop the code inside once it has used ``limit`` = (limit seconds, predicted seconds) of CPU
+    time (this process's, the unit of the predictions: a loaded machine's slower wall clock does not
+    stop a fit), or ten times that of wall time (a fit that hangs): a watcher raises
+    :class:`PointOverrun` in this thread, delivered between Python operations (a single long
+    numerical call finishes first). ``limit`` None: no stop. A stop that fires as the code ends is
+    withdrawn before this returns (never raised after it)."""
     if limit is None:
         yield
         return
     seconds, predicted = limit
     message = (
-        f"{what} stopped after {fmt_seconds(seconds)}, past {seconds / max(predicted, 1e-9):.1f}x its "
-        f"predicted {fmt_seconds(predicted)} (tasks/costs.py; on a slower machine run "
-        "`python -m tasks.costs calibrate`, or raise the budget's prediction)"
+        f"{what} stopped after {fmt_seconds(seconds)} of CPU time, past "
+        f"{seconds / max(predicted, 1e-9):.1f}x its predicted {fmt_seconds(predicted)} (tasks/costs.py; "
+        "on a slower machine run `python -m tasks.costs calibrate`)"
     )
-    # the exception class the timer raises (CPython instantiates it with no arguments)
+    # the exception class the watcher raises (CPython instantiates it with no arguments)
     stop = type(
         "PointOverrun", (PointOverrun,), {"__init__": lambda self, *a: PointOverrun.__init__(self, message)}
     )
     tid = threading.get_ident()
     lock = threading.Lock()
     state = {"done": False, "fired": False}
+    ended = threading.Event()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
 
-    def fire():
-        with lock:
-            if not state["done"]:
-                state["fired"] = True
-                _set_async_exc(tid, stop)
+    def watch():
+        while not ended.wait(min(1.0, max(seconds / 20, 0.005))):
+            if time.process_time() - cpu0 > seconds or time.perf_counter() - wall0 > 10 * seconds:
+                with lock:
+                    if not state["done"]:
+                        state["fired"] = True
+                        _set_async_exc(tid, stop)
+                return
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    try:  # a stop that fires while the timer starts (a tiny limit) is raised from inside too
-        timer.start()
+    watcher = threading.Thread(target=watch, daemon=True, name="overrun-guard")
+    try:  # a stop that fires while the watcher starts (a tiny limit) is raised from inside too
+        watcher.start()
         yield
     finally:
-        timer.cancel()
+        ended.set()
         with lock:
             state["done"] = True
             if state["fired"]:  # a stop not yet delivered is withdrawn (NULL clears it)
