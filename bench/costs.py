@@ -2,7 +2,7 @@
 
     nice -n 10 .venv/bin/python bench/costs.py measure [--models all] [--raw bench/costs_raw.jsonl]
     COSTS_ROUND=2 nice -n 10 .venv/bin/python bench/costs.py measure --models glle_em,...   # fewer sizes
-    .venv/bin/python bench/costs.py fit [--raw a.jsonl,b.jsonl] [--out tasks/costs.json]
+    .venv/bin/python bench/costs.py fit [--raw bench/costs_raw.jsonl,more.jsonl] [--out tasks/costs.json]
 
 ``measure``: for each cost entry (a model key, or key/regime where ``auto`` picks a path), fits at
 the ``fit`` sizes (and one size with more data dimensions or inducing inputs, so their terms are
@@ -16,7 +16,9 @@ counts); GLLE also times two generations (``sample``). Times are CPU seconds of 
 (``time.process_time``): on a machine shared with other jobs, wall time measures the load, CPU time
 the work. Peak memory is ru_maxrss above the process's resident size before the first fit. One JSON
 line per size is appended to ``--raw``; a size past ``--timeout`` wall seconds is recorded as such.
-``COSTS_ROUND=2`` takes the shorter plan ``ROUND2`` (fewer sizes, fewer iterations).
+``COSTS_ROUND=2`` takes the shorter plan ``ROUND2`` (fewer sizes, fewer iterations), ``COSTS_ROUND=3``
+``ROUND3`` (one larger size for the memory terms). bench/costs_raw.jsonl holds the three rounds
+that made the shipped data (``fit`` reads it by default).
 
 ``fit``: per entry, non-negative least squares of each stage on its complexity's monomials (the
 functional form is fixed below, per algorithm; relative errors: each measurement weighted by its
