@@ -363,6 +363,45 @@ def knn(
     return _drop_self(idx, dist.astype(np.float64), int(k))
 
 
+#: entries (query rows x reference rows) of one block of :func:`knn_query`'s distance matrix
+QUERY_BLOCK_ENTRIES = 1 << 22
+
+
+def knn_query(Y_ref, Y_query, k: int = 1):
+    """The k nearest rows of ``Y_ref`` (N, D) to each row of ``Y_query`` (n, D): exact, in float64,
+    over blocks of query rows (at most ``QUERY_BLOCK_ENTRIES`` squared distances held at once, not
+    an n x N matrix); ties broken by lower index. A query row equal to a reference row finds it
+    (the query form of :func:`knn`, which excludes each point itself). The start of every
+    out-of-sample extension: each new row begins at its nearest training row's latent point.
+
+    Returns (indices (n, k) int64, nearest first; distances (n, k) float64)."""
+    R = np.asarray(Y_ref, dtype=np.float64)
+    Qy = np.asarray(Y_query, dtype=np.float64)
+    if R.ndim != 2 or Qy.ndim != 2 or R.shape[1] != Qy.shape[1]:
+        raise ValueError(
+            f"knn_query needs two 2-D arrays with the same columns, got shapes {R.shape} and {Qy.shape}"
+        )
+    n_ref = R.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n_ref:
+        raise ValueError(f"k must be an integer in [1, {n_ref}] (the reference rows), got {k!r}")
+    sq_ref = np.einsum("ij,ij->i", R, R)
+    step = max(1, QUERY_BLOCK_ENTRIES // max(n_ref, 1))
+    idx = np.empty((Qy.shape[0], k), dtype=np.int64)
+    dist = np.empty((Qy.shape[0], k))
+    for a in range(0, Qy.shape[0], step):
+        B = Qy[a : a + step]
+        d2 = np.einsum("ij,ij->i", B, B)[:, None] - 2.0 * (B @ R.T) + sq_ref[None]
+        if k == 1:
+            top = np.argmin(d2, axis=1)[:, None]
+        else:
+            cand = np.argpartition(d2, k - 1, axis=1)[:, :k]
+            order = np.lexsort((cand, np.take_along_axis(d2, cand, axis=1)), axis=1)
+            top = np.take_along_axis(cand, order, axis=1)
+        idx[a : a + step] = top
+        dist[a : a + step] = np.sqrt(np.maximum(np.take_along_axis(d2, top, axis=1), 0.0))
+    return idx, dist
+
+
 def _drop_self(idx, dist, k):
     """Remove each row's own index from a (N, k+1) neighbour list, keeping k entries."""
     n = idx.shape[0]

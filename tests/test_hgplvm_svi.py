@@ -130,7 +130,7 @@ def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
     a = StochasticHyperboloidGPLVM(local_iter=0, **FIT).fit(roll)
     b = BayesianHyperboloidGPLVM(training="minibatch", local_iter=15, **FIT).fit(roll)
     assert b.training_ == "minibatch" and b.minibatch_ == 1.0
-    assert isinstance(b.estimator_, StochasticHyperboloidGPLVM) and b.elbo_ == b.estimator_.elbo_
+    assert isinstance(b.estimator_, StochasticHyperboloidGPLVM)
     for m in (a, b):
         assert m.embedding_.shape == (300, 2) and np.all(np.linalg.norm(m.embedding_, axis=1) < 1)
         assert m.embedding_var_.shape == (300, 2) and np.all(m.embedding_var_ > 0)
@@ -164,4 +164,3 @@ def test_the_registry_states_the_rule_it_runs():
 
     spec = MODELS["hgplvm_bayesian"]
     assert spec.estimator_class() is BayesianHyperboloidGPLVM and "minibatch" in spec.extras
-    assert f"{FULL_BATCH_MAX_N:,} points" in spec.description

@@ -61,3 +61,21 @@ def test_solves_and_logdet():
     L = linalg.jitter_cholesky(A)
     np.testing.assert_allclose(linalg.chol_solve(L, B), np.linalg.solve(A, B), rtol=1e-10)
     np.testing.assert_allclose(linalg.logdet_from_chol(L), np.linalg.slogdet(A)[1])
+
+
+def test_chol_inverse_is_the_inverse_and_log_determinant():
+    """The one explicit inverse (LAPACK potrf + potri, the point hGP-LVM's step): K^-1 and log|K|
+    against numpy's; only the lower triangle from chol_inverse_lower; a refusal naming the matrix."""
+    from lvmcore.linalg import chol_inverse, chol_inverse_lower
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((30, 30))
+    K = A @ A.T + 30 * np.eye(30)
+    Ki, logdet = chol_inverse(K)
+    np.testing.assert_allclose(Ki, np.linalg.inv(K), rtol=1e-10, atol=1e-14)
+    np.testing.assert_array_equal(Ki, Ki.T)
+    assert logdet == pytest.approx(np.linalg.slogdet(K)[1], rel=1e-12)
+    lower, _ = chol_inverse_lower(K)
+    np.testing.assert_allclose(np.tril(lower), np.tril(np.linalg.inv(K)), rtol=1e-10, atol=1e-14)
+    with pytest.raises(np.linalg.LinAlgError, match="the kernel matrix is not positive definite"):
+        chol_inverse(-K, "the kernel matrix")

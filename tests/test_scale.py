@@ -257,7 +257,9 @@ def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
 
 def test_ppca_tall_path_equals_the_full_svd():
     """PPCA on many more rows than columns (covariance eigenvectors, block-summed likelihood, no
-    centred copy) against scikit-learn's full SVD and its own score, as the fit was before."""
+    centred copy) against scikit-learn's full SVD, its eigenvalues taken N-normalised (the
+    maximum-likelihood fit, Tipping and Bishop eqs. 15-16), and scipy's log-density."""
+    from scipy.stats import multivariate_normal
     from sklearn.decomposition import PCA
 
     from lvmcore.linalg import chol_solve
@@ -267,9 +269,13 @@ def test_ppca_tall_path_equals_the_full_svd():
     Y = rng.normal(size=(70000, 12)) @ rng.normal(size=(12, 12)) + 5.0  # two likelihood blocks
     m = PPCA(n_components=3).fit(Y)
     ref = PCA(n_components=3, svd_solver="full").fit(Y)
-    np.testing.assert_allclose(m.elbo_, ref.score(Y) * Y.shape[0], rtol=1e-10)
-    W = ref.components_.T * np.sqrt(ref.explained_variance_ - ref.noise_variance_)
-    M = W.T @ W + ref.noise_variance_ * np.eye(3)
+    n = Y.shape[0]
+    ev = ref.explained_variance_ * (n - 1) / n
+    noise = (np.var(Y, axis=0).sum() - ev.sum()) / (12 - 3)
+    W = ref.components_.T * np.sqrt(ev - noise)
+    C = W @ W.T + noise * np.eye(12)
+    np.testing.assert_allclose(m.elbo_, multivariate_normal(ref.mean_, C).logpdf(Y).sum(), rtol=1e-10)
+    M = W.T @ W + noise * np.eye(3)
     want = chol_solve(np.linalg.cholesky(M), W.T @ (Y - ref.mean_).T).T
     sign = np.sign(np.sum(m.embedding_ * want, axis=0))  # each column's sign is a convention
     np.testing.assert_allclose(m.embedding_ * sign, want, rtol=1e-8, atol=1e-10)

@@ -11,7 +11,10 @@ hyper-parameter (kappa = 100 in its experiments).
 This module is the kernel's one home: the hyperboloid GP-LVM (:mod:`lvmcore.models.hgplvm`) and
 its Monte-Carlo psi statistics (:mod:`lvmcore.psi.monte_carlo`) both evaluate it through
 :func:`he_kernel` (any points) or :func:`he_kernel_chords` (from squared chord lengths, with the
-derivative the hand-written point-variant gradient needs).  Everything is float64 under a scoped
+derivative the hand-written point-variant gradient needs). :class:`HyperboloidExponential` is the
+kernel as an object beside ``lvmcore.kernels.euclidean``'s RBF-ARD and linear-ARD, with its psi
+statistics under a wrapped-Gaussian q(X) (Monte Carlo, eqs. 13-20); ``lvmcore.kernels.expectations``
+dispatches on the kernel's type.  Everything is float64 under a scoped
 ``jax.enable_x64(True)`` (:func:`x64`): importing this module changes no global JAX setting.
 """
 
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 from lvmcore.manifolds.lorentz import pairwise_dist
 from lvmcore.precision import x64
 
-__all__ = ["he_kernel", "he_kernel_diag", "he_kernel_chords"]
+__all__ = ["he_kernel", "he_kernel_diag", "he_kernel_chords", "HyperboloidExponential"]
 
 
 def _check_params(variance, kappa) -> None:
@@ -79,3 +82,32 @@ def he_kernel_diag(X, variance):
     _check_params(variance, 1.0)
     X = jnp.asarray(X, dtype=jnp.float64)
     return variance * jnp.ones(X.shape[:-1], dtype=jnp.float64)
+
+
+class HyperboloidExponential:
+    """The HE kernel (eq. 10) as an object: parameters ``{"log_var": []}`` (log sigma); kappa is
+    the paper's fixed hyper-parameter, held by the object. ``psi`` gives the chunk sums (psi0,
+    Psi1^T Y, Psi2) and the KL of q(X) = prod_n N^w(mu_n, diag S_n) from the prior, by the
+    reparameterised Monte-Carlo estimate of eqs. 13-20 with the draws ``eps`` (H, B, Q)."""
+
+    name = "he"
+
+    def __init__(self, kappa: float):
+        _check_params(1.0, kappa)
+        self.kappa = kappa  # a number, or a traced value inside a compiled step
+
+    @staticmethod
+    def init(var: float, q: int) -> dict:
+        import numpy as np
+
+        return {"log_var": np.log(var)}
+
+    @x64
+    def K(self, X, Z, kp):
+        return he_kernel(X, Z, jnp.exp(kp["log_var"]), self.kappa)
+
+    @x64
+    def psi(self, mu, S, Z, kp, Y, *, eps, prior_log_var=0.0):
+        from lvmcore.psi.monte_carlo import mc_psi_chunk
+
+        return mc_psi_chunk(mu, S, eps, Y, Z, jnp.exp(kp["log_var"]), self.kappa, prior_log_var)

@@ -31,6 +31,7 @@ import numpy as np
 from lvmcore.precision import jit64, x64
 
 __all__ = [
+    "egrad2rgrad",
     "EPS_NORM",
     "MAX_NORM",
     "SERIES_SQ",
@@ -251,6 +252,14 @@ def from_poincare(p):
     sq = jnp.sum(p * p, axis=-1)
     den = 1.0 - sq
     return jnp.concatenate([((1.0 + sq) / den)[..., None], 2.0 * p / den[..., None]], axis=-1)
+
+
+@jit64
+def egrad2rgrad(x, g):
+    """Riemannian gradient at x from the ambient Euclidean gradient g (Algorithm 1 of paper 002,
+    lines 3-4): multiply by the metric diag(-1, 1, ..., 1) (negate g0), then project (eq. 12)."""
+    g = jnp.asarray(g, dtype=jnp.float64)
+    return proj(x, g.at[..., 0].multiply(-1.0))
 
 
 @jit64

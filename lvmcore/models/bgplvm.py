@@ -24,9 +24,11 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from lvmcore import collapsed
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats
+from lvmcore.graph import knn_query
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.linalg import KMM_JITTER, TIME_PRIOR_JITTER, jitter_schedule
 from lvmcore.models._base import LatentModel
+from lvmcore.optim import lbfgs
 from lvmcore.precision import x64
 
 _KERNELS = tuple(KERNELS)
@@ -36,11 +38,19 @@ JITTERS = jitter_schedule()
 
 # --------------------------------------------------------------------------- plain functions
 @x64
-def kmm(kind, Z, kp):
-    """K_mm of view kernel ``kind`` at the inducing inputs, with the constant ``KMM_JITTER``."""
+def kmm(kind, Z, kp, jitter=KMM_JITTER):
+    """K_mm of view kernel ``kind`` at the inducing inputs plus ``jitter`` on the diagonal: GPy's
+    constant ``KMM_JITTER`` by default (the bounds compare with GPy's at unit data scale); a fit
+    passes ``KMM_JITTER`` times its view's variance (:func:`kmm_jitters`), so the model does not
+    depend on the data's units."""
     import jax.numpy as jnp
 
-    return get_kernel(kind).K(Z, Z, kp) + KMM_JITTER * jnp.eye(Z.shape[0])
+    return get_kernel(kind).K(Z, Z, kp) + jitter * jnp.eye(Z.shape[0])
+
+
+def kmm_jitters(views) -> np.ndarray:
+    """The K_mm jitter of each (centred) view in its data's units: ``KMM_JITTER`` x its variance."""
+    return np.array([KMM_JITTER * (float(np.var(Y)) or 1.0) for Y in views])
 
 
 @x64
@@ -98,21 +108,22 @@ class ViewStats(JitStats):
 
 @functools.lru_cache(maxsize=64)
 def bound_objective(kinds: tuple, shared: bool, N: int, dims: tuple):
-    """objective(stats, glob, rel_jitter) -> the total bound, for ``RowChunks``."""
+    """objective(stats, glob, rel_jitter, kmm_jitter) -> the total bound, for ``RowChunks``
+    (``kmm_jitter``: one per view, :func:`kmm_jitters`; None: ``KMM_JITTER``)."""
 
-    def obj(stats, glob, rel_jitter=0.0):
-        return total_bound(kinds, shared, N, dims, stats, glob, rel_jitter)
+    def obj(stats, glob, rel_jitter=0.0, kmm_jitter=None):
+        return total_bound(kinds, shared, N, dims, stats, glob, rel_jitter, kmm_jitter)
 
     return obj
 
 
 @x64
-def total_bound(kinds, shared, N, dims, stats, glob, rel_jitter=0.0):
+def total_bound(kinds, shared, N, dims, stats, glob, rel_jitter=0.0, kmm_jitter=None):
     """sum_v F_v - KL from the summed statistics of all views."""
     F = -stats["kl"]
     for v, kind in enumerate(kinds):
         Z = glob["Z"][0 if shared else v]
-        Kmm = kmm(kind, Z, glob["kern"][v])
+        Kmm = kmm(kind, Z, glob["kern"][v], KMM_JITTER if kmm_jitter is None else kmm_jitter[v])
         F = F + view_bound(stats["views"][v], Kmm, glob["log_beta"][v], N, dims[v], rel_jitter)
     return F
 
@@ -173,7 +184,7 @@ def _principal_scores(views, r: int) -> np.ndarray:
     10^6 x 50; bench/README.md, "scale", session 3); each column's sign is then set so that its
     largest loading is positive. Smaller data keep the SVD, whose signs are LAPACK's (the
     start's signs are arbitrary either way: the bound is invariant to reflecting q(X) and Z)."""
-    Ys = np.hstack([(Y - Y.mean(0)) / (Y.std(0) + 1e-12) for Y in views])
+    Ys = np.hstack([(Y - Y.mean(0)) / np.where(Y.std(0) > 0, Y.std(0), 1.0) for Y in views])
     Ys -= Ys.mean(0)
     N, D = Ys.shape
     if N < PCA_COVARIANCE_ROWS or N < 10 * D:
@@ -254,7 +265,6 @@ class _CollapsedGPLVM(LatentModel):
 
     def _optimise_views(self, views, times=None, sequences=None):
         from jax.flatten_util import ravel_pytree
-        from scipy.optimize import minimize
 
         from lvmcore.chunks import RowChunks
         from lvmcore.linalg import NumericalError
@@ -266,6 +276,8 @@ class _CollapsedGPLVM(LatentModel):
         N = Yc[0].shape[0]
         dims = tuple(Y.shape[1] for Y in Yc)
         local, glob = self._init_params(Yc, kinds, q, m)
+        self.kmm_jitter_ = kmm_jitters(Yc)
+        kj = self.kmm_jitter_
         temporal = times is not None
         if temporal:
             import jax
@@ -308,9 +320,9 @@ class _CollapsedGPLVM(LatentModel):
 
         def evaluate(lo, gl, jitter):
             if not temporal:
-                return runner.value_and_grad(lo, gl, jitter)
+                return runner.value_and_grad(lo, gl, jitter, kj)
             (ql, kl), vjp = jax.vjp(transform, lo, gl["log_tl"])
-            val, g_ql, g_gl = runner.value_and_grad(ql, gl, jitter)
+            val, g_ql, g_gl = runner.value_and_grad(ql, gl, jitter, kj)
             g_lo, g_tl = vjp((g_ql, -1.0))
             g_gl = dict(g_gl)
             g_gl["log_tl"] = np.asarray(g_gl.get("log_tl", 0.0)) + np.asarray(g_tl)
@@ -350,46 +362,17 @@ class _CollapsedGPLVM(LatentModel):
         zeros[1]["log_beta"] = np.ones_like(glob["log_beta"])
         marker = ravel_pytree(zeros)[0]
         beta_mask = np.asarray(marker) == 1.0
+        n_values = N * sum(dims)
         x = x0
-        if self.init_iters > 0:
+        if self.init_iters > 0:  # the noise held at snr: its bounds pin log_beta
             bounds = [(xi, xi) if b else (None, None) for xi, b in zip(x, beta_mask, strict=True)]
-            r = minimize(
-                fg,
-                x,
-                jac=True,
-                method="L-BFGS-B",
-                bounds=bounds,
-                callback=cb,
-                options={"maxiter": int(self.init_iters), "ftol": 0.0, "gtol": 0.0},
-            )
-            x = r.x
-        # L-BFGS-B restarted from where it stopped while iterations remain and the last run still
-        # gained more than tol relative to the bound: its relative-reduction test also fires on one
-        # short line-search step after the noise is released, with a stale curvature memory (a
-        # 2,000-point roll stopped 12 iterations in at -12.13 per point; restarted it goes on to
-        # -9.74: bench/README.md, "Minibatch Bayesian GP-LVM")
-        left, converged = int(self.max_iter), False
-        while left > 0:
-            start = fg(x)[0]
-            r = minimize(
-                fg,
-                x,
-                jac=True,
-                method="L-BFGS-B",
-                callback=cb,
-                options={"maxiter": left, "ftol": self.tol, "gtol": 1e-8},
-            )
-            left -= max(int(r.nit), 1)
-            gained = start - r.fun
-            x = r.x
-            if r.nit >= 1 and np.isfinite(gained) and gained <= self.tol * max(abs(r.fun), 1.0):
-                converged = True
-                break
-            if r.nit < 1 or r.status != 0 or "REDUCTION OF F" not in str(r.message):
-                # status 0: L-BFGS-B's own test fired (e.g. the projected gradient); 1: the budget;
-                # 2: an abnormal stop (a failed line search), not a certified optimum
-                converged = r.status == 0
-                break
+            x = lbfgs(fg, x, n_values=n_values, max_iter=int(self.init_iters), tol=0.0, gtol=0.0,
+                      bounds=bounds, callback=cb).x  # fmt: skip
+        # restarted while iterations remain and a run still gained more than tol per data value:
+        # L-BFGS-B's relative-reduction test also fires on one short line-search step after the
+        # noise is released, with a stale curvature memory (lvmcore.optim.lbfgs)
+        r = lbfgs(fg, x, n_values=n_values, max_iter=int(self.max_iter), tol=self.tol, callback=cb)
+        converged = r.converged
         lo, gl = unravel(r.x)
         if temporal:
             self.temporal_params_ = jax.tree_util.tree_map(np.asarray, lo)
@@ -457,8 +440,7 @@ class _CollapsedGPLVM(LatentModel):
         # start each new row at the latent mean of its nearest training row in the observed views
         Ytr = np.hstack([self.Y_train_[v] for v in sorted(obs)])
         Yn = np.hstack([obs[v] for v in sorted(obs)])
-        d2 = (Yn**2).sum(1)[:, None] - 2 * Yn @ Ytr.T + (Ytr**2).sum(1)[None]
-        nn = np.argmin(d2, axis=1)
+        nn = knn_query(Ytr, Yn)[0][:, 0]
         mu0, logS0 = self.local_["mu"][nn], self.local_["logS"][nn]
         N = self.Y_train_[0].shape[0]
         glob, kinds, train = self.glob_, self.kinds_, self._train_stats
@@ -474,7 +456,12 @@ class _CollapsedGPLVM(LatentModel):
                 t = train["views"][v]
                 stats = (t[0] + p0, t[1] + p1, t[2] + p2, t[3] + jnp.sum(Y**2))
                 F = F + view_bound(
-                    stats, kmm(kinds[v], Z, kp), glob["log_beta"][v], N + n_new, Y.shape[1], extra
+                    stats,
+                    kmm(kinds[v], Z, kp, self.kmm_jitter_[v]),
+                    glob["log_beta"][v],
+                    N + n_new,
+                    Y.shape[1],
+                    extra,
                 )
             return -F
 
@@ -503,7 +490,7 @@ class _CollapsedGPLVM(LatentModel):
         kern = get_kernel(kind)
         beta = jnp.exp(self.glob_["log_beta"][view])
         _, psi1TY, psi2, _ = self._train_stats["views"][view]
-        t = collapsed.terms(kmm(kind, Z, kp), psi1TY, psi2, beta, self.extra_jitter_)
+        t = collapsed.terms(kmm(kind, Z, kp, self.kmm_jitter_[view]), psi1TY, psi2, beta, self.extra_jitter_)
 
         def one(m, s):  # a single row's psi0 and Psi2_n
             p0, _, p2 = kern.psi(m[None], s[None], Z, kp, jnp.zeros((1, 1)))
@@ -520,8 +507,9 @@ class BayesianGPLVM(_CollapsedGPLVM):
     sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances).
 
     Parameters: ``n_components`` Q, ``n_inducing`` M, ``kernel`` ("rbf" or "linear"), ``max_iter``
-    L-BFGS iterations after the ``init_iters`` with the noise held at ``snr``, ``tol`` (L-BFGS-B's
-    ftol), ``chunks`` (rows per chunk of the psi statistics; None: in process), ``random_state``."""
+    L-BFGS iterations after the ``init_iters`` with the noise held at ``snr``, ``tol`` (the bound's
+    gain per data value at which a fit stops, :func:`lvmcore.optim.lbfgs`), ``chunks`` (rows per
+    chunk of the psi statistics; None: in process), ``random_state``."""
 
     def __init__(
         self,

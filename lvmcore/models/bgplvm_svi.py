@@ -51,7 +51,9 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
+from lvmcore.linalg import KMM_JITTER
 from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm
+from lvmcore.optim import adam
 from lvmcore.precision import x64
 
 __all__ = [
@@ -97,13 +99,18 @@ def uncollapsed_from_kmm(Kmm, stats, log_beta, qu, N, scale=1.0, rel_jitter=0.0)
     tr_S = jnp.sum(Rinv * Rinv)
     tr_SC = jnp.sum(Rinv * (Rinv @ C))  # tr(R^-T R^-1 C) = <R^-1, R^-1 C>
     logdet_S = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
-    expected = -0.5 * N * D * jnp.log(2 * jnp.pi) + 0.5 * N * D * log_beta + scale * (
-        -0.5 * beta * tryy
-        + beta * jnp.sum(c * m)
-        - 0.5 * beta * jnp.sum(m * (C @ m))
-        - 0.5 * beta * D * psi0
-        + 0.5 * beta * D * jnp.trace(C)
-        - 0.5 * beta * D * tr_SC
+    expected = (
+        -0.5 * N * D * jnp.log(2 * jnp.pi)
+        + 0.5 * N * D * log_beta
+        + scale
+        * (
+            -0.5 * beta * tryy
+            + beta * jnp.sum(c * m)
+            - 0.5 * beta * jnp.sum(m * (C @ m))
+            - 0.5 * beta * D * psi0
+            + 0.5 * beta * D * jnp.trace(C)
+            - 0.5 * beta * D * tr_SC
+        )
     )
     kl_u = 0.5 * (D * tr_S + jnp.sum(m * m) - D * m.shape[0] - D * logdet_S)
     return expected - kl_u
@@ -197,18 +204,12 @@ class _Adam:
         else:
             self.t[rows] += 1
             t = self.t[rows][:, None]
-        c1, c2 = 1.0 - self.b1**t, 1.0 - self.b2**t
+        sel = ... if rows is None else rows
 
-        def upd(p, g, m, v, mk):
-            g = np.asarray(g) * mk
-            if rows is None:
-                m[...] = self.b1 * m + (1 - self.b1) * g
-                v[...] = self.b2 * v + (1 - self.b2) * g * g
-                p[...] += self.lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
-            else:
-                m[rows] = self.b1 * m[rows] + (1 - self.b1) * g
-                v[rows] = self.b2 * v[rows] + (1 - self.b2) * g * g
-                p[rows] += self.lr * (m[rows] / c1) / (np.sqrt(v[rows] / c2) + self.eps)
+        def upd(p, g, m, v, mk):  # lvmcore.optim.adam on the selected rows, in place
+            p[sel], m[sel], v[sel] = adam(
+                p[sel], np.asarray(g) * mk, m[sel], v[sel], t, self.lr, self.b1, self.b2, self.eps
+            )
 
         if mask is None:
             mask = jax.tree_util.tree_map(lambda _: 1.0, params)
@@ -420,6 +421,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.n_iter_ = len(self.elbo_trace_)
         self.converged_ = converged
         self.extra_jitter_ = jitter
+        self.kmm_jitter_ = np.array([KMM_JITTER])  # the constant its minibatch bound uses (kmm's default)
         self.Y_train_ = [Yc]
         self._train_stats = {"views": [stats], "kl": kl_x}
         self.embedding_ = local["mu"]

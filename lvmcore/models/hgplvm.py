@@ -1,75 +1,62 @@
 """Hyperboloid GP-LVM (paper 002): GP-LVM, sparse and Bayesian GP-LVM with latent points on the
-Lorentz model L^Q and the hyperboloid exponential (HE) kernel k(x, x') = sigma exp(-d_L(x, x') / kappa).
+Lorentz model L^Q and the hyperboloid exponential (HE) kernel k(x, x') = sigma exp(-d_L(x, x') / kappa)
+(eq. 10, :class:`lvmcore.kernels.hyperbolic.HyperboloidExponential`).
 
 Objectives (section 2.1, eqs. 4-6), maximised:
 
-* ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)          (eq. 4);
-                value and gradients by hand (:func:`point_grads`): one Cholesky and the inverse
-                from it (LAPACK potrf + potri, :func:`chol_inverse`) per step, the latent gradient
-                as one (N x N) @ (N x (Q+1)) product; beta is by default fixed at the Q-dimensional PPCA
-                noise level (``noise``), since a learned beta grows without settling (see below).
+* ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)  (eq. 4,
+                :func:`point_objective`); the fit's step uses the hand-written gradient
+                :func:`point_grads` (checked against autodiff of :func:`point_objective` in the
+                tests) with K^-1 from one LAPACK Cholesky and inverse
+                (:func:`lvmcore.linalg.chol_inverse`);
+                beta is by default fixed at the Q-dimensional PPCA noise level (``noise``).
 * ``sparse``:   collapsed Titsias bound (eq. 5) with M inducing inputs Z on the hyperboloid.
 * ``bayesian``: collapsed Bayesian GP-LVM bound (eq. 6) with wrapped Gaussians q(x_i) = N^w(mu_i, S_i),
                 prior N^w(mu0, I), Monte-Carlo psi statistics and KL (eqs. 13-20,
-                :mod:`lvmcore.psi.monte_carlo`), a fresh sample of H draws per point every step.
+                :mod:`lvmcore.psi.monte_carlo`), a fresh sample of H draws per point every step, and
+                a learned noise.
 
-The data's mean (a departure from eq. 4, whose GP has mean zero; the authors' code fits the raw
-Y). By default (``mean="auto"``) the point objective integrates a constant mean per column out
-under a flat prior (the restricted likelihood, REML; ``mean="integrated"``, also for the Gaussian
-term of eq. 5): eq. 4 with y^T K^-1 y - (1^T K^-1 y)^2 / (1^T K^-1 1) in the quadratic term and
--D/2 log(1^T K^-1 1 / 2 pi) added; K^-1 is replaced by P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1)
-in the gradients. It is unchanged by a shift of Y and by a constant added to the kernel.
-Centring Y and fitting eq. 4 instead (``mean="zero"``) leaves the HE kernel's large constant part
-(with kappa = 100, k ~ sigma (1 - d / kappa) over the latent spread) along the ones vector, which
-the centred data do not use: log|K| then keeps rewarding a smaller sigma, paid for by spreading
-the points, and the fits crept for thousands of iterations (depth-4 tree: 4500-4900 iterations to
-the convergence rule, score falling 0.905 -> 0.887, against 2225-2525 and 0.904-0.911 restricted;
-bench/README.md, session 5). The sparse variant keeps ``"zero"``: restricted, it scored the same
-at depths 4, 5 and lower on the depth-6 tree within the 3000-iteration budget (0.853 / 0.833
-against 0.869 / 0.842 on seeds 0, 1; its score there still rises with the spread, which the
-restricted bound makes slower).
+The data's mean (a departure from eq. 4, whose GP has mean zero). ``mean="integrated"`` (the
+point variant's default) integrates a constant mean per column out under a flat prior (the
+restricted likelihood): eq. 4 with y^T K^-1 y - (1^T K^-1 y)^2 / (1^T K^-1 1) in the quadratic term
+and -D/2 log(1^T K^-1 1 / 2 pi) added; K^-1 is replaced by P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1)
+in the gradients. It is unchanged by a shift of Y and by a constant added to the kernel. Why:
+the HE kernel with kappa = 100 is nearly sigma (1 - d / kappa) over the layout, a large constant
+part along the ones vector; with centred data and eq. 4 as written (``mean="zero"``) log|K| keeps
+rewarding a smaller sigma paid for by spreading the points, and the fit creeps.
 
 Inducing inputs (a departure from the paper, section 3.2, which copies an active set of latent
-points re-drawn every few epochs, without gradient). Here Z starts at the k-means centres of the
-initial latent points (in the tangent space at the origin, mapped by expmap0) and is learned with
-the latent points by Riemannian steps (gradients of the bound through Kmm and Psi1/Psi2); by
-default M grows with N (``n_inducing="auto"``). The active set held the bounds back: with M = 30
-re-drawn copies the sparse bound scored below 2-D PCA on the depth-4 tree (bench/README.md).
+points re-drawn every few epochs, without gradient): Z starts at the k-means centres of the
+initial latent points (tangent space at the origin, mapped by expmap0) and is learned with the
+latent points by Riemannian steps; by default M grows with N (``n_inducing="auto"``).
 
-Latent points (or means) are updated by Riemannian gradient steps (Algorithm 1): Euclidean (ambient)
-gradient (by hand for ``point``, jax autodiff otherwise), time coordinate negated, projected to the
-tangent space, step by the exponential map. ``optimizer="radam"`` is Riemannian Adam (Becigneul &
-Ganea, 2019) with the first moments carried along by parallel transport. kappa is fixed; log sigma,
-log beta (and log S) are updated with Euclidean Adam. For RSGD the step uses the gradient of
+Latent points (or means) are updated by Riemannian Adam (Algorithm 1 with Becigneul and Ganea's
+Adam, :func:`lvmcore.optim.riemannian_adam`): the Euclidean (ambient) gradient with its time
+coordinate negated and projected to the tangent space, a step by the exponential map, first
+moments carried by parallel transport. kappa is fixed; log sigma, log beta (and log S) are updated
+by Euclidean Adam (:func:`lvmcore.optim.adam`). ``optimizer="rsgd"`` steps by the gradient of
 objective / (N D), so the learning rate does not depend on the data size.
 
-The drift line search (the point variant; ``drift_every``, every 250 iterations by default). With
-kappa = 100 the kernel is nearly sigma (1 - d / kappa) over the layout, so growing every distance by
-a factor and shrinking sigma by it leaves the objective almost unchanged: a long ridge, along which
-the objective still rises slowly (in hyperbolic space a larger layout is a more tree-like one) and
-which Adam's steps follow only slowly (depth-6 tree, seed 0, point: still rising 1.6-1.9 per 250
-iterations at 8000). Every ``drift_every`` iterations the tangent coordinates at the origin of the
-points and log sigma are averaged over the stretch; from the
-current state each point is moved by a = 1, 2, 4, ... times the change of its average since the
-previous stretch (parallel-transported to the point), keeping the largest a while the objective
-rises, and nothing if a = 1 lowers it. The convergence rule's recent windows then span a whole
-cycle, so a fit stops only when a search found no uphill move and the steps after it made no
-progress. Measured (bench/README.md, session 6): the depth-6 point fit stops by the rule at 3575
-iterations with an objective above plain Adam's at 8000 (60672.7 against 60666), the depth-5 fit
-at 1900 (plain: 4650). Not for the sparse variant: moving the inducing inputs with the points
-carried those the data do not use outward without bound (radius 3 -> 13 in four searches on the
-depth-4 tree, then NaN), and its depth-4 scores fell (0.85 on seven seeds against 0.90); the sparse
-fit converges by the rule with plain steps, after up to ~8000 iterations at depth 6.
+The drift line search (point variant, ``drift_every``). With kappa = 100, growing every distance
+by a factor and shrinking sigma by it leaves eq. 4 almost unchanged: a long ridge along which the
+objective still rises slowly and which Adam follows slowly. Every ``drift_every`` iterations the
+tangent coordinates at the origin of the points and log sigma are averaged over the stretch; each
+point is moved by a = 1, 2, 4, ... times the change of its average since the previous stretch
+(parallel-transported to the point), keeping the largest a while the objective rises, nothing if
+a = 1 lowers it. The convergence rule's recent windows then span a whole cycle, so a fit stops
+only when a search found no uphill move and the steps after it made no progress. Not for the
+sparse variant (inducing inputs no point uses would be carried outward without bound) nor the
+Bayesian one (a Monte-Carlo bound is too noisy to compare trial moves).
 
-Noise of the point variant. On the paper's binary trees (section 5.1) a learned beta kept growing
-(depth 4: 7.5e3 after 500 iterations, noise 0.16% of the data's variance, still rising): the latent
-points spread to interpolate the samples' within-node jitter and the hierarchy's distances degrade
-(the tree's Pearson score falls below 2-D PCA's; bench/README.md "hgplvm_tree"). The authors' code
-stops such runs early (at -log-likelihood < 100, with clipped steps of the noise variance from 1.0),
-which is an implicit noise level. Here the level is explicit: beta = 1 / (mean of the D - Q smallest
-covariance eigenvalues), the maximum-likelihood noise of Q-dimensional probabilistic PCA (Tipping &
-Bishop 1999), i.e. of the GP-LVM with a linear kernel (Lawrence 2005), which the point variant
-extends; ``noise="learn"`` restores the free beta.
+Noise of the point and sparse variants. A learned beta keeps growing on data with within-cluster
+jitter (the points spread to interpolate it, and the hierarchy's distances degrade); the authors'
+code stops such runs early, an implicit noise level. Here the level is explicit: the
+maximum-likelihood noise of Q-dimensional probabilistic PCA (:func:`lvmcore.pca.ppca_noise_variance`),
+i.e. of the GP-LVM with a linear kernel (Lawrence 2005), which the point variant extends;
+``noise="learn"`` restores the free beta. The Bayesian variant learns its noise (eq. 6 as written:
+its posterior variances S take up the jitter).
+
+Measurements behind these choices: bench/README.md ("hGP-LVM quality") and bench/HISTORY.md.
 """
 
 from __future__ import annotations
@@ -83,15 +70,17 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from lvmcore import collapsed
+from lvmcore import collapsed, linalg
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
+from lvmcore.graph import knn_query
+from lvmcore.kernels import HyperboloidExponential, expectations
 from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
-from lvmcore.manifolds.lorentz import expmap, expmap0, inner, logmap, logmap0, proj, to_poincare, transp
+from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, expmap0, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
+from lvmcore.optim import adam, riemannian_adam
 from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
-from lvmcore.psi.monte_carlo import mc_psi_chunk
 
 __all__ = [
     "HyperboloidGPLVM",
@@ -196,20 +185,12 @@ def point_grads(X, log_sigma, log_beta, Y, E, dE, Ki, logdet):
 @x64
 def point_value_and_grad(X, log_sigma, log_beta, Y, kappa):
     """Eq. (4) and its gradients in one traced function (K^-1 by XLA's Cholesky solve): the
-    reference for the fit's step, which takes K^-1 from LAPACK instead (:func:`chol_inverse`)."""
+    reference for the fit's step, which takes K^-1 from LAPACK instead
+    (:func:`lvmcore.linalg.chol_inverse`)."""
     K, E, dE = point_kernel(X, log_sigma, log_beta, kappa)
     L = jnp.linalg.cholesky(K)
     Ki = jax.scipy.linalg.cho_solve((L, True), jnp.eye(K.shape[0]))
     return point_grads(X, log_sigma, log_beta, Y, E, dE, Ki, 2.0 * jnp.sum(jnp.log(jnp.diag(L))))
-
-
-def chol_inverse(K):
-    """(K^-1, log|K|) of a symmetric positive definite float64 matrix by LAPACK potrf + potri:
-    ~2/3 N^3 flops after the Cholesky, against 2 N^3 for XLA's triangular solves with the identity
-    (2.9x faster at N = 620, bench/README.md).  Host NumPy between two jitted halves of the point
-    step, not a callback (a callback's results are canonicalised outside the float64 scope)."""
-    Ki, logdet = _chol_inverse_lower(K)
-    return np.tril(Ki) + np.tril(Ki, -1).T, logdet
 
 
 def _symmetrize_lower(A):
@@ -219,17 +200,11 @@ def _symmetrize_lower(A):
 
 
 def _chol_inverse_lower(K):
-    """:func:`chol_inverse` with only the lower triangle of K^-1 valid (the upper is left as it was)."""
-    from scipy.linalg import lapack
-
-    L, info = lapack.dpotrf(np.asarray(K, dtype=np.float64), lower=1, clean=0)
-    if info != 0:
-        raise np.linalg.LinAlgError(
-            f"hyperboloid GP-LVM: K is not positive definite (potrf info {info}); lower learning_rate"
-        )
-    logdet = 2.0 * float(np.sum(np.log(np.diag(L))))
-    Ki, info = lapack.dpotri(L, lower=1)
-    return Ki, logdet
+    """:func:`lvmcore.linalg.chol_inverse_lower` with the fix named in its refusal."""
+    try:
+        return linalg.chol_inverse_lower(K, "hyperboloid GP-LVM: K")
+    except np.linalg.LinAlgError as e:
+        raise np.linalg.LinAlgError(f"{e}; lower learning_rate") from e
 
 
 @x64
@@ -279,15 +254,12 @@ def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps, prior_l
     """Bayesian GP-LVM bound (eq. 6) with MC psi statistics; eps (H, N, Q) fixes the samples;
     prior N^w(mu0, s^2 I) with log s^2 = prior_log_var (0: the paper's)."""
     n, d = Y.shape
-    sigma = jnp.exp(log_sigma)
-    psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, jnp.exp(log_S), eps, Y, Z, sigma, kappa, prior_log_var)
+    kern = HyperboloidExponential(kappa)
+    stats = expectations(
+        kern, mu, jnp.exp(log_S), Z, {"log_var": log_sigma}, Y, eps=eps, prior_log_var=prior_log_var
+    )
+    psi0, psi1ty, psi2, kl = stats
     return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa) - kl
-
-
-def _rgrad(X, g):
-    """Riemannian gradient from the ambient Euclidean gradient g at points X (Algorithm 1, l. 3-4)."""
-    g = g.at[..., 0].multiply(-1.0)
-    return proj(X, g)
 
 
 def _renorm(X):
@@ -297,28 +269,7 @@ def _renorm(X):
 
 def _rsgd_step(X, g, lr):
     """Ascent step x <- exp_x(lr * rgrad) (Algorithm 1 with -F as the loss)."""
-    return _renorm(expmap(X, lr * _rgrad(X, g)))
-
-
-def _radam_step(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    """Riemannian Adam ascent step; m (N, Q+1) tangent momenta, v (N,) second moments per point."""
-    rg = _rgrad(X, g)
-    m = b1 * m + (1.0 - b1) * rg
-    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
-    mhat = m / (1.0 - b1**t)
-    vhat = v / (1.0 - b2**t)
-    step = lr * mhat / (jnp.sqrt(vhat)[..., None] + eps)
-    Xn = _renorm(expmap(X, step))
-    m = proj(Xn, transp(X, Xn, m))
-    return Xn, m, v
-
-
-def _adam_step(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    """Euclidean Adam ascent step on an array p."""
-    m = b1 * m + (1.0 - b1) * g
-    v = b2 * v + (1.0 - b2) * g * g
-    p = p + lr * (m / (1.0 - b1**t)) / (jnp.sqrt(v / (1.0 - b2**t)) + eps)
-    return p, m, v
+    return _renorm(expmap(X, lr * egrad2rgrad(X, g)))
 
 
 def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
@@ -336,12 +287,12 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
     s = dict(state)
     for k in ("X", "Z") if variant != "point" else ("X",):
         if use_radam:
-            s[k], s["m" + k], s["v" + k] = _radam_step(s[k], grads[k], s["m" + k], s["v" + k], t, lr)
+            s[k], s["m" + k], s["v" + k] = riemannian_adam(s[k], grads[k], s["m" + k], s["v" + k], t, lr)
         else:
             s[k] = _rsgd_step(s[k], grads[k] / scale, lr)
-    s["hyp"], s["mh"], s["vh"] = _adam_step(s["hyp"], grads["hyp"], s["mh"], s["vh"], t, hlr)
+    s["hyp"], s["mh"], s["vh"] = adam(s["hyp"], grads["hyp"], s["mh"], s["vh"], t, hlr)
     if variant == "bayesian":
-        Sn, mSn, vSn = _adam_step(s["log_S"], grads["log_S"], s["mS"], s["vS"], t, hlr)
+        Sn, mSn, vSn = adam(s["log_S"], grads["log_S"], s["mS"], s["vS"], t, hlr)
         s["log_S"] = jnp.where(upd_S, jnp.clip(Sn, -20.0, 5.0), s["log_S"])
         s["mS"] = jnp.where(upd_S, mSn, s["mS"])
         s["vS"] = jnp.where(upd_S, vSn, s["vS"])
@@ -463,14 +414,15 @@ class MCStats(JitStats):
         return (self.kappa,)
 
     def build(self):
-        kappa = self.kappa
+        kern = HyperboloidExponential(self.kappa)
 
         def f(local, glob, data):
             Y = data[0]
             eps = jnp.transpose(local["eps"], (1, 0, 2))
             Z = glob["Z"]
-            psi0, psi1ty, psi2, kl = mc_psi_chunk(
-                local["X"], jnp.exp(local["log_S"]), eps, Y, Z, jnp.exp(glob["hyp"][0]), kappa, glob["hyp"][2]
+            kp = {"log_var": glob["hyp"][0]}
+            psi0, psi1ty, psi2, kl = expectations(
+                kern, local["X"], jnp.exp(local["log_S"]), Z, kp, Y, eps=eps, prior_log_var=glob["hyp"][2]
             )
             return {"psi": (psi0, psi1ty, psi2), "kl": kl, "trYY": jnp.sum(Y * Y)}
 
@@ -490,12 +442,9 @@ def mc_objective(kappa: float, n: int, d: int):
 
 def _auto_inducing(n):
     """Default M for N points: N / 10 within [64, 256], capped at N (N = 310, 630, 1270 -> 64,
-    64, 127; 20,000 -> 256).  On the depth-6 tree (127 nodes; seed 1, 3000 iterations) M = 71
-    (2 sqrt(N), the earlier rule) scored 0.812, M = 128 0.849 (bound 0.7391 vs 0.7448 per entry):
-    fewer inducing inputs than the data's clusters held the bound back.  More is not better
-    either: with kappa = 100 the HE kernel is nearly sigma (1 - d / kappa) over the latent spread,
-    so Kmm of many inputs is close to singular; on the depth-5 tree (seed 0) M = 64 scored 0.920,
-    M = 100 0.890, M = 199 0.795 (the bound stalled lower, 11415 vs 11473)."""
+    64, 127; 20,000 -> 256). Fewer inducing inputs than the data's clusters hold the bound back;
+    many more make K_mm close to singular (with kappa = 100 the HE kernel is nearly
+    sigma (1 - d / kappa) over the latent spread)."""
     return int(min(n, max(64, min(256, round(n / 10)))))
 
 
@@ -514,12 +463,9 @@ class HyperboloidGPLVM(LatentModel):
         windows of 25 iterations (50 for the stochastic Bayesian bound); the fit stops when the best
         of the last ``_PATIENCE`` (6; bayesian: 2; with the drift search, the windows of a whole
         cycle and one more: 11) window means exceeds the best earlier one by less than ``tol``
-        times its size (a plateau, robust to the oscillation of Adam steps and to MC noise).  With
-        two windows the sparse fit stopped in a pause of a slow rise (depth-6 tree, seed 1,
-        M = 128: 575 iterations, score 0.772; run on to 3000: bound +0.4%, score 0.849).  The
-        Bayesian fit keeps two: with six it ran on and scored lower (depth-4 tree, seed 0: 2950
-        iterations, 0.759, against 800 iterations, 0.858).  The budget (10000) is above the
-        depth-6 fits' stops by the rule: 2325-3950 point (drift search), 6600-8200 sparse.
+        times its size (a plateau, robust to the oscillation of Adam steps and to MC noise). The
+        budget (10000) is above where the rule stops the point and sparse fits on the paper's
+        trees.
     learning_rate : step size of the latent points and inducing inputs (Riemannian Adam, or RSGD on
         the objective / (N D)).
     hyper_learning_rate : Adam step size of log sigma, log beta, log S.
@@ -528,34 +474,21 @@ class HyperboloidGPLVM(LatentModel):
     init : "pca" (default; PCA scaled to max norm ``init_scale``, mapped by expmap0), "random"
         (U(-1e-3, 1e-3) as in the paper's appendix) or "sparse" (bayesian only: a warm start from
         the sparse variant fitted with the same settings, which gives the means, Z and sigma).
-        The warm start helped on the depth-5 tree (seed 1: 0.794 -> 0.905) and hurt on the depth-4
-        tree (seeds 0-2: 0.839, 0.812, 0.750, below 2-D PCA's 0.845; bench/README.md), so it is
-        not the default.
     init_scale : the PCA start's largest tangent radius; "auto" (default) = 0.2 for the point
         variant, 1 otherwise.  A start near the origin (the paper's init is at 1e-3), where the HE
         kernel's distances are nearly Euclidean, keeps PCA's order and lets the points spread from
-        there; from radius 1 the point fit first spent ~100 steps re-arranging and passed the
-        authors' code's score on the depth-5 tree (seed 0) after ~400 steps, from 0.2 after 25;
-        0.3 and 0.1 were slower on other seeds (bench/README.md, session 4).
+        there instead of first re-arranging.
     fix_variance_iter : warm-up (bayesian): S is held at its small initial value for these
         iterations, so the means first settle where the bound's signal is (the paper holds S 100
         epochs).
     noise : "auto" ("ppca" for point and sparse, "learn" for bayesian), "learn" (log beta by Adam
         from beta = 100 / var(Y)), "ppca" (beta
         fixed at 1 / the maximum-likelihood noise variance of Q-dimensional probabilistic PCA,
-        :func:`ppca_noise_variance`) or a positive number (fixed noise variance 1 / beta).  A
-        learned beta kept rising on the binary trees (the latent points spread to interpolate the
-        within-node jitter); the PPCA level keeps the residual that dual PPCA, the GP-LVM's
-        linear-kernel case, assigns to noise, and the sparse bound then approximates the same model
-        as the point variant.  The Bayesian bound does not run away with a learned beta (the
-        posterior variances S take up the within-node jitter): on the depth-4 tree (seed 0) it
-        scored 0.859 with beta learned (beta 344) against 0.808 at the PPCA level (beta 23.6), and
-        0.776 with the PPCA level held for 100 iterations, then learned (a noise warm-up).
-        Ten seeds (bench/README.md, session 3): learned 0.847 / 0.846 at depths 4 / 5, the PPCA
-        level 0.826 / 0.898 and 0.708 / 0.904 on the myeloid data (below PCA: S grows where D is
-        small), so "auto" keeps the learned noise for the Bayesian variant.  Higher fixed noise
-        raises the tree scores further and lowers the myeloid ones (2 x / 4 x the PPCA level: depth 5
-        0.915 / 0.922, myeloid Qlocal 0.681 / 0.671 on ten / three seeds; bench/README.md, session 5).
+        :func:`lvmcore.pca.ppca_noise_variance`) or a positive number (fixed noise variance
+        1 / beta). The PPCA level keeps the residual that dual PPCA, the GP-LVM's linear-kernel
+        case, assigns to noise (a learned beta keeps rising where the data have within-cluster
+        jitter), and the sparse bound then approximates the same model as the point variant. The
+        Bayesian bound learns its noise (eq. 6; its variances S take up the jitter).
     mean : "auto" (default: "integrated" for point, "zero" for sparse and bayesian), "integrated"
         (a constant mean per column of Y integrated out under a flat prior: the restricted
         likelihood, see the module docstring; point and sparse only) or "zero" (eq. 4 / 5 as
@@ -566,7 +499,7 @@ class HyperboloidGPLVM(LatentModel):
         Monte-Carlo estimate, too noisy to compare trial moves).
     prior_scale : tangent standard deviation s of the prior N^w(mu0, s^2 I) of the Bayesian variant:
         a fixed number (default 1, the paper's prior) or "learn" (from s = 1, by Adam on the bound,
-        i.e. empirical Bayes; on the depth-4 tree it settled at s = 0.9 and scored as s = 1 did).
+        i.e. empirical Bayes).
     chunks : rows per chunk for the Bayesian MC statistics map-reduced over Dask workers
         (:class:`lvmcore.chunks.RowChunks`); None computes them in-process.
     random_state : None, int or Generator (k-means start, MC samples, random init).
@@ -812,7 +745,7 @@ class HyperboloidGPLVM(LatentModel):
                 state = _apply_updates_jit(
                     state, grads, float(it), upd_S, lr, hlr, scale, variant=variant, use_radam=use_radam
                 )
-            elif variant == "point":  # K^-1 by LAPACK between two compiled halves (chol_inverse)
+            elif variant == "point":  # K^-1 by LAPACK between two compiled halves (linalg.chol_inverse)
                 K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
                 Ki_lower, logdet = _chol_inverse_lower(K)
                 if restricted:
@@ -900,12 +833,7 @@ class HyperboloidGPLVM(LatentModel):
         Yn = jnp.asarray(Y_new - self.mean_)
         Ytr = jnp.asarray(self._Y)
         Xtr = jnp.asarray(self.lorentz_embedding_)
-        d2 = (
-            np.sum(np.asarray(Yn) ** 2, 1)[:, None]
-            - 2 * np.asarray(Yn) @ np.asarray(Ytr).T
-            + np.sum(np.asarray(Ytr) ** 2, 1)[None]
-        )
-        X0 = Xtr[np.argmin(d2, axis=1)]
+        X0 = Xtr[knn_query(self._Y, np.asarray(Yn))[0][:, 0]]
         n_new, q = X0.shape[0], int(self.n_components)
         kappa = float(self.kappa)
         hyp = jnp.log(jnp.array([self.sigma_, self.beta_, (self.prior_scale_ or 1.0) ** 2]))
@@ -913,7 +841,7 @@ class HyperboloidGPLVM(LatentModel):
         H = int(self.n_samples)
         if self.variant == "point":
             sigma, beta = self.sigma_, self.beta_
-            K = _kern(Xtr, Xtr, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(ntr)
+            K = point_kernel(Xtr, jnp.log(sigma), jnp.log(beta), kappa)[0]  # eq. 4's K
             L = jnp.linalg.cholesky(K)
             if self.restricted_:  # the constant mean's estimate (GLS), taken off both
                 k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
@@ -952,8 +880,8 @@ class HyperboloidGPLVM(LatentModel):
         @jax.jit
         def step(Xn, log_S, mX, vX, mS, vS, t, eps):
             gX, gS = grad_fn(Xn, log_S, eps)
-            Xn, mX, vX = _radam_step(Xn, gX, mX, vX, t, lr)
-            log_S, mS, vS = _adam_step(log_S, gS, mS, vS, t, lr)
+            Xn, mX, vX = riemannian_adam(Xn, gX, mX, vX, t, lr)
+            log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
             return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
 
         Xn = X0

@@ -62,20 +62,15 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data
+from lvmcore.graph import knn_query
 from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.linalg import NumericalError, cholesky_jax, jitter_schedule
-from lvmcore.manifolds.lorentz import expmap, expmap0, inner, proj, to_poincare, transp
+from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models._base import LatentModel
 from lvmcore.models.bgplvm_svi import optimal_qu_from_kmm, uncollapsed_from_kmm
-from lvmcore.models.hgplvm import (
-    _JITTER,
-    _PATIENCE_BAYES,
-    HyperboloidGPLVM,
-    _adam_step,
-    _radam_step,
-    _renorm,
-    _rgrad,
-)
+from lvmcore.models.hgplvm import _JITTER, _PATIENCE_BAYES, HyperboloidGPLVM, _renorm
+from lvmcore.optim import adam, riemannian_adam
+from lvmcore.pca import ppca_noise_variance, principal
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
 
@@ -174,25 +169,6 @@ def _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter):
 
 
 # --------------------------------------------------------------------------- steps
-def _radam_rows(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    """Riemannian Adam ascent on rows of means with per-row step counts t (B,) (as
-    ``hgplvm._radam_step``, whose t is one number)."""
-    rg = _rgrad(X, g)
-    m = b1 * m + (1.0 - b1) * rg
-    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
-    mhat = m / (1.0 - b1 ** t[:, None])
-    vhat = v / (1.0 - b2**t)
-    Xn = _renorm(expmap(X, lr * mhat / (jnp.sqrt(vhat)[:, None] + eps)))
-    return Xn, proj(Xn, transp(X, Xn, m)), v
-
-
-def _adam_rows(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    m = b1 * m + (1.0 - b1) * g
-    v = b2 * v + (1.0 - b2) * g * g
-    c1, c2 = 1.0 - b1 ** t[:, None], 1.0 - b2 ** t[:, None]
-    return p + lr * (m / c1) / (jnp.sqrt(v / c2) + eps), m, v
-
-
 @jit64
 def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, lr, hlr, hmask, upd_S, r_ng):
     """One minibatch step (phase 1): the batch estimate and its gradients, the natural-gradient step
@@ -209,12 +185,12 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
     finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(P)) & jnp.all(jnp.isfinite(qu_new["m"]))
     # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
     tl = lmom["t"] + 1.0
-    X, mX, vX = _radam_rows(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr)
-    lS, mS, vS = _adam_rows(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl, hlr)
+    X, mX, vX = riemannian_adam(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr)
+    lS, mS, vS = adam(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl[:, None], hlr)
     lS = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
     mS, vS = jnp.where(upd_S, mS, lmom["mS"]), jnp.where(upd_S, vS, lmom["vS"])
-    Z, mZ, vZ = _radam_step(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr)
-    hyp, mh, vh = _adam_step(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
+    Z, mZ, vZ = riemannian_adam(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr)
+    hyp, mh, vh = adam(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
     return (
         {"X": X, "log_S": lS},
         {"mX": mX, "vX": vX, "mS": mS, "vS": vS, "t": tl},
@@ -240,8 +216,8 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
         eps = jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
         g = grad_local({"X": X, "log_S": lS}, eps)
         t = i + 1.0
-        X, mX, vX = _radam_step(X, g["X"], mX, vX, t, lr)
-        lS, mS, vS = _adam_step(lS, g["log_S"], mS, vS, t, hlr)
+        X, mX, vX = riemannian_adam(X, g["X"], mX, vX, t, lr)
+        lS, mS, vS = adam(lS, g["log_S"], mS, vS, t, hlr)
         return X, jnp.clip(lS, -20.0, 5.0), mX, vX, mS, vS
 
     X, lS = local["X"], local["log_S"]
@@ -391,15 +367,13 @@ class StochasticHyperboloidGPLVM(LatentModel):
 
         n, d = Yc.shape
         q = int(self.n_components)
-        cov = Yc.T @ Yc / n
-        evals, evecs = np.linalg.eigh(cov)
-        order = np.argsort(evals)[::-1]
+        pc = principal(Yc, min(q, d))
         if self.init == "random":
             P = rng.uniform(-1e-3, 1e-3, size=(n, q))
         else:
             r = min(q, d)
             P = np.zeros((n, q))
-            P[:, :r] = Yc @ evecs[:, order[:r]]
+            P[:, :r] = Yc @ pc.vectors[:, :r]
             mx = float(np.sqrt(np.max(np.sum(P * P, 1))))
             if mx > 0:
                 P *= float(self.init_scale) / mx
@@ -415,8 +389,8 @@ class StochasticHyperboloidGPLVM(LatentModel):
         var_y = float(np.sum(np.var(Yc, axis=0)) / d) or 1.0
         mode = "learn" if self.noise == "auto" else self.noise
         noise_var = None
-        if mode == "ppca" and d > q:  # ML noise of Q-dim PPCA: mean of the D - Q smallest eigenvalues
-            noise_var = max(float(np.mean(np.sort(evals)[::-1][q:])), 1e-6 * var_y)
+        if mode == "ppca" and d > q:  # ML noise of Q-dim PPCA (lvmcore.pca)
+            noise_var = max(ppca_noise_variance(Yc, q, pc), 1e-6 * var_y)
         elif mode not in ("learn", "ppca"):
             noise_var = float(mode)
         return P, C, var_y, noise_var
@@ -583,8 +557,6 @@ class StochasticHyperboloidGPLVM(LatentModel):
         """Means (n_new, Q) in the Poincare ball of new rows: q(x) of each started at the fitted
         mean of its nearest training row (in data space) and fitted by the per-point pass with
         everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
-        from sklearn.neighbors import NearestNeighbors
-
         self._check_fitted()
         Y_new = check_data(Y_new, "Y_new")
         if Y_new.shape[1] != self._Y.shape[1]:
@@ -593,7 +565,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
                 "pass rows with the training data's features"
             )
         Yn = Y_new - self.mean_
-        idx = NearestNeighbors(n_neighbors=1).fit(self._Y).kneighbors(Yn, return_distance=False)[:, 0]
+        idx = knn_query(self._Y, Yn)[0][:, 0]
         X = self.lorentz_embedding_[idx].copy()
         log_S = np.log(self.embedding_var_[idx])
         steps = int(max_iter) if max_iter is not None else (int(self.local_iter) or 50)
@@ -625,8 +597,8 @@ class BayesianHyperboloidGPLVM(LatentModel):
     force one. ``training_`` ("full" / "minibatch") and ``minibatch_`` (0.0 / 1.0, stored by the
     sweep) say which ran; ``estimator_`` is the fitted estimator, whose fitted attributes this one
     carries. Shared parameters mean the same in both: ``max_iter`` optimiser steps (minibatch: of
-    batches), ``tol`` the plateau rule, the learning rates, H, init, noise, prior. ``n_inducing="auto"``
-    is each training's own rule (full: N / 10 within [64, 256]; minibatch: min(N, 64)).
+    batches), ``tol`` the plateau rule, the learning rates, H, init, noise, prior.
+    ``n_inducing="auto"`` is each training's own rule (full: N / 10 within [64, 256]; minibatch: min(N, 64)).
     ``batch_size``, ``local_iter``, ``ng_step``, ``eval_samples``, ``chunk_size`` are the minibatch
     fit's; ``chunks``, ``optimizer``, ``init="sparse"`` the full-batch fit's, and refused (before any
     work) when minibatch training is chosen with a non-default value."""

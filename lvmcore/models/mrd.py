@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils._param_validation import StrOptions
 
+from lvmcore.graph import knn_query
 from lvmcore.models.bgplvm import _KERNELS, _CollapsedGPLVM
 
 
@@ -98,8 +99,7 @@ class MRD(_CollapsedGPLVM):
         used = np.any(rel[sorted(observed)], axis=0)
         if not np.all(used):
             X = self.embedding_
-            d2 = ((mu[:, None, used] - X[None, :, used]) ** 2).sum(-1)
-            nn = np.argmin(d2, axis=1)
+            nn = knn_query(X[:, used], mu[:, used])[0][:, 0]
             mu, S = mu.copy(), S.copy()
             mu[:, ~used] = X[nn][:, ~used]
             S[:, ~used] = self.embedding_var_[nn][:, ~used]

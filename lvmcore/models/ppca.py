@@ -11,10 +11,13 @@ from sklearn.utils._param_validation import Interval
 from lvmcore.checks import check_data
 from lvmcore.linalg import chol_solve
 from lvmcore.models._base import LatentModel
+from lvmcore.pca import ppca_noise_variance, principal
 
 
 class PPCA(LatentModel):
-    """Probabilistic PCA fitted in closed form (maximum likelihood, Tipping and Bishop eqs. 15-16).
+    """Probabilistic PCA fitted in closed form (maximum likelihood, Tipping and Bishop eqs. 15-16:
+    the noise is the mean of the D - q discarded eigenvalues of the N-normalised covariance, the
+    zero ones included when N < D; :mod:`lvmcore.pca`).
 
     ``elbo_`` is the exact log marginal likelihood of the data under the fitted model, on the same
     scale as the other models' bounds; ``embedding_`` (N, Q) the posterior means
@@ -32,8 +35,6 @@ class PPCA(LatentModel):
         self.random_state = random_state
 
     def fit(self, Y, graph=None):
-        from sklearn.decomposition import PCA
-
         self._validate_params()
         self._refuse_graph(graph)
         Y = check_data(Y)
@@ -43,18 +44,19 @@ class PPCA(LatentModel):
                 f"Expected n_components < n_features, but n_features = {D}, n_components = {q}; "
                 "lower n_components"
             )
-        # many more rows than columns: the D x D covariance's eigenvectors (no centred copy, no
-        # N x D factor U; sklearn's "covariance_eigh"); else the SVD of the centred data
-        tall = Y.shape[0] >= 10 * D
-        pca = PCA(n_components=q, svd_solver="covariance_eigh" if tall else "full").fit(Y)
-        self.elbo_ = _log_likelihood(Y, pca.mean_, pca.get_precision())
+        p = principal(Y, q)
+        noise = ppca_noise_variance(Y, q, p)  # eq. 15, every discarded eigenvalue (N < D too)
+        if not noise > np.finfo(np.float64).eps * p.total:  # zero up to the rounding of the total
+            raise np.linalg.LinAlgError(
+                f"PPCA: the noise variance is 0 (the data lie in a {q}-dimensional subspace), so the "
+                "model's covariance is singular; lower n_components"
+            )
+        self.mean_, self.noise_variance_ = p.mean, float(noise)
+        self.loadings_ = p.vectors * np.sqrt(np.maximum(p.values - noise, 0.0))  # eq. 16, R = I
+        self.elbo_ = _log_likelihood(Y, self.mean_, self.loadings_, self.noise_variance_)
         self.elbo_trace_ = np.array([self.elbo_])
         self.n_iter_ = 1
         self.converged_ = True  # a closed form
-        self.mean_, self.noise_variance_ = pca.mean_, float(pca.noise_variance_)
-        self.loadings_ = pca.components_.T * np.sqrt(
-            np.maximum(pca.explained_variance_ - pca.noise_variance_, 0.0)
-        )
         self.embedding_ = self._posterior_mean(Y)
         M_inv = chol_solve(self._chol_M(), np.eye(q))
         self.embedding_var_ = np.tile(self.noise_variance_ * np.diag(M_inv), (Y.shape[0], 1))
@@ -78,13 +80,18 @@ class PPCA(LatentModel):
         return self._posterior_mean(Y)
 
 
-def _log_likelihood(Y, mean, precision, block: int = 65536) -> float:
-    """sum_n log N(y_n | mean, C) with C^-1 = ``precision`` (Tipping and Bishop eq. 4), the
-    quadratic terms summed over row blocks: the centred data is never held whole."""
+def _log_likelihood(Y, mean, W, noise, block: int = 65536) -> float:
+    """sum_n log N(y_n | mean, C), C = W W^T + noise I (Tipping and Bishop eq. 4), through the
+    q x q matrix M = W^T W + noise I: log|C| = (D - q) log noise + log|M| and
+    r^T C^-1 r = (|r|^2 - r^T W M^-1 W^T r) / noise. The residuals are summed over row blocks:
+    neither the centred data nor a D x D matrix is formed."""
     N, D = Y.shape
+    q = W.shape[1]
+    L = np.linalg.cholesky(W.T @ W + noise * np.eye(q))
     quad = 0.0
     for a in range(0, N, block):
         R = Y[a : a + block] - mean
-        quad += float(np.einsum("ij,ij->", R @ precision, R))
-    _, logdet = np.linalg.slogdet(precision)
-    return -0.5 * (quad + N * (D * np.log(2 * np.pi) - logdet))
+        P = chol_solve(L, (R @ W).T)
+        quad += float(np.einsum("ij,ij->", R, R) - np.einsum("ij,ji->", R @ W, P))
+    logdet = (D - q) * np.log(noise) + 2.0 * float(np.sum(np.log(np.diag(L))))
+    return -0.5 * (quad / noise + N * (D * np.log(2 * np.pi) + logdet))

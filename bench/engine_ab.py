@@ -1,0 +1,125 @@
+"""Interleaved A/B of two checkouts of lvmcore: the GP-LVM engine's hot paths, timed in fresh
+processes pinned to one core, alternating A and B every round, medians reported.
+
+    git worktree add /tmp/base <commit>        # the "before" checkout (same .venv)
+    python bench/engine_ab.py --a /tmp/base --b . [--rounds 5] [--what bound hgplvm]
+
+Measured per round and side (one process each, so each side compiles its own code):
+
+* ``bound``: the Bayesian GP-LVM bound + gradient (RBF-ARD, one chunk, ``RowChunks``) at (N, M, Q, D)
+  = (1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50): the best of 5 calls after a
+  warm-up call (the same problem as ``bench/psi.py``).
+* ``hgplvm``: one fit per hGP-LVM variant on the depth-5 binary tree (620 points), seed 0, a fixed
+  300 iterations (tol = 0, so both sides run the same steps): the fit's wall time, compilation
+  included, and the milliseconds per iteration from two fits of 100 and 300 iterations,
+  (t300 - t100) / 200 (compilation and set-up cancel).
+
+Prints, per item, the median over rounds of A and B and B / A (< 1: B is faster). The machine is
+shared: read the ratio, not the absolute times."""
+
+import os
+
+for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[v] = "1"
+os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+SIZES = ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50))
+VARIANTS = ("point", "sparse", "bayesian")
+
+
+def one_bound(repeats=5):
+    from psi import ours_runner, problem
+
+    out = {}
+    for N, M, Q, D in SIZES:
+        f = ours_runner(*problem(N, M, Q, D))
+        f()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        out[f"bound {N},{M},{Q},{D} ms"] = 1e3 * min(ts)
+    return out
+
+
+def one_hgplvm(iters=(100, 300)):
+    from lvmcore.data.synthetic import binary_tree
+    from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    Y, *_ = binary_tree(5, seed=0)
+    out = {}
+    for variant in VARIANTS:
+        t = {}
+        lo, hi = iters
+        for it in (lo, hi):
+            m = HyperboloidGPLVM(n_components=2, variant=variant, max_iter=it, tol=0, random_state=0)
+            t0 = time.perf_counter()
+            m.fit(Y)
+            t[it] = time.perf_counter() - t0
+        out[f"hgplvm {variant} fit {hi} it s"] = t[hi]
+        out[f"hgplvm {variant} ms/it"] = 1e3 * (t[hi] - t[lo]) / (hi - lo)
+    return out
+
+
+def child(what, iters):
+    from _pin import pin_one_core
+
+    pin_one_core()
+    import lvmcore
+
+    res = {"lvmcore": str(Path(lvmcore.__file__).parent.parent)}
+    if "bound" in what:
+        res.update(one_bound())
+    if "hgplvm" in what:
+        res.update(one_hgplvm(iters))
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", default="/tmp/base")
+    ap.add_argument("--b", default=".")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--what", nargs="+", default=["bound", "hgplvm"])
+    ap.add_argument("--iters", type=int, nargs=2, default=[100, 300], help="the two hGP-LVM fits' budgets")
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    if a.child:
+        child(a.what, a.iters)
+        return
+    sides = {"A": str(Path(a.a).resolve()), "B": str(Path(a.b).resolve())}
+    got = {"A": [], "B": []}
+    for r in range(a.rounds):
+        for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
+            env = dict(os.environ, PYTHONPATH=sides[name])
+            p = subprocess.run(
+                [sys.executable, __file__, "--child", "--what", *a.what, "--iters", *map(str, a.iters)],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+            if not line:
+                sys.exit(f"side {name} failed:\n{p.stderr[-3000:]}")
+            res = json.loads(line[-1][7:])
+            assert res.pop("lvmcore") == sides[name], "the child imported the other checkout"
+            got[name].append(res)
+            print(f"round {r} {name}: " + " ".join(f"{k}={v:.4g}" for k, v in res.items()), flush=True)
+    print(f"\nmedians over {a.rounds} rounds; A = {sides['A']}, B = {sides['B']}")
+    print(f"{'item':34s} {'A':>10s} {'B':>10s} {'B/A':>6s}")
+    for k in got["A"][0]:
+        ma = float(np.median([g[k] for g in got["A"]]))
+        mb = float(np.median([g[k] for g in got["B"]]))
+        print(f"{k:34s} {ma:10.4g} {mb:10.4g} {mb / ma:6.3f}")
+
+
+if __name__ == "__main__":
+    main()

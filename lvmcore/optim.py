@@ -1,0 +1,111 @@
+"""The optimisers of the GP-LVM family and their one stopping rule.
+
+* :func:`stalled` - the stopping rule: a fit has converged when its objective gained at most
+  ``tol`` per data value (N x D) over the last stretch. The tolerance is per data value, not
+  relative to |objective|: a bound that is a density of Y moves by -N D log c when Y is scaled by
+  c, an additive shift that must not move where a fit stops.
+* :func:`lbfgs` - scipy's L-BFGS-B on the objective per data value, shifted to 0 at the start
+  (so its own relative-reduction test is the same at any data scale), restarted while iterations
+  remain and a run stopped by that test still gained more than ``tol`` per value.
+* :func:`adam` / :func:`riemannian_adam` - one Adam: Euclidean parameters are the trivial manifold
+  of the Riemannian version (Becigneul and Ganea 2019; geoopt's ``RiemannianAdam``), which steps
+  points on the Lorentz model by the exponential map with first moments carried by parallel
+  transport and one second moment per point (the squared Lorentz norm of its gradient).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["stalled", "lbfgs", "LbfgsResult", "adam", "riemannian_adam"]
+
+
+def stalled(gain: float, tol: float, n_values: float) -> bool:
+    """The stopping rule: ``gain`` (the objective's rise over the last stretch) is at most ``tol``
+    per data value. A non-finite gain is not a stall."""
+    return bool(np.isfinite(gain) and gain <= float(tol) * float(n_values))
+
+
+class LbfgsResult(NamedTuple):
+    x: np.ndarray
+    converged: bool  # stopped by the rule or by L-BFGS-B's own gradient test, not the budget
+    nit: int
+
+
+def lbfgs(fg, x, *, n_values, max_iter, tol, gtol=1e-8, bounds=None, callback=None) -> LbfgsResult:
+    """Minimise ``fg(x) -> (f, grad)`` (f: minus a bound, in its own units) by L-BFGS-B.
+
+    The optimiser sees (f - f(x0)) / n_values: its ftol (``tol``) and the restart rule
+    (:func:`stalled`) are per data value; ``gtol`` is on the gradient of f itself (its inf-norm
+    per data value is compared, the same test at any size). ``tol = 0`` and ``gtol = 0`` run the
+    whole budget. ``fg`` may return ``inf`` for a rejected trial point."""
+    from scipy.optimize import minimize
+
+    nv = float(n_values)
+    f0 = float(fg(x)[0])
+    if not np.isfinite(f0):
+        f0 = 0.0
+
+    def scaled(z):
+        f, g = fg(z)
+        return (f - f0) / nv, np.asarray(g) / nv
+
+    left, converged, nit = int(max_iter), False, 0
+    opts = {"ftol": float(tol), "gtol": float(gtol) / nv}
+    while left > 0:
+        start = scaled(x)[0]
+        r = minimize(scaled, x, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
+                     options={"maxiter": left, **opts})  # fmt: skip
+        left -= max(int(r.nit), 1)
+        nit += int(r.nit)
+        x = r.x
+        if tol <= 0:
+            converged = False
+            break
+        if r.nit >= 1 and stalled(start - r.fun, tol, 1.0):
+            converged = True
+            break
+        if r.nit < 1 or r.status != 0 or "REDUCTION OF F" not in str(r.message):
+            # status 0: L-BFGS-B's own test fired (the projected gradient); 1: the budget;
+            # 2: an abnormal stop (a failed line search), not a certified optimum
+            converged = r.status == 0
+            break
+    return LbfgsResult(np.asarray(x), converged, nit)
+
+
+def _sqrt(x):
+    """sqrt in the array's own library (NumPy arrays stay NumPy; JAX arrays and tracers JAX)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.sqrt(x) if isinstance(x, jax.Array) else np.sqrt(x)
+
+
+def adam(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """One Adam ascent step (Kingma and Ba) on an array ``p`` with gradient ``g``, moments m, v and
+    step count t >= 1 (a number, or an array broadcasting against p: one count per row)."""
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    p = p + lr * (m / (1.0 - b1**t)) / (_sqrt(v / (1.0 - b2**t)) + eps)
+    return p, m, v
+
+
+def riemannian_adam(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """One Riemannian Adam ascent step for points X (..., Q+1) on the Lorentz model with ambient
+    Euclidean gradient g (Algorithm 1 of paper 002: time coordinate negated, projected to the
+    tangent space); m (..., Q+1) tangent momenta, v (...) one second moment per point, t the step
+    count (a number, or one per point). The step is the exponential map; the momenta are
+    parallel-transported to the new points."""
+    import jax.numpy as jnp
+
+    from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, inner, proj, project_to_manifold, transp
+
+    rg = egrad2rgrad(X, g)
+    m = b1 * m + (1.0 - b1) * rg
+    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
+    mhat = m / jnp.asarray(1.0 - b1**t)[..., None]
+    step = lr * mhat / (jnp.sqrt(v / (1.0 - b2**t))[..., None] + eps)
+    Xn = project_to_manifold(expmap(X, step))
+    return Xn, proj(Xn, transp(X, Xn, m)), v
