@@ -86,7 +86,9 @@ def test_single_view_models_fit_the_named_view_or_the_concatenation(tmp_path):
         load(str(path), modalities={"atac": {}})
 
 
+@pytest.mark.slow
 def test_mrd_recovers_the_shared_and_private_signals_of_the_joined_modalities(tmp_path):
+    """Slow: one MRD fit to convergence (about 45 s on an idle 2-core machine)."""
     from lvmcore.models.mrd import MRD
 
     path, _, signals = _two_modalities(tmp_path)
