@@ -41,6 +41,7 @@ from tasks.store import (
     growth,
     inputs_dir,
     mark_pending,
+    numerics_version,
     prepare_store,
     read_status,
     record_flow_run,
@@ -269,6 +270,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         n_views=n_views,
         n_generations=int(n_generations),
         trace_len={s.key: min(_default_max_iter(s, _options_for(s, model_options)) + 1, 2000) for s in specs},
+        numerics=numerics_version(),
     )
     identity = {
         "dataset": [src, opts],

@@ -111,6 +111,9 @@ class Layout:
     n_views: int = 1
     n_generations: int = 0
     trace_len: dict = field(default_factory=dict)  # key -> iterations kept
+    #: the version of the numerics the points record (``numerics_version()`` of the process that
+    #: planned the sweep, so every worker records the one its run is checked against)
+    numerics: str = ""
 
 
 @dataclass
@@ -559,7 +562,8 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
-    data["numerics"] = var((), np.array(numerics_version(), dtype=f"<U{NUMERICS_CHARS}"))
+    version = layout.numerics or numerics_version()
+    data["numerics"] = var((), np.array(version, dtype=f"<U{NUMERICS_CHARS}"))
     data["status"] = var((), np.int8(code))
     # direct zarr writes of whole chunks (a cell is a whole number of chunks of every variable,
     # shared with no other cell): the same bytes as xarray's region write at a fraction of its
