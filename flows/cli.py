@@ -186,7 +186,8 @@ def cmd_run(a) -> int:
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
         for sw in sweeps
     ]
-    plans = _plan_all(sweeps, stores, a.replace)  # every sweep's errors before any work starts
+    # every sweep's errors (and points its cluster cannot run) before any work starts
+    plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours)
     failed = {}
     with contextlib.ExitStack() as stack:
         stale = []  # holders of stale locks taken over: their flow runs are marked crashed below
@@ -221,6 +222,7 @@ def cmd_run(a) -> int:
                 report=not a.no_report,
                 retry_failed=a.retry_failed,
                 plan=plan,
+                max_point_hours=a.max_point_hours,
                 return_state=True,
             )
             res = outcome(state)  # a run with failed points ends Failed in Prefect; its counts are here
@@ -417,6 +419,12 @@ def main(argv=None) -> int:
     r.add_argument("--no-report", action="store_true")
     r.add_argument(
         "--retry-failed", action="store_true", help="run the grid points that failed in an earlier run again"
+    )
+    r.add_argument(
+        "--max-point-hours",
+        type=float,
+        default=None,
+        help="refuse a sweep with a grid point predicted to run longer (default 24; tasks/costs.py)",
     )
     r.add_argument(
         "--replace",

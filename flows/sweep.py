@@ -438,10 +438,11 @@ def _labels(data_path: str):
     return ds["label"].values if "label" in ds else None
 
 
-def _progress(store: str, todo: int, already: int) -> Progress:
-    """Terminal progress of this run's grid points, mirrored in a Prefect progress artifact."""
+def _progress(store: str, todo: int, already: int, predicted: float | None = None) -> Progress:
+    """Terminal progress of this run's grid points, mirrored in a Prefect progress artifact;
+    ``predicted``: the plan's seconds for them (tasks.costs), the time left until one finishes."""
     artifact = start_progress(store, todo, already)
-    return Progress(todo, on_update=lambda f: update_progress(artifact, f))
+    return Progress(todo, on_update=lambda f: update_progress(artifact, f), predicted=predicted)
 
 
 @flow(name="embed-sweep-grid", log_prints=True)
@@ -529,7 +530,9 @@ def sweep_grid(
             retry_failed,
         )
         futures[id(fut)] = (fut, s.key, items)
-    progress = _progress(store, len(todo), total - len(todo))
+    from tasks.costs import predicted_seconds
+
+    progress = _progress(store, len(todo), total - len(todo), predicted_seconds(plan, todo, n_workers))
     unwritten = None
     for fut in as_completed([f for f, _, _ in futures.values()]):
         _, key, items = futures[id(fut)]
@@ -590,6 +593,7 @@ def embed_sweep(
     points_per_task: int | None = None,
     retry_failed: bool = False,
     plan: dict | None = None,
+    max_point_hours: float | None = None,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -608,9 +612,12 @@ def embed_sweep(
         {"type": "slurm", ...SLURMCluster kwargs, "adapt": {...}}, {"type": "kubernetes", ...}.
     plan: this sweep's ``plan_sweep(...).to_dict()`` when the caller planned it already (the CLI
         plans every sweep before it starts anything); refused if made for other arguments.
+    max_point_hours: refuse the sweep if a grid point is predicted to run longer (default 24 h;
+        also a Slurm job's walltime and a worker's memory: tasks.costs.check_plan).
     """
     spec = normalise_cluster(cluster)
     store = str(store_path(store))
+    given = plan  # the CLI printed a given plan's costs already
     if plan is None:
         plan = plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_method)
     else:
@@ -618,6 +625,9 @@ def embed_sweep(
         plan.check_request(dataset, models, grid, model_options, n_generations, knn_method)
     check_store(store, plan.identity)
     check_writable(store)
+    from tasks.costs import check_plan
+
+    check_plan(plan, spec, max_point_hours, out=print if given is None else None)  # before the cluster
     if os.environ.get("PREFECT_API_URL") is None:
         from prefect.settings import PREFECT_API_URL
 

@@ -18,6 +18,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.costs import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.registry import MODELS
@@ -25,6 +26,7 @@ from tasks.store import (
     STATUS_FAILED,
     STATUS_PENDING,
     Layout,
+    PointResult,
     StoreWriteError,
     read_status,
     write_error,
@@ -87,9 +89,17 @@ def run_point(
     store: str,
     layout: Layout,
 ) -> str:
-    """Fit, evaluate and write one grid point; returns ``done`` or ``failed``."""
+    """Fit, evaluate and write one grid point; returns ``done`` or ``failed``. A fit that runs past
+    its predicted time by the set factor is stopped and recorded failed (tasks.costs)."""
     n_gen = layout.n_generations if "generations" in MODELS[key].extras else 0
-    res = evaluate_point(fit_point(key, options, data_path, graph_path, index, point, n_gen), data_path)
+    try:
+        with point_guard(key, options, point, data_path, n_gen):
+            res = fit_point(key, options, data_path, graph_path, index, point, n_gen)
+    except PointOverrun as e:  # stopped outside the fit's own error handling
+        res = PointResult(
+            key=key, index=tuple(index), point=dict(point), status="failed", error=f"PointOverrun: {e}"
+        )
+    res = evaluate_point(res, data_path)
     for attempt in range(WRITE_ATTEMPTS):  # retries only on I/O (a transient file-system error)
         try:
             write_point(store, MODELS[key], res, layout)
