@@ -24,7 +24,7 @@ from lvmcore.data import describe, label_names
 from lvmcore.graph import KNN_METHODS
 from tasks.artifacts import publish_results, start_progress, update_progress
 from tasks.evaluate import eval_subset, eval_subset_attrs, label_notes
-from tasks.ingest import dataset_spec, ingest_task
+from tasks.ingest import dataset_spec, ingest_task, ingested_attrs
 from tasks.knn import graph_matches, knn_task
 from tasks.point import batch_sizes, batches, grid_points_task
 from tasks.registry import MODELS, ModelSpec, grid_points, model_grid, normalise_grid, resolve_models
@@ -478,6 +478,7 @@ def sweep_grid(
             "dataset": json.dumps(plan.dataset),
             "flow_parameters": json.dumps(plan.identity),
             **{f"data_{k}": v for k, v in plan.provenance.items()},
+            **ingested_attrs(data_path),  # the preprocessing's record (explained variance), ingest's own
             **eval_subset_attrs(plan.size[0], labels),
         }
         prepare_store(store, plan.identity, specs, grid, layout, attrs)

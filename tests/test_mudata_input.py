@@ -159,6 +159,7 @@ def test_mrd_and_a_single_view_model_run_on_the_h5mu_in_the_sweep(prefect_api, s
     attrs = xr.open_datatree(store, engine="zarr", consolidated=False).attrs
     assert json.loads(attrs["data_params"])["view"] == "prot" and attrs["data_fitted_view"] == "prot"
     assert json.loads(attrs["data_source_info"])["dropped"] == {"rna": 10, "prot": 5}
+    assert json.loads(attrs["data_preprocess"])["rna"]["settings"]["log1p"] is True  # ingest's record
     data_path, _ = input_paths(str(store))
     np.testing.assert_array_equal(obs_names(data_path), names)
     assert source_info(data_path)["options"]["view"] == "prot"
