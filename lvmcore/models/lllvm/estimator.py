@@ -193,8 +193,8 @@ class LLLVM(LatentModel):
     epsilon_form : "identity" (eps I, the paper) or "ones" (eps 1 1^T, the authors' code: it only
         penalises the mean; dense solver)
     standardize : centre Y and divide it by its largest absolute entry (the authors' preprocessing;
-        the priors' unit graph weights make the fit scale-dependent); ``elbo_`` is then the bound of
-        the scaled data, ``Y_train_`` the scaled data
+        the priors' unit graph weights make the fit scale-dependent); ``elbo_`` stays the bound of the
+        data as given (the scaled data's bound minus N D log scale), ``Y_train_`` is the scaled data
     chunks : points per chunk of the quadratic variant's edge sums, run as Dask tasks; None in process
     init : "random_c" (q(C) means N(0, 1), covariance I: the authors' start), "random_x" or "spectral"
     random_state : seed of the random start
@@ -383,8 +383,11 @@ class LLLVM(LatentModel):
         self.embedding_var_ = np.diagonal(self.embedding_cov_, axis1=1, axis2=2).copy()
         self.C_ = qc.mean
         self.alpha_, self.beta_, self.gamma_ = th.alpha, th.beta, th.gamma
-        self.elbo_trace_ = trace
-        self.elbo_ = float(trace[-1])
+        # the bound of Y as given: the fit's bound is a density of Ys = (Y - center) / scale, so
+        # log p(Y) = log p(Ys) - N D log(scale) (the recorded centre and scale held fixed); a fit of
+        # c Y then has the same embedding and the bound shifted by -N D log c
+        self.elbo_trace_ = trace - n * D * np.log(scale)
+        self.elbo_ = float(self.elbo_trace_[-1])
         self.n_iter_ = len(trace)
         self.converged_ = self.tol > 0 and stalled(trace, self.tol)
         return self
