@@ -360,7 +360,11 @@ def cmd_datasets(a) -> int:
 
     for name, desc in list_datasets().items():
         print(f"{name:18s} {desc}")
-    print("files: .npy, .csv (label_column=...), .zarr (from ingest), .h5ad (with anndata)")
+    print(
+        "files: .npy, .csv (label_column=...), .zarr (from ingest), .h5ad (use_rep, layer, label_column, "
+        "color_column, preprocess, max_features), .h5mu (modalities, view), {\"views\": [files]}; "
+        "README 'Your own data'"
+    )
     return 0
 
 
