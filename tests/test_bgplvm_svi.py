@@ -141,7 +141,7 @@ def test_small_fit_reaches_the_collapsed_bound():
     # uncollapsed bound with q(u) as trained
     stats = batch_statistics("rbf", svi.embedding_, svi.embedding_var_, svi.Y_train_[0], svi.glob_)
     with jax.enable_x64(True):
-        Kmm = kmm("rbf", svi.glob_["Z"][0], svi.glob_["kern"][0])
+        Kmm = kmm("rbf", svi.glob_["Z"][0], svi.glob_["kern"][0], svi.kmm_jitter_[0])  # in data units
         F = float(view_bound(stats, Kmm, svi.glob_["log_beta"][0], n, 3, svi.extra_jitter_))
     F -= float(kl_diag_gaussian(svi.embedding_, svi.embedding_var_))
     assert svi.elbo_ == pytest.approx(F, rel=1e-9)

@@ -26,11 +26,9 @@ BOUND_OF_WEIGHTS = ("glle_direct",)
 RESTRICTED = ("hgplvm_point",)
 #: a fixed, small number of steps per model (the point is the same path at every scale)
 STEPS = {"lllvm": 5, "bgplvm": 10, "bgplvm_svi": 10, "mrd": 10, "hgplvm": 10, "glle": 30}
-#: models that B (the GP-LVM engine helper) has not yet made scale-free: each fails here with the
-#: numbers in its reason (strict: the mark must go once the model passes)
-NOT_YET: dict[str, str] = {
-    "bgplvm_svi": "issue 36 item 1: minibatch Bayesian GP-LVM at c = 1e-6 is 4122 nats off the shifted bound",
-}
+#: models known not to be scale-free yet, each with its measured error (a strict xfail: the mark
+#: must go once the model passes); none today
+NOT_YET: dict[str, str] = {}
 
 
 def _data(key):

@@ -52,7 +52,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from lvmcore.checks import check_data
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.linalg import KMM_JITTER
-from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm
+from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm, kmm_jitters
 from lvmcore.optim import adam
 from lvmcore.precision import x64
 
@@ -68,12 +68,13 @@ __all__ = [
 
 # --------------------------------------------------------------------------- plain functions
 @x64
-def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0):
+def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0, kmm_jitter=KMM_JITTER):
     """sum_n E[log p(y_n | f_n)] - KL(q(v)) of the module docstring, from statistics
     (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a set of points scaled by ``scale`` (N / B for a batch of B
     of the N points; 1 for all of them). ``qu`` = {"m": (M, D), "P": (M, M)}: q(v)'s mean and
-    precision S_v^-1. The KL of q(X) is the caller's."""
-    Kmm = kmm(kind, glob["Z"][0], glob["kern"][0])
+    precision S_v^-1. The KL of q(X) is the caller's. ``kmm_jitter``: K_mm's jitter in the data's
+    units (a fit passes :func:`~lvmcore.models.bgplvm.kmm_jitters` of its data)."""
+    Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
     return uncollapsed_from_kmm(Kmm, stats, glob["log_beta"][0], qu, N, scale, rel_jitter)
 
 
@@ -116,11 +117,11 @@ def uncollapsed_from_kmm(Kmm, stats, log_beta, qu, N, scale=1.0, rel_jitter=0.0)
     return expected - kl_u
 
 
-def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0):
+def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0, kmm_jitter=KMM_JITTER):
     """The q(v) that maximises :func:`uncollapsed_bound` for these statistics: precision
     I + beta C and mean beta (I + beta C)^-1 c, C and c from the statistics scaled by ``scale``
     (the natural-gradient step of size one). Returns {"m", "P"} as numpy arrays."""
-    P, m = _optimal_qu_jit(kind)(stats, glob, scale, rel_jitter)
+    P, m = _optimal_qu_jit(kind)(stats, glob, scale, rel_jitter, kmm_jitter)
     return {"m": np.asarray(m), "P": np.asarray(P)}
 
 
@@ -147,8 +148,8 @@ def _optimal_qu_jit(kind: str):
     """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
     from lvmcore.precision import jit64
 
-    def f(stats, glob, scale, rel_jitter):
-        Kmm = kmm(kind, glob["Z"][0], glob["kern"][0])
+    def f(stats, glob, scale, rel_jitter, kmm_jitter):
+        Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
         return optimal_qu_from_kmm(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
 
     return jit64(f)
@@ -172,12 +173,13 @@ def _batch_step(kind: str):
     from lvmcore.precision import jit64
     from lvmcore.psi.closed_form import kl_diag_gaussian
 
-    def objective(local, glob, qu, Y, N, scale, rel_jitter):
+    def objective(local, glob, qu, Y, N, scale, rel_jitter, kmm_jitter=KMM_JITTER):
         import jax.numpy as jnp
 
         mu, S = local["mu"], jnp.exp(local["logS"])
         stats = batch_statistics(kind, mu, S, Y, glob)
-        F = uncollapsed_bound(kind, stats, glob, qu, N, scale, rel_jitter) - scale * kl_diag_gaussian(mu, S)
+        F = uncollapsed_bound(kind, stats, glob, qu, N, scale, rel_jitter, kmm_jitter)
+        F = F - scale * kl_diag_gaussian(mu, S)
         return F, stats
 
     return jit64(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
@@ -342,6 +344,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         hold_beta = jax.tree_util.tree_map(lambda _: 1.0, glob)
         hold_beta["log_beta"] = 0.0
         nb = max(1, int(round(N / self.batch_size)))
+        kj = float(kmm_jitters([Yc])[0])  # K_mm's jitter in the data's units: the fit is scale-free
         qu, jitter, trace, converged = None, 0.0, [], False
         for epoch in range(int(self.max_iter)):
             est = 0.0
@@ -353,11 +356,11 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                     if qu is None:  # start q(u) at the first batch's optimum
                         S = np.exp(lb["logS"])
                         stats = batch_statistics(kind, lb["mu"], S, Yc[rows], glob)
-                        qu = optimal_qu(kind, stats, glob, scale, j)
+                        qu = optimal_qu(kind, stats, glob, scale, j, kj)
                         if not np.all(np.isfinite(qu["P"])):
                             qu = None
                             continue
-                    (F, stats), (g_lo, g_gl) = step(lb, glob, qu, Yc[rows], float(N), scale, j)
+                    (F, stats), (g_lo, g_gl) = step(lb, glob, qu, Yc[rows], float(N), scale, j, kj)
                     if np.isfinite(float(F)):
                         jitter = j
                         break
@@ -372,7 +375,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 # (its precision I + beta (N / B) C_B can lose definiteness to K_mm's conditioning
                 # when N / B is large: escalate the jitter as for the bound)
                 for j in [jitter] + [j for j in JITTERS if j > jitter]:
-                    target = optimal_qu(kind, stats, glob, scale, j)
+                    target = optimal_qu(kind, stats, glob, scale, j, kj)
                     if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
                         jitter = j
                         break
@@ -409,9 +412,9 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
             stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
         stats = tuple(np.asarray(s) for s in stats)
         kl_x = float(kl_diag_gaussian(local["mu"], S_all))
-        self.elbo_uncollapsed_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter)) - kl_x
-        qu = optimal_qu(kind, stats, glob, 1.0, jitter)
-        self.elbo_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter)) - kl_x
+        self.elbo_uncollapsed_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter, kj)) - kl_x
+        qu = optimal_qu(kind, stats, glob, 1.0, jitter, kj)
+        self.elbo_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter, kj)) - kl_x
         self.qu_ = qu
         self.local_ = local
         self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
@@ -421,7 +424,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.n_iter_ = len(self.elbo_trace_)
         self.converged_ = converged
         self.extra_jitter_ = jitter
-        self.kmm_jitter_ = np.array([KMM_JITTER])  # the constant its minibatch bound uses (kmm's default)
+        self.kmm_jitter_ = np.array([kj])
         self.Y_train_ = [Yc]
         self._train_stats = {"views": [stats], "kl": kl_x}
         self.embedding_ = local["mu"]
