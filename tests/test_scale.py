@@ -313,7 +313,8 @@ def test_named_data_sets_are_planned_from_their_recipe_without_drawing(monkeypat
     d = describe("swiss_roll", n=10**8)
     assert d["sizes"]["point"] == 10**8 and d["sizes"]["feature"] == 3 and max(drawn) <= 16
     # a bad option is refused as load refuses it, before anything is drawn at size
-    with pytest.raises(ValueError, match=r"unknown data-set \(swiss_roll\) option .bogus.; accepted: n, seed"):
+    msg = r"unknown data-set \(swiss_roll\) option .bogus.; accepted: n, seed"
+    with pytest.raises(ValueError, match=msg):
         describe("swiss_roll", n=100, bogus=1)
     with pytest.raises(ValueError, match="n must be an integer"):
         describe("swiss_roll", n=1)
