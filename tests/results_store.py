@@ -4,6 +4,8 @@ process: the flow around them is tested in test_pipeline and test_artifacts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from flows.sweep import input_paths, plan_sweep
@@ -31,3 +33,18 @@ def build_store(store: Path, dataset, models, grid, options=None, n_generations:
         for idx, point in grid_points(s, plan.grid):
             run_point(s.key, opts, data_path, graph, idx, point, str(store), layout)
     return store
+
+
+def hold_lock(store) -> subprocess.Popen:
+    """A live process holding the store's lock as a running sweep does (tasks.store.store_lock);
+    the caller kills it."""
+    code = (
+        "import sys, time; from tasks.store import store_lock\n"
+        "with store_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(store)], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == "held"
+    return p

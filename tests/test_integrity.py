@@ -24,6 +24,7 @@ from lvmcore.data import ingest, load
 from lvmcore.graph import knn
 from tasks.store import inputs_dir, lock_path, read_status, store_path
 from tests.prefect_server import pointed_at
+from tests.results_store import hold_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,18 +290,6 @@ def test_an_interrupted_set_up_is_resumable_and_replace_always_works(server, swe
     assert list(tmp_path.glob("s.zarr.replaced-*"))
 
 
-def _hold_lock(store):
-    code = (
-        "import sys, time; from tasks.store import store_lock\n"
-        "with store_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)\n"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", code, str(store)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
 @pytest.mark.slow
 def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_over(
     server, sweep_cluster, tmp_path, capsys
@@ -311,7 +300,7 @@ def test_a_second_sweep_on_a_store_is_refused_and_a_dead_holders_lock_is_taken_o
     argv = ["run", "--out", str(tmp_path), "--no-report", "--cluster", sweep_cluster]
     argv += ["--dataset", '{"name": "swiss_roll", "n": 100}']
     argv += ["--models", "ppca", "--grid", '{"latent_dim": [1], "seed": [0]}', "--store", "s"]
-    holder = _hold_lock(store)
+    holder = hold_lock(store)
     try:
         assert cli_main(argv) == 2
         err = capsys.readouterr().err

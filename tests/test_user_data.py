@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from lvmcore.checks import MISSING_LABEL
 from lvmcore.data import file_fingerprint, label_names, obs_names
 from tasks.results import select, to_anndata
 from tests.prefect_server import pointed_at
-from tests.results_store import build_store
+from tests.results_store import build_store, hold_lock
 
 sc = pytest.importorskip("scanpy")  # a pinned test dependency (the [test] extra)
 # the bundled file is in anndata's old format, and anndata says so on every read of it
@@ -187,26 +185,13 @@ def test_a_file_with_other_cells_is_refused(pbmc, tmp_path, capsys):
     assert not out.exists()
 
 
-def _hold_lock(store):
-    """A live process holding the store's lock as a running sweep does (tasks.store.store_lock)."""
-    code = (
-        "import sys, time; from tasks.store import store_lock\n"
-        "with store_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)\n"
-    )
-    p = subprocess.Popen(
-        [sys.executable, "-c", code, str(store)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    assert p.stdout.readline().strip() == "held"
-    return p
-
-
 def test_a_store_being_written_is_exported_only_with_partial(pbmc, tmp_path, capsys):
     """Issue 36, W7: a live sweep's lock, or pending points, refuse the export unless --partial."""
     from tasks.store import inputs_dir
 
     src, store = pbmc
     out = tmp_path / "out.h5ad"
-    holder = _hold_lock(store)
+    holder = hold_lock(store)
     try:
         _refused(
             ["export", str(store), "--to", str(out)],
