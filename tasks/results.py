@@ -267,7 +267,7 @@ def write_state(store) -> dict:
     that no longer runs is not a holder. Reading takes no lock: it never stops a sweep."""
     import zarr
 
-    from tasks.store import STATUS_PENDING, _proc_start, lock_path, store_path
+    from tasks.store import STATUS_PENDING, holder_alive, lock_path, store_path
 
     path = store_path(store) if not Path(store).exists() else Path(store)
     open_results(path)  # a missing path, or one that is not a result store, is refused here
@@ -276,16 +276,8 @@ def write_state(store) -> dict:
         have = json.loads(lock_path(path).read_text() or "{}")
     except (OSError, ValueError):
         have = {}
-    if have:
-        import socket
-
-        pid = int(have.get("pid", -1))
-        started = _proc_start(pid)
-        alive = have.get("host") != socket.gethostname() or (
-            started is not None and (have.get("start") is None or abs(started - have["start"]) < 1e-3)
-        )
-        if alive:
-            holder = {k: have.get(k) for k in ("pid", "host", "since")}
+    if have and holder_alive(have):
+        holder = {k: have.get(k) for k in ("pid", "host", "since")}
     root = zarr.open_group(str(path), mode="r")
     pending = total = 0
     for key in json.loads(root.attrs.get("groups") or "null") or list(root.group_keys()):

@@ -188,6 +188,16 @@ def record_flow_run(store, flow_run_id: str) -> None:
     os.replace(tmp, path)
 
 
+def holder_alive(have: dict) -> bool:
+    """Whether the lock record ``have`` ({"pid", "start", "host"}) names a live process: one on
+    another host (it cannot be checked from here), or here with that pid and the same process start
+    time (a reused pid is not the holder)."""
+    if have.get("host") != socket.gethostname():
+        return True
+    started = _proc_start(int(have.get("pid", -1)))
+    return started is not None and (have.get("start") is None or abs(started - have["start"]) < 1e-3)
+
+
 class StoreLockedError(ValueError):
     """Another live process is writing the store."""
 
@@ -222,11 +232,7 @@ def store_lock(store):
             if have.get("pid") == me["pid"] and have.get("host") == me["host"]:
                 yield []  # this process holds it already
                 return
-            alive = have.get("host") != me["host"] or (
-                _proc_start(int(have.get("pid", -1))) is not None
-                and (have.get("start") is None or abs(_proc_start(int(have["pid"])) - have["start"]) < 1e-3)
-            )
-            if alive:
+            if holder_alive(have):
                 raise StoreLockedError(
                     f"{store_path(store)} is being written by another sweep (pid {have.get('pid')} on host "
                     f"{have.get('host')}, since {have.get('since', '?')}); wait for it to finish, or if "
