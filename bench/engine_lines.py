@@ -29,7 +29,8 @@ PATTERNS = (
     "lvmcore/optim.py",
     "lvmcore/pca.py",
 )
-_SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+_SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+_SKIP.add(tokenize.ENDMARKER)
 
 
 def code_lines(source: str) -> int:
