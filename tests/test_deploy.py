@@ -1,6 +1,7 @@
 """End to end with real parts: a Prefect server on 127.0.0.1, a process work pool, `prefect deploy`
-from deploy/prefect.yaml, `prefect deployment run`, a worker with --run-once, and the result
-store read back as an xarray DataTree."""
+from deploy/prefect.yaml, `prefect deployment run` (as users run sweeps), one worker with
+--run-once that takes every scheduled run, and what the runs leave read back: the result store as
+an xarray DataTree, the flow runs' states, logs and artifacts through the Prefect client."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.prefect_server import PREFECT
+from tests.prefect_server import PREFECT, pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,40 +32,61 @@ def _run(args, env, timeout=300):
     return r.stdout + r.stderr
 
 
-def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
+def _deployment_run(env, params: dict) -> str:
+    """`prefect deployment run embed-sweep/local --param k=v ...`; returns the flow run's id."""
+    args = ["deployment", "run", "embed-sweep/local"]
+    for k, v in params.items():
+        args += ["--param", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    return re.search(r"UUID:\s*([0-9a-f-]{36})", _run(args, env)).group(1)
+
+
+@pytest.fixture(scope="module")
+def runs(server, tmp_path_factory):
+    """Both deployment runs of this module, taken by one worker (--run-once polls once, starts every
+    scheduled run, and waits for them): a sweep that completes, and one whose every point fails
+    (PPCA with latent_dim 2 on points that lie in a plane: its covariance is singular there)."""
     env = server
+    tmp = tmp_path_factory.mktemp("deploy")
     for pool in ("local-pool", "slurm-pool", "k8s-pool"):
         _run(["work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     out = _run(["--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml"], env)
     assert "embed-sweep/local" in out
-    store = tmp_path / "deployed.zarr"
-    grid = {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]}
-    out = _run(
-        [
-            "deployment",
-            "run",
-            "embed-sweep/local",
-            "--param",
-            f"store={store}",
-            "--param",
-            'models=["ppca", "lllvm"]',
-            "--param",
-            'model_options={"lllvm": {"max_iter": 3}}',
-            "--param",
-            f"grid={json.dumps(grid)}",
-            "--param",
-            'dataset={"name": "swiss_roll", "n": 200, "seed": 3}',
-            "--param",
-            "report=false",
-        ],
+    ok_store = tmp / "deployed.zarr"
+    ok = _deployment_run(
         env,
+        {
+            "store": str(ok_store),
+            "models": ["ppca", "lllvm"],
+            "model_options": {"lllvm": {"max_iter": 3}},
+            "grid": {"k": [6, 8], "latent_dim": [1, 2], "seed": [0]},
+            "dataset": {"name": "swiss_roll", "n": 200, "seed": 3},
+            "report": False,
+        },
     )
-    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    Y = np.random.default_rng(0).normal(size=(60, 2))
+    np.savetxt(tmp / "plane.csv", np.hstack([Y, np.zeros((60, 1))]), delimiter=",")
+    bad_store = tmp / "plane.zarr"
+    bad = _deployment_run(
+        env,
+        {
+            "store": str(bad_store),
+            "models": ["ppca"],
+            "grid": {"latent_dim": [2], "seed": [0, 1]},
+            "dataset": str(tmp / "plane.csv"),
+            "cluster": {"type": "local", "n_workers": 1},
+            "report": False,
+        },
+    )
     wout = _run(
         ["worker", "start", "--pool", "local-pool", "--type", "process", "--run-once"], env, timeout=600
     )
-    info = _run(["flow-run", "inspect", run_id], env)
-    assert "COMPLETED" in info, wout[-4000:]
+    return {"ok": (ok, ok_store), "bad": (bad, bad_store), "worker": wout}
+
+
+def test_deployment_run_completes_and_store_is_complete(server, runs):
+    run_id, store = runs["ok"]
+    info = _run(["flow-run", "inspect", run_id], server)
+    assert "COMPLETED" in info, runs["worker"][-4000:]
 
     tree = xr.open_datatree(store, engine="zarr", consolidated=False)
     assert set(tree.children) == {"ppca", "lllvm"}
@@ -80,3 +102,40 @@ def test_deployment_run_completes_and_store_is_complete(server, tmp_path):
         assert np.all(st == 1), ds["error"].values[st != 1]
         assert np.isfinite(ds["elbo"].values).all()
     assert json.loads(tree.attrs["identity"])["grid"]["k"] == [6, 8]
+
+
+def test_a_deployment_run_whose_every_point_fails_ends_failed_with_counts_and_reasons(server, runs):
+    """Issue 36 W6 where users meet it: a scheduled sweep that fails every point must not look green."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterKey,
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    from tasks.artifacts import artifact_key
+
+    run_id, store = runs["bad"]
+    with pointed_at(server), get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        assert run.state.is_failed(), (run.state, runs["worker"][-4000:])
+        assert run.state.message == "2 of 2 grid points failed (2 in this run)"
+        subs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
+        )
+        assert len(subs) == 1 and subs[0].state.is_failed(), subs
+        ids = [run.id, subs[0].id]
+        text = "\n".join(
+            e.message for e in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+        )
+        assert "2 of the 2 grid points run failed" in text and "ppca: 2 point(s):" in text, text
+        assert "singular" in text, text
+        art = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(store, "summary")]))
+        )
+        assert art and any("failed: ppca: 2 point(s)" in (a.description or "") for a in art), art
+    st = xr.open_datatree(store, engine="zarr", consolidated=False)["ppca"].ds["status"].values
+    assert (st == 2).all()  # both points recorded as failed, none as done
