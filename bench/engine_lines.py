@@ -2,7 +2,8 @@
 docstrings, comments or blank lines, per file and in total.
 
 The set: ``lvmcore/models/hgplvm*.py``, ``bgplvm*.py``, ``mrd.py``, ``collapsed.py``,
-``kernels/*.py``, ``psi/*.py``, ``optim.py``, ``pca.py`` (the issue's goal: at most 2,000).
+``uncollapsed.py``, ``kernels/*.py``, ``psi/*.py``, ``optim.py``, ``pca.py`` (the issue's goal:
+at most 2,000).
 
     .venv/bin/python bench/engine_lines.py            # the working tree
     .venv/bin/python bench/engine_lines.py --rev a0a3123   # a commit, read through git show
@@ -24,6 +25,7 @@ PATTERNS = (
     "lvmcore/models/bgplvm*.py",
     "lvmcore/models/mrd.py",
     "lvmcore/collapsed.py",
+    "lvmcore/uncollapsed.py",
     "lvmcore/kernels/*.py",
     "lvmcore/psi/*.py",
     "lvmcore/optim.py",
