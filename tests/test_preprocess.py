@@ -171,3 +171,24 @@ def test_preprocessing_runs_on_the_cluster_from_inside_a_task(tmp_path, cluster_
     from lvmcore.data import open_dataset
 
     _check(open_dataset(data).load(), _scanpy(a, 1e4, 10))
+
+
+def test_every_route_runs_on_the_cluster_shares_and_frees_them(tmp_path, cluster_client, monkeypatch):
+    """With a cluster (the default client here) the held blocks are actors, one contiguous share
+    per worker (64-row passes: 7 blocks in two shares); every route equals scanpy through them,
+    and no share outlives the PCA (its memory is given back)."""
+    path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
+    want = _scanpy(a, 1e4, 5)
+    shares = []
+    init = pp._Blocks.__init__
+
+    def spy(self, *args):
+        init(self, *args)
+        shares.append(list(self.spans))
+
+    monkeypatch.setattr(pp._Blocks, "__init__", spy)
+    for solver in ("covariance", "arpack", "randomized"):
+        pre = {"normalize_total": 1e4, "log1p": True, "pca": 5, "pca_solver": solver}
+        assert _check(load(str(path), preprocess=pre), want)["solver"] == solver
+    assert shares == [[(0, 256), (256, 500)]] * 3
+    assert set(cluster_client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == {0}

@@ -15,9 +15,12 @@
   component's sign is scikit-learn's (``svd_flip``: its largest-magnitude loading positive).
 
 The transformed blocks Z_b (sparse stays sparse) are read from the file once and held for the
-PCA's passes: on the cluster's workers as Dask futures where the code runs on a cluster (inside
-the ingest task through ``worker_client``), else in this process; memory is the transformed
-matrix once (12 bytes per stored non-zero), spread over the workers. Three routes:
+PCA's passes: where the code runs on a cluster (inside the ingest task through
+``worker_client``), as one contiguous share of the blocks per worker held by a Dask actor on it,
+so a pass over the data is one call to each worker (the share's products summed where its blocks
+live; ARPACK's hundreds of products each cost one round trip per worker, not a task per block and
+a gather of partial sums); else in this process. Memory: the transformed matrix once (12 bytes
+per stored non-zero), spread over the workers, given back when the PCA ends. Three routes:
 
 - ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. One pass;
   O(nnz^2 / N) per row for sparse data; D^2 memory per partial sum.
@@ -213,55 +216,77 @@ def _gram_times(Z, v):
     return np.asarray(Z.T @ np.asarray(Z @ v)).ravel()
 
 
-class _Blocks:
-    """The transformed row blocks Z_b (normalize_total / log1p applied, sparse kept sparse), read
-    from the file once and held for every pass of the PCA: on the cluster's workers (Dask
-    futures) where there is a cluster, else in this process. Memory: the transformed matrix once
-    (12 bytes per stored non-zero), spread over the workers."""
+class _Holder:
+    """One share of the transformed row blocks Z_b (normalize_total / log1p applied, sparse kept
+    sparse), read from the file once and held for every pass of the PCA. On a cluster each worker
+    holds one share as a Dask actor: a pass is one call per worker, the blocks' products summed
+    where the blocks live, so a product costs one round trip to each worker (no scheduling of a
+    task per block, no partial sums moved between workers)."""
 
-    def __init__(self, client, matrix, settings, target, bounds):
-        self.client, self.bounds = client, bounds
-        a_s, b_s = [a for a, _ in bounds], [b for _, b in bounds]
-        nb = len(bounds)
-        if client is None:
-            self.blocks = [_read_z(matrix, a, b, settings, target) for a, b in bounds]
-        else:
-            self.blocks = client.map(
-                _read_z, [matrix] * nb, a_s, b_s, [settings] * nb, [target] * nb, pure=False
-            )
-
-    def _share(self, x):
-        if self.client is None or not isinstance(x, np.ndarray) or x.nbytes < 1 << 16:
-            return x
-        return self.client.scatter(x, broadcast=True, hash=False)
+    def __init__(self, matrix, bounds, settings, target):
+        self.blocks = [_read_z(matrix, a, b, settings, target) for a, b in bounds]
 
     def reduce(self, fn, *args):
         """sum over the blocks of fn(Z_b, *args)"""
-        if self.client is None:
-            return _sum([fn(z, *args) for z in self.blocks])
-        shared = [self._share(x) for x in args]
-        parts = self.client.map(fn, self.blocks, *[[x] * len(self.blocks) for x in shared], pure=False)
-        return self.client.submit(_sum, parts, pure=False).result()
+        return _sum([fn(z, *args) for z in self.blocks])
 
     def reduce_rows(self, fn, rows):
-        """sum over the blocks of fn(Z_b, rows[a:b])"""
-        if self.client is None:
-            return _sum([fn(z, rows[a:b]) for z, (a, b) in zip(self.blocks, self.bounds)])
-        parts = self.client.map(fn, self.blocks, [rows[a:b] for a, b in self.bounds], pure=False)
-        return self.client.submit(_sum, parts, pure=False).result()
+        """sum over the blocks of fn(Z_b, R_b), R_b the rows of ``rows`` (this share's) for Z_b"""
+        parts, i = [], 0
+        for z in self.blocks:
+            parts.append(fn(z, rows[i : i + z.shape[0]]))
+            i += z.shape[0]
+        return _sum(parts)
 
     def rows(self, fn, *args):
         """fn(Z_b, *args) of every block, stacked in row order"""
-        if self.client is None:
-            return np.vstack([fn(z, *args) for z in self.blocks])
-        shared = [self._share(x) for x in args]
-        parts = self.client.map(fn, self.blocks, *[[x] * len(self.blocks) for x in shared], pure=False)
-        return np.vstack(self.client.gather(parts))
+        return np.vstack([fn(z, *args) for z in self.blocks])
+
+
+class _Blocks:
+    """The transformed row blocks, split into contiguous shares: one :class:`_Holder` per worker
+    of the cluster (an actor pinned to it), else one in this process. Memory: the transformed
+    matrix once (12 bytes per stored non-zero), spread over the workers."""
+
+    def __init__(self, client, matrix, settings, target, bounds):
+        self.client = client
+        if client is None:
+            self.spans = [(0, bounds[-1][1])]
+            self.holders = [_Holder(matrix, bounds, settings, target)]
+            return
+        workers = sorted(client.nthreads())
+        groups = [g for g in np.array_split(np.arange(len(bounds)), min(len(workers), len(bounds))) if len(g)]
+        self.spans = [(bounds[g[0]][0], bounds[g[-1]][1]) for g in groups]
+        self._futures = [
+            client.submit(
+                _Holder, matrix, [bounds[i] for i in g], settings, target, workers=[w], actor=True, pure=False
+            )
+            for g, w in zip(groups, workers)
+        ]
+        self.holders = [f.result() for f in self._futures]
+
+    def _call(self, name, args_for):
+        """holder.name(*args_for(its row span)) for every holder, in parallel on a cluster"""
+        calls = [getattr(h, name)(*args_for(span)) for h, span in zip(self.holders, self.spans)]
+        return calls if self.client is None else [c.result() for c in calls]
+
+    def reduce(self, fn, *args):
+        """sum over the blocks of fn(Z_b, *args)"""
+        return _sum(self._call("reduce", lambda span: (fn, *args)))
+
+    def reduce_rows(self, fn, rows):
+        """sum over the blocks of fn(Z_b, rows[a:b])"""
+        return _sum(self._call("reduce_rows", lambda span: (fn, rows[span[0] : span[1]])))
+
+    def rows(self, fn, *args):
+        """fn(Z_b, *args) of every block, stacked in row order"""
+        return np.vstack(self._call("rows", lambda span: (fn, *args)))
 
     def release(self):
         if self.client is not None:
-            self.client.cancel(self.blocks)
-        self.blocks = []
+            self.client.cancel(self._futures)
+            self._futures = []
+        self.holders = []
 
 
 def median_total(matrix, client=None) -> float:
