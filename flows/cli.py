@@ -300,12 +300,20 @@ def store_notes(store) -> list[str]:
 
 
 def cmd_verify(a) -> int:
-    """`verify STORE`: every finished grid point's chunks present and its embedding finite."""
-    from tasks.store import POINTS_FIX, describe_damage, open_results, store_path, verify_points
+    """`verify STORE`: its metadata, and every finished grid point's chunks present, readable (their
+    crc32c checksums hold, in a store that has them) and its embedding finite."""
+    from tasks.store import (
+        POINTS_FIX,
+        checksum_coverage,
+        describe_damage,
+        open_results,
+        store_path,
+        verify_points,
+    )
 
     path = store_path(a.store)
-    open_results(path, check=False)  # a missing path or not a result store: refused
-    bad = verify_points(path)  # (open_results checked the metadata: check_metadata)
+    open_results(path, check=False)  # a missing path, not a result store, damaged metadata: refused
+    bad = verify_points(path)
     if bad:
         print(f"embed-sweep: error: {describe_damage(path, bad, len(bad))}; {POINTS_FIX}", file=sys.stderr)
         return EXIT_REFUSED
@@ -313,7 +321,15 @@ def cmd_verify(a) -> int:
 
     root = zarr.open_group(str(path), mode="r")
     n = sum(int((root[k]["status"][...] == 1).sum()) for k in root.group_keys())
-    print(f"{path}: sound ({n} finished grid points: their chunks are present and their embeddings finite)")
+    have, arrays = checksum_coverage(path)
+    if have == arrays:
+        sums = "their crc32c checksums hold"
+    elif have == 0:
+        sums = "no checksums: written before embed-sweep stored them, so a changed byte is found only where "
+        sums += "it leaves a chunk unreadable or a value non-finite"
+    else:
+        sums = f"the crc32c checksums of the {have} of {arrays} arrays that have them hold"
+    print(f"{path}: sound ({n} finished grid points: chunks present and readable, embeddings finite; {sums})")
     return EXIT_OK
 
 

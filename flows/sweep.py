@@ -34,13 +34,13 @@ from tasks.store import (
     STATUS_FAILED,
     Layout,
     StoreWriteError,
-    check_metadata,
     check_numerics,
     describe_damage,
     failure_summary,
     growth,
     inputs_dir,
     mark_pending,
+    metadata_to_rebuild,
     numerics_version,
     prepare_store,
     read_status,
@@ -347,7 +347,9 @@ def check_store(store: str, identity: dict) -> None:
         return
     import zarr
 
-    check_metadata(p)  # a damaged zarr.json: named with the fix, before any server or cluster starts
+    # a damaged zarr.json: named with the fix before any server or cluster starts, or (a model
+    # group's, a per-point array's, in a re-run of the same sweep) said here and rebuilt by prepare_store
+    rebuilt = metadata_to_rebuild(p, sweep_id(identity))
     try:
         have = zarr.open_group(str(p), mode="r").attrs.get("sweep_id")
     except Exception as e:
@@ -361,7 +363,7 @@ def check_store(store: str, identity: dict) -> None:
         )
     if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
         growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
-    check_numerics(p)  # finished points of another version of the numerics are not resumed
+    check_numerics(p, skip=rebuilt)  # finished points of another version of the numerics are not resumed
 
 
 def _store_points(store: str, spec: ModelSpec):

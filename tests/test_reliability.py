@@ -1,9 +1,10 @@
 """Nothing silently wrong on real inputs (issue 36), through the CLI where a user meets it: a
-damaged store (a deleted chunk, a NaN in a finished point, a truncated zarr.json) named by every
-reader and repaired by a re-run; config keys known or refused; missing and rare labels; a sweep
-with failed points ends Failed in Prefect; a full disk; the same file by another path; a store
-from another version of the numerics. Real zarr stores, a real Prefect server, real Dask clusters;
-one finished small store is shared by the tests that damage a copy of it."""
+damaged store (a deleted chunk, a NaN in a finished point, a flipped byte caught by its chunk's
+crc32c checksum, a truncated zarr.json) named by every reader and repaired by a re-run where the
+sweep's definition allows; config keys known or refused; missing and rare labels; a sweep with
+failed points ends Failed in Prefect; a full disk; the same file by another path; a store from
+another version of the numerics. Real zarr stores, a real Prefect server, real Dask clusters; one
+finished small store is shared by the tests that damage a copy of it."""
 
 from __future__ import annotations
 
@@ -81,7 +82,27 @@ def _readers(store: Path, capfd, *expected):
 # ---------------------------------------------------------------- a damaged store (W3, T2)
 
 
-@pytest.mark.parametrize("damage", ["deleted chunk", "NaN"])
+def _flip_byte(f: Path) -> None:
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 0x01
+    f.write_bytes(bytes(b))
+
+
+def _strip_checksums(store: Path) -> None:
+    """Make ``store`` what embed-sweep wrote before checksums: no crc32c codec in any array's
+    metadata, no 4 checksum bytes at the end of any chunk file."""
+    for meta in store.rglob("zarr.json"):
+        m = json.loads(meta.read_text())
+        if m.get("node_type") != "array":
+            continue
+        m["codecs"] = [c for c in m["codecs"] if c.get("name") != "crc32c"]
+        meta.write_text(json.dumps(m))
+        for f in (meta.parent / "c").rglob("*") if (meta.parent / "c").exists() else ():
+            if f.is_file():
+                f.write_bytes(f.read_bytes()[:-4])
+
+
+@pytest.mark.parametrize("damage", ["deleted chunk", "NaN", "flipped byte"])
 def test_a_damaged_point_is_named_by_every_reader_and_recomputed_by_a_rerun(
     damage, finished, sweep_cluster, tmp_path, capfd, caplog
 ):
@@ -91,9 +112,13 @@ def test_a_damaged_point_is_named_by_every_reader_and_recomputed_by_a_rerun(
     if damage == "deleted chunk":
         (store / "glle_em/embedding/c/1/0/0/0/0").unlink()
         what = "chunk file embedding/c/1/0/0/0/0 is missing"
-    else:
+    elif damage == "NaN":
         g["embedding"][1, 0, 0, 17, 1] = np.nan
         what = "embedding holds nan at point 17, component 1"
+    else:  # one bit of the chunk file changed on disk: only its crc32c checksum tells
+        _flip_byte(store / "glle_em/embedding/c/1/0/0/0/0")
+        what = "chunk file embedding/c/1/0/0/0/0 fails its crc32c checksum (its bytes changed after it was "
+        what += "written)"
     _readers(store, capfd, K8, what, "run the same `embed-sweep run` command again")
     assert _run(tmp_path, sweep_cluster) == 0
     out = _said(capfd, caplog)
@@ -105,11 +130,11 @@ def test_a_damaged_point_is_named_by_every_reader_and_recomputed_by_a_rerun(
     np.testing.assert_allclose(zarr.open_group(str(store), mode="r")["glle_em"]["embedding"][1, 0, 0], before)
 
 
-def test_a_truncated_zarr_json_is_named_with_the_fix_before_any_server_starts(
+def test_a_truncated_root_zarr_json_is_named_with_the_fix_before_any_server_starts(
     finished, sweep_cluster, tmp_path, capfd
 ):
     store = _copy(finished, tmp_path)
-    meta = store / "glle_em" / "zarr.json"
+    meta = store / "zarr.json"  # the sweep's identity: only a backup or --replace restores it
     meta.write_bytes(meta.read_bytes()[:100])
     _readers(store, capfd, str(meta), "is damaged", "--replace")
     assert _run(tmp_path, sweep_cluster) == 2
@@ -119,6 +144,42 @@ def test_a_truncated_zarr_json_is_named_with_the_fix_before_any_server_starts(
     assert _run(tmp_path, sweep_cluster, "--replace") == 0  # the fix: moved aside, run afresh
     assert read_status(str(store), "glle_em").ravel().tolist() == [1, 1]
     assert len(list(tmp_path.glob("s.zarr.replaced-*"))) == 1
+
+
+@pytest.mark.parametrize("damaged, ran", [("glle_em/zarr.json", 0), ("glle_em/embedding/zarr.json", 2)])
+def test_a_damaged_group_or_array_zarr_json_is_rebuilt_by_a_plain_rerun(
+    damaged, ran, finished, sweep_cluster, tmp_path, capfd, caplog
+):
+    """A model group's own metadata (its attributes) and a per-point array's follow from the sweep's
+    definition: every reader refuses the store naming the file, and the same command rebuilds it; a
+    rebuilt array's chunks are dropped and the points it held recomputed (the group's keep theirs)."""
+    store = _copy(finished, tmp_path)
+    before = zarr.open_group(str(store), mode="r")["glle_em"]["embedding"][...]
+    good = (store / damaged).read_bytes()
+    (store / damaged).write_bytes(good[:100])
+    _readers(store, capfd, str(store / damaged), "is damaged", "run the same `embed-sweep run` command again")
+    assert _run(tmp_path, sweep_cluster) == 0
+    out = _said(capfd, caplog)
+    assert f"{store / damaged} is damaged" in out and "this run rebuilds it" in out
+    assert f"{3 - ran} of 3 grid points already in" in out and f"{ran} to run" in out
+    assert json.loads((store / damaged).read_bytes()) == json.loads(good)  # as the sweep first wrote it
+    assert cli_main(["verify", str(store)]) == 0
+    assert "sound (3 finished grid points" in capfd.readouterr().out
+    after = zarr.open_group(str(store), mode="r")["glle_em"]["embedding"][...]
+    np.testing.assert_allclose(after, before)  # recomputed with the same seeds, or kept
+
+
+def test_a_store_written_before_checksums_opens_verifies_and_resumes(
+    finished, sweep_cluster, tmp_path, capfd, caplog
+):
+    store = _copy(finished, tmp_path)
+    _strip_checksums(store)
+    assert cli_main(["verify", str(store)]) == 0
+    out = capfd.readouterr().out
+    assert "sound (3 finished grid points" in out and "no checksums: written before" in out
+    assert cli_main(["show", str(store)]) == 0
+    assert _run(tmp_path, sweep_cluster) == 0  # no migration: resumed as it is
+    assert "3 of 3 grid points already in" in _said(capfd, caplog)
 
 
 # ---------------------------------------------------------------- config keys (W5)
