@@ -65,12 +65,13 @@ def prefect_api(tmp_path_factory):
         yield env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweep_cluster(prefect_api):
     """The flow's own default local cluster (``flows.cluster.start_cluster``: two worker
-    processes), started once for a module whose sweeps are not about the cluster; they reach it
-    by address, as a user's scheduler, instead of each starting and stopping one (5-20 s here).
-    Its workers point at the test run's Prefect server."""
+    processes), started once per test process for every module whose sweeps are not about the
+    cluster; they reach it by address, as a user's scheduler, instead of each starting and
+    stopping one (5-20 s and two workers' imports and compilations each). Its workers point at
+    the test run's Prefect server."""
     from flows.cluster import normalise_cluster, start_cluster
     from tests.prefect_server import pointed_at
 

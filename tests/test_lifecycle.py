@@ -64,7 +64,7 @@ def _wait_working(p, tmp_path, timeout=240):
         assert p.poll() is None, p.stderr.read()
         if _n_done(tmp_path / "s.zarr") >= 1:
             return
-        time.sleep(0.1)
+        time.sleep(0.5)
     raise AssertionError("no grid point finished in time")
 
 
