@@ -127,10 +127,15 @@ def test_a_deployment_run_whose_every_point_fails_ends_failed_with_counts_and_re
             flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
         )
         assert len(subs) == 1 and subs[0].state.is_failed(), subs
-        ids = [run.id, subs[0].id]
-        text = "\n".join(
-            e.message for e in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
-        )
+
+        def logs(fid) -> str:
+            return "\n".join(
+                e.message for e in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fid])))
+            )
+
+        own = logs(run.id)  # the deployment's flow run: its end state with the counts
+        assert "Finished in state Failed('2 of 2 grid points failed (2 in this run)')" in own, own
+        text = logs(subs[0].id)  # the sweep's subflow: the counts and the distinct reasons
         assert "2 of the 2 grid points run failed" in text and "ppca: 2 point(s):" in text, text
         assert "singular" in text, text
         art = client.read_artifacts(
