@@ -96,3 +96,39 @@ _LONG_FIRST = (
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(_LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules stay whole
+
+
+def _tree_cpu() -> dict:
+    """CPU seconds so far of this process and every process under it, by (pid, start time); a
+    process's reaped children are in its own figure."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[(p.pid, p.create_time())] = t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With EMBED_SWEEP_TEST_CPU=FILE, one JSON line per test: its wall seconds and the CPU seconds
+    its process tree spent (the servers, clusters and commands it started included), the figure
+    the 2-core suite budget is made of (``--durations`` gives only wall time)."""
+    path = os.environ.get("EMBED_SWEEP_TEST_CPU")
+    if not path:
+        yield
+        return
+    import json
+    import time
+
+    before, t0 = _tree_cpu(), time.perf_counter()
+    yield
+    after = _tree_cpu()
+    cpu = sum(v - before.get(k, 0.0) for k, v in after.items())
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "wall": time.perf_counter() - t0, "cpu": cpu}) + "\n")
