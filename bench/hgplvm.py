@@ -251,7 +251,7 @@ def chunked(iters, big):
     from _cluster import local_client
 
     from lvmcore.data.synthetic import binary_tree
-    from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     Y, *_ = binary_tree(5, seed=0)
     rng = np.random.default_rng(0)
@@ -263,8 +263,8 @@ def chunked(iters, big):
         )
 
         def make(iters, chunks=None, Yb=Yb):
-            return HyperboloidGPLVM(
-                variant="bayesian",
+            return BayesianHyperboloidGPLVM(
+                training="full",
                 n_inducing=50,
                 n_samples=5,
                 max_iter=iters,

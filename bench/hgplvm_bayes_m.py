@@ -122,7 +122,7 @@ def main():
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
-    from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
     from lvmcore.pca import ppca_noise_variance
 
     kw = json.loads(a.kw)
@@ -145,12 +145,12 @@ def main():
                     continue
                 for mm in a.m:
                     M = Y.shape[0] if mm == "n" else ("auto" if mm == "auto" else int(mm))
-                    params = dict(n_components=2, kappa=100.0, variant="bayesian", max_iter=a.max_iter)
+                    params = dict(n_components=2, kappa=100.0, training="full", max_iter=a.max_iter)
                     params.update(random_state=seed, n_inducing=M)
                     if a.noise_c is not None:
                         params["noise"] = a.noise_c * ppca_noise_variance(Y, 2)
                     t0 = time.perf_counter()
-                    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y)
+                    m = BayesianHyperboloidGPLVM(**{**params, **kw}).fit(Y)
                     sec = time.perf_counter() - t0
                     L = m.lorentz_embedding_
                     with jax.enable_x64(True):

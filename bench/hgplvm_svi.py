@@ -10,7 +10,7 @@ collapsed-bound MC estimate; the minibatch fit: ``elbo_``, an unbiased MC estima
 with its standard error per point), the steps, and the peak RSS before and after the fit.
 ``tree``: SBT of the given depth (bench/hgplvm_tree.py's generator and score: Pearson correlation of
 hyperbolic latent distances with Hamming distances of the node codes), kappa = 100, Q = 2, the
-full-batch Bayesian fit (``HyperboloidGPLVM(variant="bayesian")``, defaults) as the anchor, its
+full-batch Bayesian fit (``BayesianHyperboloidGPLVM(training="full")``, defaults) as the anchor, its
 time and score beside the minibatch fit's in the same run. ``roll``: the minibatch fit at --n (and
 the full-batch one with --anchor, at most --anchor-iter iterations).
 """
@@ -45,8 +45,7 @@ def one(a):
     from lvmcore.data.synthetic import binary_tree, swiss_roll
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import pearson_distance_correlation
-    from lvmcore.models.hgplvm import HyperboloidGPLVM
-    from lvmcore.models.hgplvm_svi import StochasticHyperboloidGPLVM
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM, StochasticHyperboloidGPLVM
 
     if a.data == "tree":
         Y, node, codes, _ = binary_tree(a.depth, seed=a.seed)
@@ -55,7 +54,7 @@ def one(a):
     rss0 = _hwm_mb()
     kw = dict(n_components=2, kappa=a.kappa, random_state=a.seed)
     if a.method == "full":
-        m = HyperboloidGPLVM(variant="bayesian", max_iter=a.max_iter, **kw)
+        m = BayesianHyperboloidGPLVM(training="full", max_iter=a.max_iter, **kw)
     else:
         m = StochasticHyperboloidGPLVM(
             max_iter=a.max_iter, batch_size=a.batch, local_iter=a.local_iter, n_inducing=a.m, **kw

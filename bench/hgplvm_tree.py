@@ -97,6 +97,7 @@ def main():
         quality_scores,
     )
     from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     kw = json.loads(a.kw)
 
@@ -142,11 +143,15 @@ def main():
 
                 for variant in a.variants:
                     t0 = time.perf_counter()
-                    params = dict(n_components=2, kappa=100.0, variant=variant)
+                    params = dict(n_components=2, kappa=100.0)
+                    if variant == "bayesian":  # the Bayesian model's one entry, full-batch
+                        cls, params["training"] = BayesianHyperboloidGPLVM, "full"
+                    else:
+                        cls, params["variant"] = HyperboloidGPLVM, variant
                     if a.max_iter is not None:
                         params["max_iter"] = a.max_iter
                     params["random_state"] = seed
-                    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y, callback=monitor)
+                    m = cls(**{**params, **kw}).fit(Y, callback=monitor)
                     sec = time.perf_counter() - t0
                     L = m.lorentz_embedding_
                     with jax.enable_x64(True):

@@ -4,9 +4,12 @@ in JAX.
 The jitter policy is set here once. A factorisation is first tried as it is; each retry adds
 ``DEFAULT_JITTER * JITTER_GROWTH**i`` times the mean diagonal (:func:`jitter_schedule`), in numpy
 (:func:`jitter_cholesky`, :mod:`lvmcore.sparse_chol`) and in JAX, where a traced function cannot
-retry and the caller re-evaluates with the next relative jitter (:func:`cholesky_jax`; the Bayesian
-GP-LVM's fit). Fixed jitters that are part of a model's definition are named here too:
-``KMM_JITTER`` (inducing covariances) and ``TIME_PRIOR_JITTER`` (the temporal prior's covariance).
+retry and the caller re-evaluates with the next relative jitter (:func:`cholesky_jax`,
+:func:`jitter_escalation`: the Bayesian GP-LVM's and the minibatch fits). Fixed jitters that are
+part of a model's definition are named here too, each in the scale of its matrix: ``KMM_JITTER``
+(inducing covariances of the Euclidean kernels; a fit multiplies it by its view's variance),
+``KERNEL_JITTER`` (the hyperboloid kernel's K and K_mm, times the kernel variance) and
+``TIME_PRIOR_JITTER`` (the temporal prior's unit-variance covariance).
 No explicit inverse is formed on a hot path except one, named: :func:`chol_inverse` (LAPACK potrf +
 potri), which the exact point hyperboloid GP-LVM's step needs whole (its gradient is a product
 with K^-1; about 2/3 N^3 flops after the Cholesky against 2 N^3 for triangular solves with the
@@ -29,8 +32,12 @@ __all__ = [
     "chol_solve",
     "logdet_from_chol",
     "jitter_schedule",
+    "jitter_escalation",
+    "MAX_JITTER",
+    "TIME_PRIOR_START_RIDGE",
     "cholesky_jax",
     "KMM_JITTER",
+    "KERNEL_JITTER",
     "TIME_PRIOR_JITTER",
 ]
 
@@ -40,17 +47,30 @@ DEFAULT_JITTER = 1e-10
 JITTER_GROWTH = 100.0
 #: retries after the plain attempt before giving up (1e-10 ... 1e-2 relative)
 MAX_JITTER_TRIES = 5
+#: the largest relative jitter of the schedule
+MAX_JITTER = DEFAULT_JITTER * JITTER_GROWTH ** (MAX_JITTER_TRIES - 1)
 #: absolute jitter on K_mm's diagonal in the collapsed GP-LVM bound (GPy 1.15 VarDTC's const_jitter,
 #: so that the bounds compare with GPy's exactly)
 KMM_JITTER = 1e-8
 #: absolute jitter on the temporal prior's covariance over time stamps (unit variance)
 TIME_PRIOR_JITTER = 1e-6
+#: ridge on that covariance (unit variance) when solving K mubar = mu for the start of q(X)
+TIME_PRIOR_START_RIDGE = 1e-3
+#: jitter relative to the kernel variance sigma (K's diagonal) on the hyperboloid GP-LVM's K (eq. 4)
+#: and K_mm (eqs. 5, 6): part of those models' definition, the start of their escalation
+KERNEL_JITTER = 1e-6
 
 
 def jitter_schedule(jitter: float = DEFAULT_JITTER, max_tries: int = MAX_JITTER_TRIES, scale: float = 1.0):
     """Jitters to try in turn: 0, then ``jitter * scale * JITTER_GROWTH**i`` for i = 0 .. max_tries - 1
     (``scale``: the matrix's mean diagonal; 1 gives the relative values)."""
     return [0.0] + [jitter * scale * JITTER_GROWTH**i for i in range(max_tries)]
+
+
+def jitter_escalation(current: float = 0.0) -> list[float]:
+    """The relative jitters a fit tries in turn when a bound is not finite: the one in use, then the
+    larger values of :func:`jitter_schedule` (a traced bound cannot retry itself)."""
+    return [current] + [j for j in jitter_schedule() if j > current]
 
 
 def cholesky_jax(A, rel_jitter=0.0):

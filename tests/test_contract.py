@@ -255,8 +255,8 @@ def test_importing_and_fitting_leaves_jax_x64_flag_alone():
         assert not jax.config.jax_enable_x64
         assert jnp.ones(1).dtype == jnp.float32
         assert m.embedding_.dtype == np.float64 and np.asarray(m.glob_["Z"]).dtype == np.float64
-        from lvmcore.models import HyperboloidGPLVM
-        h = HyperboloidGPLVM(n_components=2, variant="bayesian", max_iter=3, random_state=0).fit(Y)
+        from lvmcore.models import BayesianHyperboloidGPLVM
+        h = BayesianHyperboloidGPLVM(n_components=2, max_iter=3, random_state=0).fit(Y)
         assert not jax.config.jax_enable_x64
         assert h.embedding_.dtype == np.float64 and h.lorentz_embedding_.dtype == np.float64
         print(len(names), "modules")

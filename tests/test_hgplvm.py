@@ -22,20 +22,23 @@ from lvmcore.models.hgplvm import (
     _PATIENCE,
     _POINT_INIT_SCALE,
     HyperboloidGPLVM,
-    _chol_inverse_lower,
     _drift_search,
     _kern,
-    _reml_projection,
     _rule_windows,
-    _symmetrize_lower,
     bayesian_objective,
     lift,
+    sparse_objective,
+)
+from lvmcore.models.hgplvm_point import (
+    chol_inverse_lower,
     point_grads,
     point_kernel,
     point_objective,
     point_value_and_grad,
-    sparse_objective,
+    reml_projection,
+    symmetrize_lower,
 )
+from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 from lvmcore.pca import pca_start as _pca
 from lvmcore.pca import ppca_noise_variance
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi, mc_psi_chunk, sample_wrapped
@@ -143,7 +146,7 @@ def test_point_step_inverse_by_lapack_matches_traced(tiny):
     Ki, logdet = chol_inverse(K)
     np.testing.assert_allclose(Ki @ np.asarray(K), np.eye(N), atol=1e-9)
     # the fit's path: potri's lower triangle, symmetrised inside the compiled step
-    np.testing.assert_array_equal(np.asarray(_symmetrize_lower(_chol_inverse_lower(K)[0])), Ki)
+    np.testing.assert_array_equal(np.asarray(symmetrize_lower(chol_inverse_lower(K)[0])), Ki)
     assert logdet == pytest.approx(np.linalg.slogdet(np.asarray(K))[1], rel=1e-12)
     got = point_grads(X, 0.3, 1.2, Y, E, dE, Ki, logdet)
     ref = point_value_and_grad(X, 0.3, 1.2, Y, KAPPA)
@@ -209,7 +212,7 @@ def test_restricted_likelihood_brute_force_invariances_and_gradients(tiny):
     """mean="integrated": eq. (4) with a constant mean per column integrated out (REML).  Equal to
     the brute-force integral; unchanged by a shift of Y and by a constant added to the kernel (the
     HE kernel at kappa >> the latent spread is nearly sigma (1 1^T - D / kappa): that constant part
-    no longer rewards a smaller sigma); the fit's path (_reml_projection + point_grads) gives
+    no longer rewards a smaller sigma); the fit's path (reml_projection + point_grads) gives
     autodiff's value and gradients; the sparse bound with Z = X equals it."""
     Y, Xs = (jnp.asarray(np.asarray(a, dtype=np.float64)) for a in tiny[:2])  # (tiny is made in float32)
     X = lift(Xs)
@@ -221,7 +224,7 @@ def test_restricted_likelihood_brute_force_invariances_and_gradients(tiny):
     assert float(point_objective(X, 0.3, 1.2, Y + 3.0, KAPPA, restricted=True)) == pytest.approx(F, rel=1e-10)
     assert float(point_objective(X, 0.3, 1.2, Y + 3.0, KAPPA)) != pytest.approx(F, rel=1e-3)
     _, E, dE = point_kernel(X, 0.3, 1.2, KAPPA)
-    P, logdet = _reml_projection(*_chol_inverse_lower(K))
+    P, logdet = reml_projection(*chol_inverse_lower(K))
     got = point_grads(X, 0.3, 1.2, Y, E, dE, P, logdet)
     F0, (gX0, g_ls0, g_lb0) = jax.value_and_grad(point_objective, argnums=(0, 1, 2))(
         X, 0.3, 1.2, Y, KAPPA, True
@@ -316,9 +319,7 @@ def fits(tree):
     return {
         "point": HyperboloidGPLVM(variant="point", max_iter=500, **common).fit(Y),
         "sparse": HyperboloidGPLVM(variant="sparse", n_inducing=30, max_iter=300, **common).fit(Y),
-        "bayesian": HyperboloidGPLVM(
-            variant="bayesian", n_inducing=30, max_iter=300, n_samples=5, **common
-        ).fit(Y),
+        "bayesian": BayesianHyperboloidGPLVM(n_inducing=30, max_iter=300, n_samples=5, **common).fit(Y),
     }
 
 
@@ -413,9 +414,9 @@ def test_transform_places_held_out_rows_between_their_neighbours(tree, fits, var
 def test_fit_is_reproducible(tree):
     Y, _ = tree
     # same shapes and settings as the fixture's bayesian fit: the compiled step is reused
-    kw = dict(variant="bayesian", n_inducing=30, n_samples=5, max_iter=15, learning_rate=0.02, random_state=3)
-    a = HyperboloidGPLVM(**kw).fit(Y)
-    b = HyperboloidGPLVM(**kw).fit(Y)
+    kw = dict(n_inducing=30, n_samples=5, max_iter=15, learning_rate=0.02, random_state=3)
+    a = BayesianHyperboloidGPLVM(**kw).fit(Y)
+    b = BayesianHyperboloidGPLVM(**kw).fit(Y)
     np.testing.assert_array_equal(a.embedding_, b.embedding_)
 
 
@@ -437,7 +438,7 @@ def test_fit_is_reproducible(tree):
         (dict(init="sparse"), "init"),
         (dict(init="sparse", variant="sparse"), "init"),
         (dict(mean="estimated"), "mean"),
-        (dict(mean="integrated", variant="bayesian"), "mean"),
+        (dict(variant="bayesian"), "one entry, lvmcore.models.BayesianHyperboloidGPLVM"),
     ],
 )
 def test_bad_parameters(kwargs, match):
@@ -476,11 +477,11 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree, shared_cluster):
     local = {"X": X, "log_S": np.log(rng.uniform(0.01, 0.1, (n, 2))), "eps": rng.standard_normal((n, 5, 2))}
     glob = {"Z": X[rng.permutation(n)[:20]], "hyp": np.array([0.1, 2.0, 0.0])}  # log sigma, beta, s^2
     one = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), None).value_and_grad(local, glob)
-    kw = dict(variant="bayesian", n_inducing=20, max_iter=5, tol=0, random_state=3, fix_variance_iter=2)
-    plain = HyperboloidGPLVM(**kw).fit(Y)
+    kw = dict(n_inducing=20, max_iter=5, tol=0, random_state=3, fix_variance_iter=2)
+    plain = BayesianHyperboloidGPLVM(**kw).fit(Y)
     with Client(shared_cluster):
         many = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), 40).value_and_grad(local, glob)
-        chunked = HyperboloidGPLVM(chunks=40, **kw).fit(Y)
+        chunked = BayesianHyperboloidGPLVM(chunks=40, **kw).fit(Y)
     assert abs(many[0] - one[0]) <= 1e-10 * abs(one[0])
     # the inducing inputs' gradient runs through Kmm^-1, near-singular at kappa = 100 (the kernel
     # is nearly sigma (1 - d / kappa)): measured 1.5e-9 relative, hence 1e-8 for that leaf only
@@ -501,7 +502,7 @@ def test_estimator_contract():
 
     with pytest.raises(TypeError):
         HyperboloidGPLVM(2, 100.0)
-    m = HyperboloidGPLVM(variant="bayesian", n_inducing=8, max_iter=60, n_samples=2, fix_variance_iter=10)
+    m = BayesianHyperboloidGPLVM(n_inducing=8, max_iter=60, n_samples=2, fix_variance_iter=10)
     assert m.random_state is None and m.get_params()["n_inducing"] == 8
     with pytest.raises(NotFittedError):
         m.transform(np.zeros((2, 3)))
@@ -525,7 +526,7 @@ def test_bayesian_warm_start_from_sparse():
     Y, *_ = binary_tree(3, n_per_node=5, seed=1)
     kw = dict(n_inducing=8, max_iter=1, tol=0, random_state=0, learning_rate=0.05)
     sp = HyperboloidGPLVM(variant="sparse", **kw).fit(Y)
-    b = HyperboloidGPLVM(variant="bayesian", init="sparse", **kw).fit(Y)
+    b = BayesianHyperboloidGPLVM(init="sparse", **kw).fit(Y)
     assert b.warm_start_n_iter_ == 1 and sp.warm_start_n_iter_ == 0
     for got, start in ((b.lorentz_embedding_, sp.lorentz_embedding_), (b.inducing_, sp.inducing_)):
         d = np.asarray(pairwise_dist(got, start)).diagonal()
@@ -606,17 +607,17 @@ def _drift_move_ref(pts, now, prev, a):
 
 
 def test_drift_every_setting():
-    """drift_every: "auto" is 250 for the point variant and 0 (off) for sparse and Bayesian, which
-    refuse a period; with 0 the rule's patience is six windows, with 250 a whole cycle and one."""
+    """drift_every: "auto" is 250 for the point variant and 0 (off) for sparse, which refuses a
+    period, and for the Bayesian model, which has no such parameter; with 0 the rule's patience is
+    six windows, with 250 a whole cycle and one."""
     assert HyperboloidGPLVM(variant="point")._drift_period() == 250
     assert HyperboloidGPLVM(variant="sparse")._drift_period() == 0
-    assert HyperboloidGPLVM(variant="bayesian")._drift_period() == 0
+    assert BayesianHyperboloidGPLVM()._drift_period() == 0
     assert _rule_windows("point", 0) == (25, 6) and _rule_windows("point", 250) == (25, 11)
     assert _rule_windows("bayesian", 0) == (50, 2)
     Y = np.random.default_rng(0).standard_normal((20, 3))
-    for variant in ("sparse", "bayesian"):
-        with pytest.raises(ValueError, match=f"drift_every=100 with variant='{variant}'.*point variant"):
-            HyperboloidGPLVM(variant=variant, drift_every=100).fit(Y)
+    with pytest.raises(ValueError, match="drift_every=100 with variant='sparse'.*point variant"):
+        HyperboloidGPLVM(variant="sparse", drift_every=100).fit(Y)
     Y, *_ = binary_tree(3, n_per_node=5, seed=0)
     m = HyperboloidGPLVM(variant="point", max_iter=100, tol=0, drift_every=25, random_state=0).fit(Y)
     assert [i for i, _ in m.drift_moves_] == [50, 75, 100]  # the first search needs two averages
@@ -643,7 +644,7 @@ def test_importing_changes_no_global_jax_setting():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     calls = eval(out.stdout.strip())
-    mine = ("hyperbolic.py", "monte_carlo.py", "hgplvm.py")
+    mine = ("hyperbolic.py", "monte_carlo.py", "hgplvm.py", "hgplvm_point.py")
     assert not [c for c in calls if c[0].endswith(mine)], calls
 
 

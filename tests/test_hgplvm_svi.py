@@ -159,6 +159,26 @@ def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(rol
         StochasticHyperboloidGPLVM(n_inducing=400, batch_size=10).fit(roll)
 
 
+def test_one_bayesian_entry_with_one_set_of_defaults(roll):
+    """The Bayesian hyperboloid GP-LVM has one entry: HyperboloidGPLVM(variant="bayesian") is
+    refused naming it, its minibatch training shares its defaults, and its full-batch fit runs on
+    itself with its own parameters (the budget it was given is the one the fit ran to)."""
+    import inspect
+
+    from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    with pytest.raises(ValueError, match="one entry, lvmcore.models.BayesianHyperboloidGPLVM"):
+        HyperboloidGPLVM(variant="bayesian").fit(roll)
+    own = inspect.signature(BayesianHyperboloidGPLVM).parameters
+    mini = inspect.signature(StochasticHyperboloidGPLVM).parameters
+    shared = set(own) & set(mini)
+    assert len(shared) == len(mini)  # every minibatch parameter is one of the model's
+    assert {k: own[k].default for k in shared} == {k: mini[k].default for k in shared}
+    assert isinstance(own["max_iter"].default, int)  # the sweep and the cost plan read it as a budget
+    m = BayesianHyperboloidGPLVM(n_inducing=8, max_iter=7, tol=0, n_samples=2, random_state=0).fit(roll[:60])
+    assert m.training_ == "full" and m.n_iter_ == 7 and m.embedding_var_.shape == (60, 2)
+
+
 def test_the_registry_states_the_rule_it_runs():
     from tasks.registry import MODELS
 

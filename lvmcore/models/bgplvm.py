@@ -26,14 +26,18 @@ from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats
 from lvmcore.graph import knn_query
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
-from lvmcore.linalg import KMM_JITTER, TIME_PRIOR_JITTER, jitter_schedule
+from lvmcore.linalg import (
+    KMM_JITTER,
+    MAX_JITTER,
+    TIME_PRIOR_JITTER,
+    TIME_PRIOR_START_RIDGE,
+    jitter_escalation,
+)
 from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
 from lvmcore.precision import x64
 
 _KERNELS = tuple(KERNELS)
-#: relative jitters on K_mm tried in turn when the bound is not finite (lvmcore.linalg's policy)
-JITTERS = jitter_schedule()
 
 
 # --------------------------------------------------------------------------- plain functions
@@ -296,7 +300,7 @@ class _CollapsedGPLVM(LatentModel):
             glob["log_tl"] = np.log(5.0 * (np.median(gaps) if gaps.size else 1.0))
             K0 = np.asarray(Kfun(glob["log_tl"]))
             local = {
-                "mubar": np.linalg.solve(K0 + 1e-3 * np.eye(N), local["mu"]),
+                "mubar": np.linalg.solve(K0 + TIME_PRIOR_START_RIDGE * np.eye(N), local["mu"]),
                 "loglam": np.full_like(local["mu"], np.log(10.0)),
             }
 
@@ -333,7 +337,7 @@ class _CollapsedGPLVM(LatentModel):
             val, g_lo, g_gl = evaluate(lo, gl, state["jitter"])
             if not np.isfinite(val):
                 # escalate the jitter on K_mm (lvmcore.linalg's schedule, above the one in use)
-                for j in [j for j in JITTERS if j > state["jitter"]]:
+                for j in jitter_escalation(state["jitter"])[1:]:
                     val, g_lo, g_gl = evaluate(lo, gl, j)
                     if np.isfinite(val):
                         state["jitter"] = j
@@ -341,7 +345,7 @@ class _CollapsedGPLVM(LatentModel):
                 if not np.isfinite(val) and state["last"] is None:
                     raise NumericalError(
                         "the bound is not finite at the initial parameters even with jitter "
-                        f"{JITTERS[-1]:g} x mean diag(K_mm) (K_mm or A not positive definite)",
+                        f"{MAX_JITTER:g} x mean diag(K_mm) (K_mm or A not positive definite)",
                         name="K_mm",
                     )
                 if not np.isfinite(val):

@@ -3,22 +3,13 @@ minibatches of points (the GPflow #1749 request), so one step costs O(B M^2 Q) w
 
 Model and bound. As ``lvmcore.models.bgplvm`` (paper 004 section 3): q(X) = prod_n N(mu_n, diag S_n)
 and an RBF-ARD or linear-ARD kernel with M inducing inputs Z, but the inducing outputs keep an
-explicit q(u) instead of being collapsed. Whitened, u = L_m v with K_mm = L_m L_m^T and
-q(v) = N(m, S_v) shared by the D output columns (m: M x D). Then (paper 004 eq. 13 before
-Titsias' collapse, with the expectations of appendix A)
+explicit whitened q(v) (u = L_m v) instead of being collapsed:
 
-    F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || N(0, I))
+    F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || N(0, I)),
 
-and with c = L_m^-1 Psi1^T Y (M x D) and C = L_m^-1 Psi2 L_m^-T (M x M) from the psi statistics
-summed over the points,
-
-    sum_n E[...] = -N D/2 log 2 pi + N D/2 log beta - beta/2 tr(Y^T Y) + beta tr(c^T m)
-                   - beta/2 tr(m^T C m) - beta D/2 psi0 + beta D/2 tr(C) - beta D/2 tr(S_v C)
-    KL(q(v))     = 1/2 (D tr(S_v) + ||m||^2 - D M - D log|S_v|).
-
-The data enter through the same row sums as the collapsed bound (``lvmcore.chunks``' statistics),
-so a batch of B points scaled by N / B gives an unbiased estimate of F. At the optimal q(v),
-S_v = (I + beta C)^-1 and m = beta S_v c, F equals the collapsed bound (``lvmcore.collapsed``)
+the uncollapsed bound of ``lvmcore.uncollapsed`` (its formula, from the psi statistics summed over
+the points). A batch of B points scaled by N / B gives an unbiased estimate of F. At the optimal
+q(v), S_v = (I + beta C)^-1 and m = beta S_v c, F equals the collapsed bound (``lvmcore.collapsed``)
 exactly: :func:`optimal_qu` and the tests check that identity.
 
 Training (Hensman, Fusi and Lawrence 2013's SVI for GPs, applied to the GP-LVM): per batch,
@@ -49,19 +40,18 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from lvmcore import uncollapsed
 from lvmcore.checks import check_data
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
-from lvmcore.linalg import KMM_JITTER
-from lvmcore.models.bgplvm import JITTERS, BayesianGPLVM, _CollapsedGPLVM, kmm, kmm_jitters
-from lvmcore.optim import adam
+from lvmcore.linalg import KMM_JITTER, MAX_JITTER, jitter_escalation
+from lvmcore.models.bgplvm import BayesianGPLVM, _CollapsedGPLVM, kmm, kmm_jitters
+from lvmcore.optim import adam, stalled
 from lvmcore.precision import x64
 
 __all__ = [
     "StochasticBayesianGPLVM",
     "uncollapsed_bound",
-    "uncollapsed_from_kmm",
     "optimal_qu",
-    "optimal_qu_from_kmm",
     "batch_statistics",
 ]
 
@@ -75,46 +65,7 @@ def uncollapsed_bound(kind, stats, glob, qu, N, scale=1.0, rel_jitter=0.0, kmm_j
     precision S_v^-1. The KL of q(X) is the caller's. ``kmm_jitter``: K_mm's jitter in the data's
     units (a fit passes :func:`~lvmcore.models.bgplvm.kmm_jitters` of its data)."""
     Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
-    return uncollapsed_from_kmm(Kmm, stats, glob["log_beta"][0], qu, N, scale, rel_jitter)
-
-
-@x64
-def uncollapsed_from_kmm(Kmm, stats, log_beta, qu, N, scale=1.0, rel_jitter=0.0):
-    """:func:`uncollapsed_bound` for any kernel, from its K_mm (without jitter; ``rel_jitter`` is
-    added relative to its mean diagonal) and log beta: the algebra shared with the hyperboloid
-    GP-LVM's minibatch fit (``lvmcore.models.hgplvm_svi``)."""
-    import jax.numpy as jnp
-    from jax.scipy.linalg import solve_triangular
-
-    from lvmcore.linalg import cholesky_jax
-
-    psi0, p1y, p2, tryy = stats
-    beta = jnp.exp(log_beta)
-    D = p1y.shape[1]
-    Lm = cholesky_jax(Kmm, rel_jitter)
-    c = solve_triangular(Lm, p1y, lower=True)
-    C = solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
-    m = qu["m"]
-    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
-    Rinv = solve_triangular(R, jnp.eye(R.shape[0]), lower=True)
-    tr_S = jnp.sum(Rinv * Rinv)
-    tr_SC = jnp.sum(Rinv * (Rinv @ C))  # tr(R^-T R^-1 C) = <R^-1, R^-1 C>
-    logdet_S = -2.0 * jnp.sum(jnp.log(jnp.diag(R)))
-    expected = (
-        -0.5 * N * D * jnp.log(2 * jnp.pi)
-        + 0.5 * N * D * log_beta
-        + scale
-        * (
-            -0.5 * beta * tryy
-            + beta * jnp.sum(c * m)
-            - 0.5 * beta * jnp.sum(m * (C @ m))
-            - 0.5 * beta * D * psi0
-            + 0.5 * beta * D * jnp.trace(C)
-            - 0.5 * beta * D * tr_SC
-        )
-    )
-    kl_u = 0.5 * (D * tr_S + jnp.sum(m * m) - D * m.shape[0] - D * logdet_S)
-    return expected - kl_u
+    return uncollapsed.bound(Kmm, stats, glob["log_beta"][0], qu, N, scale, rel_jitter)
 
 
 def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0, kmm_jitter=KMM_JITTER):
@@ -125,24 +76,6 @@ def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0, kmm_jitter=KMM_JITT
     return {"m": np.asarray(m), "P": np.asarray(P)}
 
 
-def optimal_qu_from_kmm(Kmm, stats, log_beta, scale=1.0, rel_jitter=0.0):
-    """:func:`optimal_qu`'s algebra for any kernel, from K_mm and log beta (traceable; returns the
-    precision P and the mean m)."""
-    import jax.numpy as jnp
-    from jax.scipy.linalg import cho_solve, solve_triangular
-
-    from lvmcore.linalg import cholesky_jax
-
-    _, p1y, p2, _ = stats
-    beta = jnp.exp(log_beta)
-    Lm = cholesky_jax(Kmm, rel_jitter)
-    c = scale * solve_triangular(Lm, p1y, lower=True)
-    C = scale * solve_triangular(Lm, solve_triangular(Lm, p2, lower=True).T, lower=True)
-    P = jnp.eye(C.shape[0]) + beta * C
-    P = 0.5 * (P + P.T)
-    return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
-
-
 @functools.lru_cache(maxsize=16)
 def _optimal_qu_jit(kind: str):
     """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
@@ -150,7 +83,7 @@ def _optimal_qu_jit(kind: str):
 
     def f(stats, glob, scale, rel_jitter, kmm_jitter):
         Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
-        return optimal_qu_from_kmm(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
+        return uncollapsed.optimal_qu(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
 
     return jit64(f)
 
@@ -231,8 +164,9 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
     ``batch_size`` B (points per step), ``max_iter`` epochs (passes over the points),
     ``init_epochs`` epochs with the noise held at ``snr``, ``learning_rate`` (Adam, globals),
     ``local_learning_rate`` (Adam, the batch's q(x_n)), ``ng_step`` (natural-gradient step on
-    q(u)), ``tol`` (stop when an epoch's estimate improves on the previous one by less than
-    ``tol`` times its magnitude, after ``init_epochs``; 0: run all epochs), ``random_state``."""
+    q(u)), ``tol`` (stop when an epoch's estimate improves on the previous one by at most ``tol``
+    per data value, after ``init_epochs``: :func:`lvmcore.optim.stalled`; 0: run all epochs),
+    ``random_state``."""
 
     _parameter_constraints: dict = {
         "n_components": [Interval(Integral, 1, None, closed="left")],
@@ -352,7 +286,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 rows = np.sort(rows)
                 lb = {"mu": local["mu"][rows], "logS": local["logS"][rows]}
                 scale = N / len(rows)
-                for j in [jitter] + [j for j in JITTERS if j > jitter]:
+                for j in jitter_escalation(jitter):
                     if qu is None:  # start q(u) at the first batch's optimum
                         S = np.exp(lb["logS"])
                         stats = batch_statistics(kind, lb["mu"], S, Yc[rows], glob)
@@ -367,14 +301,14 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 else:
                     raise NumericalError(
                         f"the minibatch bound is not finite (epoch {epoch}) even with jitter "
-                        f"{JITTERS[-1]:g} x mean diag(K_mm)",
+                        f"{MAX_JITTER:g} x mean diag(K_mm)",
                         name="K_mm",
                     )
                 est += float(F) / nb
                 # natural-gradient step on q(u) toward the batch's optimum
                 # (its precision I + beta (N / B) C_B can lose definiteness to K_mm's conditioning
                 # when N / B is large: escalate the jitter as for the bound)
-                for j in [jitter] + [j for j in JITTERS if j > jitter]:
+                for j in jitter_escalation(jitter):
                     target = optimal_qu(kind, stats, glob, scale, j, kj)
                     if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
                         jitter = j
@@ -382,7 +316,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 else:
                     raise NumericalError(
                         f"the optimal q(u) of a minibatch is not finite (epoch {epoch}) even with "
-                        f"jitter {JITTERS[-1]:g} x mean diag(K_mm)",
+                        f"jitter {MAX_JITTER:g} x mean diag(K_mm)",
                         name="K_mm",
                     )
                 r = self.ng_step
@@ -398,8 +332,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
             if (
                 self.tol > 0
                 and epoch > self.init_epochs
-                and len(trace) > 1
-                and trace[-1] - trace[-2] < self.tol * abs(trace[-1])
+                and stalled(trace[-1] - trace[-2], self.tol, N * Yc.shape[1])
             ):
                 converged = True
                 break

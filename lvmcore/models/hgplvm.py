@@ -4,17 +4,17 @@ Lorentz model L^Q and the hyperboloid exponential (HE) kernel k(x, x') = sigma e
 
 Objectives (section 2.1, eqs. 4-6), maximised:
 
-* ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)  (eq. 4,
-                :func:`point_objective`); the fit's step uses the hand-written gradient
-                :func:`point_grads` (checked against autodiff of :func:`point_objective` in the
-                tests) with K^-1 from one LAPACK Cholesky and inverse
-                (:func:`lvmcore.linalg.chol_inverse`);
+* ``point``:    exact log marginal likelihood  sum_d log N(y_d | 0, K + beta^-1 I)  (eq. 4, its
+                one home :mod:`lvmcore.models.hgplvm_point`: the value, and the hand-written
+                gradient the fit's step uses with K^-1 from one LAPACK Cholesky and inverse);
                 beta is by default fixed at the Q-dimensional PPCA noise level (``noise``).
 * ``sparse``:   collapsed Titsias bound (eq. 5) with M inducing inputs Z on the hyperboloid.
 * ``bayesian``: collapsed Bayesian GP-LVM bound (eq. 6) with wrapped Gaussians q(x_i) = N^w(mu_i, S_i),
                 prior N^w(mu0, I), Monte-Carlo psi statistics and KL (eqs. 13-20,
                 :mod:`lvmcore.psi.monte_carlo`), a fresh sample of H draws per point every step, and
-                a learned noise.
+                a learned noise. Its estimator (the one entry, with its defaults) is
+                :class:`lvmcore.models.hgplvm_svi.BayesianHyperboloidGPLVM`, whose full-batch fit is
+                this module's loop.
 
 The data's mean (a departure from eq. 4, whose GP has mean zero). ``mean="integrated"`` (the
 point variant's default) integrates a constant mean per column out under a flat prior (the
@@ -75,10 +75,18 @@ from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.graph import knn_query
 from lvmcore.kernels import HyperboloidExponential, expectations
-from lvmcore.kernels.hyperbolic import he_kernel, he_kernel_chords
+from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, expmap0, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
-from lvmcore.optim import adam, riemannian_adam
+from lvmcore.models.hgplvm_point import (
+    chol_inverse_lower,
+    point_grads,
+    point_kernel,
+    point_objective,
+    reml_projection,
+    symmetrize_lower,
+)
+from lvmcore.optim import adam, plateau, riemannian_adam
 from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
 
@@ -93,7 +101,6 @@ __all__ = [
 _VARIANTS = ("point", "sparse", "bayesian")
 _OPTIMIZERS = ("rsgd", "radam")
 _LOG2PI = float(np.log(2.0 * np.pi))
-_JITTER = 1e-6
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
 _MEAN_AUTO = {"point": "integrated", "sparse": "zero", "bayesian": "zero"}  # mean="auto" per variant
@@ -113,108 +120,13 @@ _kern = he_kernel
 
 
 @x64
-def point_objective(X, log_sigma, log_beta, Y, kappa, restricted=False):
-    """Exact GP log marginal likelihood (eq. 4) for hyperboloid points X (N, Q+1), Y (N, D);
-    ``restricted``: with a flat-prior constant mean per column of Y integrated out (REML)."""
-    n, d = Y.shape
-    sigma = jnp.exp(log_sigma)
-    beta = jnp.exp(log_beta)
-    K = _kern(X, X, sigma, kappa) + (1.0 / beta + _JITTER * sigma) * jnp.eye(n)
-    L = jnp.linalg.cholesky(K)
-    if restricted:  # y^T K^-1 y - (1^T K^-1 y)^2 / 1^T K^-1 1, and -D/2 log(1^T K^-1 1 / 2 pi)
-        A = jax.scipy.linalg.solve_triangular(L, jnp.concatenate([Y, jnp.ones((n, 1))], axis=1), lower=True)
-        a, a1 = A[:, :d], A[:, d]
-        s = jnp.sum(a1 * a1)
-        quad = jnp.sum(a * a) - jnp.sum((a1 @ a) ** 2) / s
-        return (
-            -0.5 * (n - 1) * d * _LOG2PI
-            - d * jnp.sum(jnp.log(jnp.diag(L)))
-            - 0.5 * d * jnp.log(s)
-            - 0.5 * quad
-        )
-    a = jax.scipy.linalg.solve_triangular(L, Y, lower=True)
-    return -0.5 * n * d * _LOG2PI - d * jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * jnp.sum(a * a)
-
-
-def _sq_lorentz_chords(X):
-    """Squared Lorentz norms <x_i - x_j, x_i - x_j>_L (N, N) = 4 sinh^2(d_ij / 2), built one ambient
-    coordinate at a time (no (N, N, Q+1) temporaries); clipped at 0 against rounding."""
-    sq = -((X[:, None, 0] - X[None, :, 0]) ** 2)
-    for q in range(1, X.shape[1]):
-        sq = sq + (X[:, None, q] - X[None, :, q]) ** 2
-    return jnp.maximum(sq, 0.0)
-
-
-@x64
-def point_kernel(X, log_sigma, log_beta, kappa):
-    """K = sigma E + (1/beta + jitter) I of eq. (4) with the unit-variance kernel E and dE/dsq
-    (:func:`lvmcore.kernels.hyperbolic.he_kernel_chords` of the squared chords), for
-    :func:`point_grads`."""
-    n = X.shape[0]
-    sigma = jnp.exp(log_sigma)
-    E, dE = he_kernel_chords(_sq_lorentz_chords(X), 1.0, kappa)
-    return sigma * E + (1.0 / jnp.exp(log_beta) + _JITTER * sigma) * jnp.eye(n), E, dE
-
-
-@x64
-def point_grads(X, log_sigma, log_beta, Y, E, dE, Ki, logdet):
-    """Eq. (4) and its gradients from K^-1 and log|K| (K from :func:`point_kernel`).
-
-    Distances are d_ij = 2 asinh(||x_i - x_j||_L / 2) (equal to arccosh(-<x_i, x_j>_L) on H^Q).
-    With G = dF/dK = (alpha alpha^T - D K^-1) / 2, alpha = K^-1 Y, and C_ij = G_ij dK_ij/dsq_ij
-    (zero on the diagonal: the kernel's kink at d = 0 gets the zero sub-gradient), the ambient
-    gradient is dF/dx_i = 4 sum_j C_ij (x_i - x_j) (time coordinate negated).  Returns (F, dF/dX
-    (N, Q+1) ambient, dF/dlog_sigma, dF/dlog_beta).  The Riemannian gradient (metric flip +
-    projection) equals that of :func:`point_objective`; only the off-manifold extension differs.
-    """
-    n, d = Y.shape
-    sigma = jnp.exp(log_sigma)
-    beta = jnp.exp(log_beta)
-    alpha = Ki @ Y
-    F = -0.5 * n * d * _LOG2PI - 0.5 * d * logdet - 0.5 * jnp.sum(alpha * Y)
-    G = 0.5 * (alpha @ alpha.T - d * Ki)
-    trG = jnp.trace(G)
-    g_ls = sigma * (jnp.sum(G * E) + _JITTER * trG)
-    g_lb = -trG / beta
-    C = G * (sigma * dE)  # dK/dsq = sigma dE/dsq, zero on the diagonal (the kink)
-    gX = 4.0 * (jnp.sum(C, axis=1)[:, None] * X - C @ X)
-    gX = gX.at[:, 0].multiply(-1.0)
-    return F, gX, g_ls, g_lb
-
-
-@x64
-def point_value_and_grad(X, log_sigma, log_beta, Y, kappa):
-    """Eq. (4) and its gradients in one traced function (K^-1 by XLA's Cholesky solve): the
-    reference for the fit's step, which takes K^-1 from LAPACK instead
-    (:func:`lvmcore.linalg.chol_inverse`)."""
-    K, E, dE = point_kernel(X, log_sigma, log_beta, kappa)
-    L = jnp.linalg.cholesky(K)
-    Ki = jax.scipy.linalg.cho_solve((L, True), jnp.eye(K.shape[0]))
-    return point_grads(X, log_sigma, log_beta, Y, E, dE, Ki, 2.0 * jnp.sum(jnp.log(jnp.diag(L))))
-
-
-def _symmetrize_lower(A):
-    """The symmetric matrix whose lower triangle is A's (potri writes only the lower triangle);
-    in XLA, one fused pass, where NumPy's tril + transpose took ~20% of a point step at N = 620."""
-    return jnp.tril(A) + jnp.tril(A, -1).T
-
-
-def _chol_inverse_lower(K):
-    """:func:`lvmcore.linalg.chol_inverse_lower` with the fix named in its refusal."""
-    try:
-        return linalg.chol_inverse_lower(K, "hyperboloid GP-LVM: K")
-    except np.linalg.LinAlgError as e:
-        raise np.linalg.LinAlgError(f"{e}; lower learning_rate") from e
-
-
-@x64
 def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
     """The collapsed bound (eqs. 5, 6 without the KL) from the psi statistics, through
     :mod:`lvmcore.collapsed` (the one collapsed bound of lvmcore: :class:`~lvmcore.collapsed.Terms`,
-    then :func:`~lvmcore.collapsed.bound`).  K_mm gets the relative jitter ``_JITTER`` (x sigma,
+    then :func:`~lvmcore.collapsed.bound`).  K_mm gets the relative jitter ``linalg.KERNEL_JITTER`` (x sigma,
     its diagonal)."""
     Kmm = _kern(Z, Z, jnp.exp(log_sigma), kappa)
-    t = collapsed.terms(Kmm, psi1ty, psi2, jnp.exp(log_beta), _JITTER)
+    t = collapsed.terms(Kmm, psi1ty, psi2, jnp.exp(log_beta), linalg.KERNEL_JITTER)
     return collapsed.bound(t, psi0, trYY, log_beta, n, d)
 
 
@@ -241,7 +153,7 @@ def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
     one = jnp.ones((n, 1), Y.dtype)
     Ya = jnp.concatenate([Y, one], axis=1)
     Kmm = _kern(Z, Z, sigma, kappa)
-    t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, _JITTER)
+    t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, linalg.KERNEL_JITTER)
     cy, c1 = t.c[:, :d], t.c[:, d]
     f = collapsed.bound(t._replace(c=cy), n * sigma, jnp.sum(Y * Y), log_beta, n, d)
     m11 = beta * n - beta**2 * jnp.sum(c1 * c1)
@@ -320,24 +232,12 @@ _point_kernel_jit = jax.jit(point_kernel)
 
 @functools.partial(jax.jit, static_argnames=("use_radam",))
 def _point_step(state, E, dE, Ki_lower, logdet, t, Y, lr, hlr, scale, hmask, use_radam):
-    """The point variant's step after :func:`_chol_inverse_lower` (K^-1's lower triangle):
-    gradients by :func:`point_grads`, then the Riemannian / Adam updates."""
-    Ki = _symmetrize_lower(Ki_lower)
+    """The point variant's step after :func:`~lvmcore.models.hgplvm_point.chol_inverse_lower`
+    (K^-1's lower triangle): gradients by :func:`point_grads`, then the Riemannian / Adam updates."""
+    Ki = symmetrize_lower(Ki_lower)
     f, gX, g_ls, g_lb = point_grads(state["X"], state["hyp"][0], state["hyp"][1], Y, E, dE, Ki, logdet)
     grads = {"X": gX, "hyp": jnp.stack([g_ls, g_lb, jnp.zeros_like(g_ls)]) * hmask}
     return _apply_updates(state, grads, t, False, lr, hlr, scale, "point", use_radam), f
-
-
-@jax.jit
-def _reml_projection(Ki_lower, logdet):
-    """(P, log|K| + log 1^T K^-1 1) with P = K^-1 - K^-1 1 1^T K^-1 / (1^T K^-1 1) from K^-1's lower
-    triangle: with them in place of (K^-1, log|K|), :func:`point_grads` gives the restricted
-    likelihood (a flat-prior constant mean per column integrated out) and its gradients (the
-    -log 2 pi makes the value exact: the integral over each column's mean adds D/2 log 2 pi)."""
-    Ki = _symmetrize_lower(Ki_lower)
-    u = jnp.sum(Ki, axis=1)
-    s = jnp.sum(u)
-    return Ki - jnp.outer(u, u) / s, logdet + jnp.log(s) - _LOG2PI
 
 
 @jax.jit
@@ -455,8 +355,11 @@ class HyperboloidGPLVM(LatentModel):
     ----------
     n_components : latent dimension Q (>= 2); points live in R^{Q+1}.
     kappa : HE kernel length scale (fixed; the paper uses 100).
-    variant : "point" (exact GP-LVM, eq. 4), "sparse" (Titsias bound, eq. 5) or "bayesian"
-        (wrapped-Gaussian q(X), MC psi statistics, eq. 6).
+    variant : "point" (exact GP-LVM, eq. 4, :mod:`lvmcore.models.hgplvm_point`) or "sparse"
+        (Titsias bound, eq. 5). The Bayesian model (wrapped-Gaussian q(X), MC psi statistics,
+        eq. 6) is :class:`~lvmcore.models.hgplvm_svi.BayesianHyperboloidGPLVM`, which runs this
+        class's loop with ``variant`` "bayesian" for its full-batch fit; the parameters below that
+        name the Bayesian variant are its.
     n_inducing : M inducing inputs (sparse / bayesian), capped at N; "auto" (default) =
         :func:`_auto_inducing` (N / 10 within [64, 256]).  The paper's active sets used M = 50.
     max_iter, tol : iteration budget and the convergence rule: the objective is averaged over
@@ -580,22 +483,22 @@ class HyperboloidGPLVM(LatentModel):
 
     def _validate(self):
         self._validate_params()
+        if self.variant == "bayesian" and type(self) is HyperboloidGPLVM:
+            raise ValueError(
+                "variant='bayesian': the Bayesian hyperboloid GP-LVM (eq. 6) has one entry, "
+                "lvmcore.models.BayesianHyperboloidGPLVM (full-batch up to 5,000 points, minibatch "
+                "above; training='full' forces this fit); use it instead of variant='bayesian'"
+            )
         if self.init == "sparse" and self.variant != "bayesian":
             raise ValueError(
-                f"init='sparse' (a warm start from the sparse variant) is for variant='bayesian', got "
+                f"init='sparse' (a warm start from the sparse variant) is for the Bayesian model, got "
                 f"variant={self.variant!r}; use init='auto' or 'pca'"
-            )
-        if self.mean == "integrated" and self.variant == "bayesian":
-            raise ValueError(
-                "mean='integrated' (a constant mean integrated out) is for the point and sparse "
-                "variants, got variant='bayesian'; use mean='auto' or 'zero'"
             )
         if self.variant != "point" and self.drift_every not in ("auto", 0):
             raise ValueError(
                 f"drift_every={self.drift_every!r} with variant={self.variant!r}: the drift line search "
                 "is for the point variant (with the sparse one it carried unused inducing inputs "
-                "outward without bound, to NaN; the Bayesian bound is a Monte-Carlo estimate, too "
-                "noisy for its trial values); use drift_every='auto' or 0"
+                "outward without bound, to NaN); use drift_every='auto' or 0"
             )
         nz = self.noise
         if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
@@ -688,8 +591,10 @@ class HyperboloidGPLVM(LatentModel):
         warm_fit = None
         if self.init == "sparse":
             # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
-            params = {**self.get_params(), "variant": "sparse", "init": "pca", "noise": "ppca"}
-            warm_fit = type(self)(**params).fit(Y)
+            own = HyperboloidGPLVM._get_param_names()
+            params = {k: v for k, v in self.get_params().items() if k in own}
+            params.update(variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0)
+            warm_fit = HyperboloidGPLVM(**params).fit(Y)
             X = jnp.asarray(warm_fit.lorentz_embedding_)
         state = {
             "X": X,
@@ -747,9 +652,9 @@ class HyperboloidGPLVM(LatentModel):
                 )
             elif variant == "point":  # K^-1 by LAPACK between two compiled halves (linalg.chol_inverse)
                 K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
-                Ki_lower, logdet = _chol_inverse_lower(K)
+                Ki_lower, logdet = chol_inverse_lower(K)
                 if restricted:
-                    Ki_lower, logdet = _reml_projection(Ki_lower, logdet)
+                    Ki_lower, logdet = reml_projection(Ki_lower, logdet)
                 state, f = _point_step(
                     state, E, dE, Ki_lower, logdet, float(it), Yc, lr, hlr, scale, hmask, use_radam=use_radam
                 )
@@ -778,11 +683,9 @@ class HyperboloidGPLVM(LatentModel):
                 if callback is not None:
                     callback(it, _snapshot(state))
                 means.append(np.mean(trace[-window:]))
-                if self.tol > 0 and it >= warm + 2 * patience * window:
-                    best_before, best_recent = max(means[:-patience]), max(means[-patience:])
-                    if best_recent - best_before <= float(self.tol) * max(abs(best_before), 1.0):
-                        converged = True
-                        break
+                if self.tol > 0 and it >= warm + 2 * patience * window and plateau(means, patience, self.tol):
+                    converged = True
+                    break
         Xf = np.asarray(_renorm(state["X"]))
         self.n_iter_ = it
         self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0

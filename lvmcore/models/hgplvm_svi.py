@@ -6,7 +6,7 @@ Model. As ``lvmcore.models.hgplvm`` (variant "bayesian"): latent points on the L
 q(x_n) = N^w(mu_n, diag S_n) (wrapped normal), prior N^w(mu0, s^2 I), HE kernel
 k = sigma exp(-d_L / kappa) with M inducing inputs Z on L^Q. The inducing outputs keep an explicit
 whitened q(u) (u = L_m v, K_mm = L_m L_m^T, q(v) = N(m, S_v) shared by the D columns) instead of
-being collapsed, so the bound is the uncollapsed one of ``lvmcore.models.bgplvm_svi`` (Hensman et
+being collapsed, so the bound is the uncollapsed one of ``lvmcore.uncollapsed`` (Hensman et
 al. 2013) with paper 002's Monte-Carlo psi statistics (eqs. 15-20, ``lvmcore.psi.monte_carlo``):
 
     F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || p(x_n)).
@@ -44,10 +44,11 @@ Training, three phases:
 Memory: q(X) (N x (Q+1) means, N x Q log S), their Adam moments and step counts (about 2.5 times
 q(X)) and the centred data; everything else is O(chunk_size H M + M^2), nothing N x M.
 
-:class:`BayesianHyperboloidGPLVM` is the sweep's ``hgplvm_bayesian``: ``training="auto"`` fits up to
-``FULL_BATCH_MAX_N`` points with the full-batch :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM`
-(variant "bayesian") and above that with :class:`StochasticHyperboloidGPLVM`; ``training_`` says
-which, and the store's ``minibatch`` output (1 or 0) records it per grid point.
+:class:`BayesianHyperboloidGPLVM` is the Bayesian hyperboloid GP-LVM's one entry (the sweep's
+``hgplvm_bayesian``): ``training="auto"`` fits up to ``FULL_BATCH_MAX_N`` points by the full-batch
+loop of :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (of which it is a subclass) and above that
+with :class:`StochasticHyperboloidGPLVM`; ``training_`` says which, and the store's ``minibatch``
+output (1 or 0) records it per grid point.
 """
 
 from __future__ import annotations
@@ -61,18 +62,19 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from lvmcore import uncollapsed
 from lvmcore.checks import check_data
 from lvmcore.graph import knn_query
 from lvmcore.kernels.hyperbolic import he_kernel
-from lvmcore.linalg import NumericalError, cholesky_jax, jitter_schedule
+from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models._base import LatentModel
-from lvmcore.models.bgplvm_svi import optimal_qu_from_kmm, uncollapsed_from_kmm
-from lvmcore.models.hgplvm import _JITTER, _PATIENCE_BAYES, HyperboloidGPLVM, _renorm
-from lvmcore.optim import adam, riemannian_adam
+from lvmcore.models.hgplvm import _PATIENCE_BAYES, HyperboloidGPLVM, _renorm
+from lvmcore.optim import adam, plateau, riemannian_adam
 from lvmcore.pca import ppca_noise_variance, principal
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
+from lvmcore.uncollapsed import kl_qu
 
 __all__ = [
     "StochasticHyperboloidGPLVM",
@@ -80,6 +82,7 @@ __all__ = [
     "FULL_BATCH_MAX_N",
     "minibatch_bound",
     "point_terms",
+    "kl_qu",
     "optimal_qu",
     "auto_inducing",
 ]
@@ -92,7 +95,6 @@ FULL_BATCH_MAX_N = 5000
 SVI_MAX_INDUCING = 64
 _LOG2PI = float(np.log(2.0 * np.pi))
 _WINDOW = 50  # steps per window of the plateau rule (the full-batch Bayesian fit's)
-_JITTERS = [j for j in jitter_schedule() if j > _JITTER]
 
 
 def auto_inducing(n: int) -> int:
@@ -106,7 +108,7 @@ def _kmm(glob, kappa):
 
 
 @x64
-def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=_JITTER):
+def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=KERNEL_JITTER):
     """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
     tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)}, data Y (B, D), draws eps
     (H, B, Q), globals {"Z": (M, Q+1), "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D),
@@ -116,12 +118,12 @@ def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=_JITTER
         local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
     )
     stats = (psi0, p1y, p2, jnp.sum(Y * Y))
-    F = uncollapsed_from_kmm(_kmm(glob, kappa), stats, hyp[1], qu, N, scale, rel_jitter) - scale * kl
+    F = uncollapsed.bound(_kmm(glob, kappa), stats, hyp[1], qu, N, scale, rel_jitter) - scale * kl
     return F, stats
 
 
 @x64
-def point_terms(local, glob, qu, Y, eps, kappa, rel_jitter=_JITTER):
+def point_terms(local, glob, qu, Y, eps, kappa, rel_jitter=KERNEL_JITTER):
     """Per point and draw, l_nh = log-likelihood term minus KL(q(x_n) || p(x_n)) at draw h, (H, B),
     by the per-point formula (not the psi statistics): with a = L_m^-1 k(x_nh, Z),
     E_q(f)[log p(y_n | f)] = -D/2 log(2 pi / beta) - beta/2 (|y_n - m^T a|^2 + D (sigma - |a|^2 +
@@ -147,17 +149,7 @@ def point_terms(local, glob, qu, Y, eps, kappa, rel_jitter=_JITTER):
     return ll - (log_q - wrapped_log_density_origin(x, hyp[2]))
 
 
-@x64
-def kl_qu(qu):
-    """KL(q(v) || N(0, I)) for q(v) shared by the D columns of m."""
-    m, P = qu["m"], qu["P"]
-    D, M = m.shape[1], m.shape[0]
-    R = jnp.linalg.cholesky(P)
-    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
-    return 0.5 * (D * jnp.sum(Rinv * Rinv) + jnp.sum(m * m) - D * M + 2.0 * D * jnp.sum(jnp.log(jnp.diag(R))))
-
-
-def optimal_qu(stats, glob, kappa, scale=1.0, rel_jitter=_JITTER):
+def optimal_qu(stats, glob, kappa, scale=1.0, rel_jitter=KERNEL_JITTER):
     """q(v) maximising the bound for these statistics (scaled by ``scale``): {"m", "P"} (numpy)."""
     P, m = _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter)
     return {"m": np.asarray(m), "P": np.asarray(P)}
@@ -165,7 +157,7 @@ def optimal_qu(stats, glob, kappa, scale=1.0, rel_jitter=_JITTER):
 
 @jit64
 def _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter):
-    return optimal_qu_from_kmm(_kmm(glob, kappa), stats, glob["hyp"][1], scale, rel_jitter)
+    return uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, rel_jitter)
 
 
 # --------------------------------------------------------------------------- steps
@@ -177,7 +169,7 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
     (F, stats), (g_lo, g_gl) = jax.value_and_grad(minibatch_bound, argnums=(0, 1), has_aux=True)(
         local, glob, qu, Y, eps, N, scale, kappa, jitter
     )
-    P_t, m_t = optimal_qu_from_kmm(_kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
+    P_t, m_t = uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
     P = (1.0 - r_ng) * qu["P"] + r_ng * P_t
     P = 0.5 * (P + P.T)
     eta = (1.0 - r_ng) * (qu["P"] @ qu["m"]) + r_ng * (P_t @ m_t)
@@ -442,7 +434,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
         lr, hlr = float(self.learning_rate), float(self.hyper_learning_rate)
         B = int(self.batch_size)
         nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
-        jitter, trace, means, converged = _JITTER, [], [], False
+        jitter, trace, means, converged = KERNEL_JITTER, [], [], False
         batches = iter(())
         step = 0
         for step in range(1, int(self.max_iter) + 1):
@@ -454,7 +446,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
             lb = {"X": X[rows], "log_S": log_S[rows]}
             lm = {k: v[rows] for k, v in lmom.items()}
             r_ng = 1.0 if step == 1 else float(self.ng_step)
-            for j in [jitter] + [j for j in _JITTERS if j > jitter]:
+            for j in jitter_escalation(jitter):
                 out = _svi_step(
                     lb, lm, glob, gmom, qu, Yc[rows], eps, float(n), n / len(rows), kappa, j, float(step),
                     lr, hlr, hmask, step > int(self.fix_variance_iter), r_ng,
@@ -465,7 +457,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
             else:
                 raise NumericalError(
                     f"the minibatch bound or q(u) step is not finite at step {step} even with jitter "
-                    f"{_JITTERS[-1]:g} x mean diag(K_mm); lower learning_rate",
+                    f"{MAX_JITTER:g} x mean diag(K_mm); lower learning_rate",
                     name="K_mm",
                 )
             lb, lm, glob, gmom, qu, F, _ = out
@@ -477,8 +469,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
                 means.append(np.mean(trace[-_WINDOW:]))
                 pat = _PATIENCE_BAYES
                 if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * _WINDOW:
-                    before, recent = max(means[:-pat]), max(means[-pat:])
-                    if recent - before <= float(self.tol) * max(abs(before), 1.0):
+                    if plateau(means, pat, self.tol):
                         converged = True
                         break
         del lmom
@@ -585,30 +576,43 @@ class StochasticHyperboloidGPLVM(LatentModel):
 
 # --------------------------------------------------------------------------- the sweep's model
 _FULL_ONLY = {"chunks": None, "optimizer": "radam", "init": "pca"}
+_MINIBATCH_ONLY = ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
 
 
-class BayesianHyperboloidGPLVM(LatentModel):
-    """The sweep's ``hgplvm_bayesian``: the Bayesian hyperboloid GP-LVM (paper 002, eq. 6) fitted
-    full-batch or on minibatches by N.
+class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
+    """The Bayesian hyperboloid GP-LVM (paper 002, eq. 6): the one entry of this model (the sweep's
+    ``hgplvm_bayesian``) and its one set of defaults, fitted full-batch or on minibatches by N.
 
-    ``training``: "auto" (default) fits N <= ``FULL_BATCH_MAX_N`` points with the full-batch
-    :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (variant "bayesian": collapsed bound, every
-    point every step) and larger N with :class:`StochasticHyperboloidGPLVM`; "full" and "minibatch"
-    force one. ``training_`` ("full" / "minibatch") and ``minibatch_`` (0.0 / 1.0, stored by the
-    sweep) say which ran; ``estimator_`` is the fitted estimator, whose fitted attributes this one
-    carries. Shared parameters mean the same in both: ``max_iter`` optimiser steps (minibatch: of
-    batches), ``tol`` the plateau rule, the learning rates, H, init, noise, prior.
-    ``n_inducing="auto"`` is each training's own rule (full: N / 10 within [64, 256]; minibatch: min(N, 64)).
-    ``batch_size``, ``local_iter``, ``ng_step``, ``eval_samples``, ``chunk_size`` are the minibatch
-    fit's; ``chunks``, ``optimizer``, ``init="sparse"`` the full-batch fit's, and refused (before any
-    work) when minibatch training is chosen with a non-default value."""
+    ``training``: "auto" (default) fits N <= ``FULL_BATCH_MAX_N`` points full-batch (the
+    collapsed bound, every point every step: :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM`'s loop
+    with the Bayesian bound, run on this object) and larger N with
+    :class:`StochasticHyperboloidGPLVM`; "full" and "minibatch" force one. ``training_`` ("full" /
+    "minibatch") and ``minibatch_`` (0.0 / 1.0, stored by the sweep) say which ran; after a
+    minibatch fit ``estimator_`` is the fitted minibatch estimator, whose fitted attributes this
+    one carries. Shared parameters mean the same in both: ``max_iter`` optimiser steps (minibatch:
+    of batches), ``tol`` the plateau rule, the learning rates, H, init, noise, prior.
+    ``n_inducing="auto"`` is each training's own rule (full: N / 10 within [64, 256]; minibatch:
+    min(N, 64)). ``batch_size``, ``local_iter``, ``ng_step``, ``local_samples``, ``eval_samples``,
+    ``chunk_size`` are the minibatch fit's; ``chunks``, ``optimizer``, ``init="sparse"`` the
+    full-batch fit's, and refused (before any work) when minibatch training is chosen with a
+    non-default value.
+
+    ``max_iter`` = 3000: every full-batch fit behind the recorded tree and myeloid scores
+    (bench/README.md, "hGP-LVM quality", Bayesian variant) stopped by the plateau rule, after at
+    most 2,400 iterations, so the budget does not bind there; at N = 10^5 the minibatch fit runs
+    to it (bench/README.md, "hGP-LVM minibatch")."""
+
+    variant = "bayesian"  # HyperboloidGPLVM's loop runs eq. 6; not a parameter of this model
+    mean = "auto"  # the centred data (eq. 6 as written)
+    drift_every = "auto"  # no drift line search (a Monte-Carlo bound is too noisy for trial moves)
 
     _parameter_constraints: dict = {
-        **{k: v for k, v in HyperboloidGPLVM._parameter_constraints.items() if k != "variant"},
         **{
-            k: StochasticHyperboloidGPLVM._parameter_constraints[k]
-            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
+            k: v
+            for k, v in HyperboloidGPLVM._parameter_constraints.items()
+            if k not in ("variant", "mean", "drift_every")
         },
+        **{k: StochasticHyperboloidGPLVM._parameter_constraints[k] for k in _MINIBATCH_ONLY},
         "training": [StrOptions({"auto", "full", "minibatch"})],
     }
 
@@ -669,53 +673,54 @@ class BayesianHyperboloidGPLVM(LatentModel):
             return self.training
         return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
 
-    def _inner(self, n):
-        """The estimator that fits N = n points, after the refusals of settings it cannot honour."""
+    def _minibatch_estimator(self, n):
+        """The minibatch estimator for N = n points, after the refusals of settings it cannot honour."""
         self._validate_params()
-        training = self.resolve_training(n)
         p = self.get_params()
-        shared = ("n_components", "kappa", "n_inducing", "max_iter", "tol", "learning_rate",
-                  "hyper_learning_rate", "n_samples", "init", "init_scale", "fix_variance_iter",
-                  "noise", "prior_scale", "random_state")  # fmt: skip
-        args = {k: p[k] for k in shared}
-        if training == "full":
-            return training, HyperboloidGPLVM(
-                variant="bayesian", chunks=p["chunks"], optimizer=p["optimizer"], **args
-            )
         for name, default in _FULL_ONLY.items():
             if p[name] != default:
-                why = (
-                    f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
-                )
+                auto = self.training == "auto"
+                why = f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if auto else "training='minibatch'"
                 raise ValueError(
                     f"{name}={p[name]!r} is a setting of the full-batch fit, but the minibatch fit "
-                    "was chosen "
-                    f"({why}); drop {name} (default {default!r}) or set training='full'"
+                    f"was chosen ({why}); drop {name} (default {default!r}) or set training='full'"
                 )
-        extra = {
-            k: p[k]
-            for k in ("batch_size", "local_iter", "ng_step", "local_samples", "eval_samples", "chunk_size")
-        }
-        return training, StochasticHyperboloidGPLVM(**args, **extra)
+        shared = {k: v for k, v in p.items() if k not in ("training", "chunks", "optimizer")}
+        return StochasticHyperboloidGPLVM(**shared)
 
-    def fit(self, Y, graph=None):
-        """Fit to Y (N, D) by the chosen training; returns self."""
+    def fit(self, Y, graph=None, *, callback=None):
+        """Fit to Y (N, D) by the chosen training; returns self. ``callback``: the full-batch fit's
+        (:meth:`HyperboloidGPLVM.fit`); the minibatch fit takes none."""
         self._refuse_graph(graph)
         Y = check_data(Y)
-        training, est = self._inner(Y.shape[0])
-        est.fit(Y)
-        for k, v in vars(est).items():
-            if k.endswith("_") and not k.startswith("_"):
-                setattr(self, k, v)
-        self.estimator_ = est
+        training = self.resolve_training(Y.shape[0])
+        if training == "full":
+            super().fit(Y, callback=callback)
+            vars(self).pop("estimator_", None)  # an earlier minibatch fit's
+        else:
+            est = self._minibatch_estimator(Y.shape[0]).fit(Y)
+            for k, v in vars(est).items():
+                if k.endswith("_") and not k.startswith("_"):
+                    setattr(self, k, v)
+            self.estimator_ = est
         self.training_ = training
         self.minibatch_ = float(training == "minibatch")
         return self
 
-    def fit_transform(self, Y, graph=None):
-        return self.fit(Y, graph).embedding_
-
     def transform(self, Y_new, max_iter=None):
-        """Means (n_new, Q) in the Poincare ball of new rows, by the fitted estimator's transform."""
+        """Means (n_new, Q) in the Poincare ball of new rows, by the fitted training's transform."""
         self._check_fitted()
-        return self.estimator_.transform(Y_new, max_iter=max_iter)
+        if self.training_ == "minibatch":
+            return self.estimator_.transform(Y_new, max_iter=max_iter)
+        return super().transform(Y_new, max_iter=max_iter)
+
+    def transform_lorentz(self, Y_new, max_iter=None):
+        """Latent positions (n_new, Q+1) on the hyperboloid of new rows (full-batch fits; a minibatch
+        fit's :meth:`transform` gives the Poincare-ball means)."""
+        self._check_fitted()
+        if self.training_ == "minibatch":
+            raise ValueError(
+                "transform_lorentz is the full-batch fit's; this model was fitted on minibatches: use "
+                "transform (Poincare-ball means) or fit with training='full'"
+            )
+        return super().transform_lorentz(Y_new, max_iter=max_iter)
