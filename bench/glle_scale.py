@@ -37,6 +37,12 @@
    threshold pivoting, on roll3 and roll50 at each n.
 
        python bench/glle_scale.py fill 10000 30000 100000 300000 [roll3|roll50] [--graph-dir D]
+
+5. The Lanczos basis of the pinned-LU eigensolve (``basis``): products, CPU seconds and the angle
+   to dense ``eigh`` (n <= 10^4) with ARPACK's default basis of 20 and with 2q + 2, for the LLE
+   weights and generations at a = 0.1 and 1.
+
+       python bench/glle_scale.py basis 10000 100000 [roll3|roll50] [--graph-dir D]
 """
 
 import json
@@ -378,6 +384,50 @@ def fill(ns, kinds=("roll3", "roll50"), graph_dir=None):
                     del lu
 
 
+# --------------------------------------------------------------------------- Lanczos basis
+def basis(ns, kind="roll3", graph_dir=None):
+    """The pinned-LU eigensolve with ARPACK's default basis (20 vectors, the solver before) and
+    with ``lle.lanczos_basis`` (2q + 2), q = 2, on the LLE weights and on one generation's draw
+    at a = 0.1 and a = 1 of the fit: Lanczos products (two pinned solves each), CPU seconds of
+    the eigensolve, and the largest principal angle of the subspace to dense ``eigh`` of M
+    (n <= 10^4) or to the default basis's answer."""
+    import scipy.linalg
+    import scipy.sparse.linalg as sla
+
+    from lvmcore import lle
+
+    real = sla.eigsh
+    for n in ns:
+        Y, _ = roll(kind, n)
+        m = GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(
+            Y, graph=neighbours(kind, Y, graph_dir)[0]
+        )
+        draws = {"LLE": m.weights_, "a=0.1": m._draw_weights(5, 0.1), "a=1": m._draw_weights(5, 1.0)}
+        for name, w in draws.items():
+            W = lle.weight_matrix(w, m.graph_)
+            ref = lle.embed(W, 2, solver="dense")[0] if n <= 10_000 else None
+            for label, ncv in (("default 20", 20), ("2q+2", lle.lanczos_basis(2, n))):
+                count = [0]
+
+                def counted(op, *a, basis_size=ncv, count=count, **kw):
+                    def mv(x, f=op.matvec):
+                        count[0] += 1
+                        return f(x)
+
+                    counting_op = sla.LinearOperator(op.shape, matvec=mv, dtype=op.dtype)
+                    return real(counting_op, *a, **{**kw, "ncv": basis_size})
+
+                sla.eigsh = counted
+                c0 = time.process_time()
+                emb = lle.embed(W, 2, solver="pinned_lu", random_state=5, order=m._order)[0]
+                cpu = time.process_time() - c0
+                sla.eigsh = real
+                if ref is None:
+                    ref = emb
+                angle = float(np.max(scipy.linalg.subspace_angles(ref, emb)))
+                print(kind, n, name, label, count[0], f"{cpu:.2f}", f"{angle:.1e}", flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_solve":
         _solve(*sys.argv[2:5])
@@ -393,6 +443,11 @@ if __name__ == "__main__":
         gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
         kinds = tuple(a for a in args if a in ("roll3", "roll50")) or ("roll3", "roll50")
         fill([int(a) for a in args if a.isdigit()], kinds, gdir)
+    elif len(sys.argv) > 1 and sys.argv[1] == "basis":
+        args = sys.argv[2:]
+        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
+        kind = "roll50" if "roll50" in args else "roll3"
+        basis([int(a) for a in args if a.isdigit()], kind, gdir)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS
