@@ -464,10 +464,25 @@ def predicted_seconds(plan, todo, n_workers: int) -> float | None:
 
 
 # --------------------------------------------------------------------------- run time
+#: the run-time guard trusts a prediction for data at most this many times wider (D, the widest
+#: view) than the widest data its cost entry was measured on: most entries were measured on 3-D
+#: data, and terms without D (GLLE's) under-predict 50-D data several-fold (bench/README.md, atlas)
+WIDTH_MARGIN = 2.0
+
+
+def within_measured_width(entry_name: str, dims: list[int]) -> bool:
+    """Whether data of ``dims`` (one width per view) is within ``WIDTH_MARGIN`` times the widest
+    data the cost entry ``entry_name`` was measured on."""
+    measured = load_costs()["models"].get(entry_name, {}).get("measured", [])
+    widest = max((float(m["d"]) for m in measured), default=0.0)
+    return max(dims) <= WIDTH_MARGIN * widest
+
+
 def point_limit(key: str, options: dict, point: dict, data_path: str, n_generations: int = 0):
     """(seconds a grid point may run, its predicted seconds): ``overrun.factor`` x the prediction,
-    at least ``overrun.min_seconds``; None where there is no prediction (no cost data for the
-    model's regime, or the data cannot be read: the fit reports that itself)."""
+    at least ``overrun.min_seconds``; None where there is no prediction to hold the fit to (no cost
+    data for the model's regime, data wider than its measurements allow: see
+    ``within_measured_width``, or the data cannot be read: the fit reports that itself)."""
     from tasks.inputs import load_data
     from tasks.registry import MODELS
 
@@ -481,7 +496,7 @@ def point_limit(key: str, options: dict, point: dict, data_path: str, n_generati
         p = predict(key, spec.constructor_args(point, options), n, dims, n_generations)
     except Exception:
         return None
-    if p is None:
+    if p is None or not within_measured_width(p.entry, dims):
         return None
     ov = load_costs().get("overrun", {})
     return max(float(ov.get("factor", 4.0)) * p.seconds, float(ov.get("min_seconds", 300.0))), p.seconds

@@ -235,3 +235,16 @@ def test_the_progress_bars_time_left_starts_from_the_prediction(capsys):
     bar.point("ppca", {"seed": 0}, "done")  # then the pace of the points that finished
     assert bar.eta() < 60
     assert Progress(2, tty=False).eta() is None
+
+
+def test_the_overrun_guard_holds_a_fit_only_to_predictions_for_data_as_wide_as_measured():
+    """GLLE's cost terms were measured on 3-D data and have no term in D: at 2e5 x 50 (an atlas's
+    PCA) they predicted 4 min and the guard stopped a fit after 14 min of CPU that would have
+    finished. Data wider than WIDTH_MARGIN x the widest measured gets no guard (the plan still
+    shows the prediction); data within it keeps one."""
+    widest = max(m["d"] for m in costs.load_costs()["models"]["glle_em"]["measured"])
+    assert costs.within_measured_width("glle_em", [widest])
+    assert costs.within_measured_width("glle_em", [int(costs.WIDTH_MARGIN * widest)])
+    assert not costs.within_measured_width("glle_em", [50])
+    assert not costs.within_measured_width("mrd", [5, 100])  # the widest view decides
+    assert not costs.within_measured_width("no such entry", [3])
