@@ -129,6 +129,8 @@ def pytest_runtest_protocol(item, nextitem):
     before, t0 = _tree_cpu(), time.perf_counter()
     yield
     after = _tree_cpu()
-    cpu = sum(v - before.get(k, 0.0) for k, v in after.items())
+    # totals, not per-process deltas: a process reaped during the test leaves ``before`` and its
+    # whole CPU enters its parent's children figure, so only its remainder is counted again
+    cpu = sum(after.values()) - sum(before.values())
     with open(path, "a") as f:
         f.write(json.dumps({"test": item.nodeid, "wall": time.perf_counter() - t0, "cpu": cpu}) + "\n")
