@@ -617,14 +617,8 @@ def check_numerics(path, skip=()) -> None:
         if "numerics" not in g:
             unknown += int(done.sum())
             continue
-        try:
-            versions = list(np.asarray(g["numerics"][...])[done].ravel())
-        except Exception:  # a damaged chunk: read cell by cell, leaving the damaged ones out
-            versions = []
-            for idx in np.argwhere(done):
-                v, problem = _read_cell(g["numerics"], tuple(int(i) for i in idx))
-                if problem is None:
-                    versions.append(v)
+        values, damaged = _read_cells(g["numerics"], "")  # damaged cells are left out
+        versions = [values[idx] for idx in map(tuple, np.argwhere(done)) if idx not in damaged]
         for v in versions:
             if v == "":
                 unknown += 1
@@ -893,21 +887,28 @@ def _read_cell(arr, cell: tuple):
     return None, (enc.encode_chunk_key(cell + (0,) * (arr.ndim - nd)), _unreadable(first))
 
 
-def _read_status(st) -> tuple[np.ndarray, dict]:
-    """A group's status array, and ``{index: (chunk key, why)}`` of the cells whose chunk cannot be
-    read (their status is unknown: read as pending here, and run again)."""
+def _read_cells(arr, fill) -> tuple[np.ndarray, dict]:
+    """A one-value-per-grid-point array (``status``, ``numerics``) whole, and ``{index: (chunk key,
+    why)}`` of the cells whose chunk cannot be read, which hold ``fill`` here (a status read as
+    pending, so the point runs again; a version left out by the caller)."""
     try:
-        return np.asarray(st[...]), {}
-    except Exception:
+        return np.asarray(arr[...]), {}
+    except Exception:  # a damaged chunk: read cell by cell, naming the damaged ones
         pass
-    status, bad = np.full(st.shape, STATUS_PENDING, dtype=np.int8), {}
-    for idx in np.ndindex(st.shape):
-        val, why = _read_cell(st, idx)
+    values, bad = np.full(arr.shape, fill, dtype=arr.dtype), {}
+    for idx in np.ndindex(arr.shape):
+        val, why = _read_cell(arr, idx)
         if why is None:
-            status[idx] = val
+            values[idx] = val
         else:
             bad[idx] = why
-    return status, bad
+    return values, bad
+
+
+def _read_status(st) -> tuple[np.ndarray, dict]:
+    """A group's status array, and the cells whose chunk cannot be read (:func:`_read_cells`: their
+    status is unknown, read as pending)."""
+    return _read_cells(st, STATUS_PENDING)
 
 
 #: arrays up to this size are read whole when a store is verified (zarr reads their chunks at once);
