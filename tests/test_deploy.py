@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from tests.failing_sweep import FAILED_MESSAGE, assert_failed_in_prefect, flow_run_logs, write_plane_csv
 from tests.prefect_server import PREFECT, pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +64,6 @@ def runs(server, tmp_path_factory):
             "report": False,
         },
     )
-    Y = np.random.default_rng(0).normal(size=(60, 2))
-    np.savetxt(tmp / "plane.csv", np.hstack([Y, np.zeros((60, 1))]), delimiter=",")
     bad_store = tmp / "plane.zarr"
     bad = _deployment_run(
         env,
@@ -72,7 +71,7 @@ def runs(server, tmp_path_factory):
             "store": str(bad_store),
             "models": ["ppca"],
             "grid": {"latent_dim": [2], "seed": [0, 1]},
-            "dataset": str(tmp / "plane.csv"),
+            "dataset": write_plane_csv(tmp / "plane.csv"),
             "cluster": {"type": "local", "n_workers": 1},
             "report": False,
         },
@@ -107,40 +106,14 @@ def test_deployment_run_completes_and_store_is_complete(server, runs):
 def test_a_deployment_run_whose_every_point_fails_ends_failed_with_counts_and_reasons(server, runs):
     """Issue 36 W6 where users meet it: a scheduled sweep that fails every point must not look green."""
     from prefect import get_client
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterKey,
-        FlowRunFilter,
-        FlowRunFilterParentFlowRunId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
-
-    from tasks.artifacts import artifact_key
 
     run_id, store = runs["bad"]
     with pointed_at(server), get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
         assert run.state.is_failed(), (run.state, runs["worker"][-4000:])
-        assert run.state.message == "2 of 2 grid points failed (2 in this run)"
-        subs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
-        )
-        assert len(subs) == 1 and subs[0].state.is_failed(), subs
-
-        def logs(fid) -> str:
-            return "\n".join(
-                e.message for e in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fid])))
-            )
-
-        own = logs(run.id)  # the deployment's flow run: its end state with the counts
-        assert "Finished in state Failed('2 of 2 grid points failed (2 in this run)')" in own, own
-        text = logs(subs[0].id)  # the sweep's subflow: the counts and the distinct reasons
-        assert "2 of the 2 grid points run failed" in text and "ppca: 2 point(s):" in text, text
-        assert "singular" in text, text
-        art = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(store, "summary")]))
-        )
-        assert art and any("failed: ppca: 2 point(s)" in (a.description or "") for a in art), art
+        assert run.state.message == FAILED_MESSAGE
+        own = flow_run_logs(client, run.id)  # the deployment's flow run: its end state with the counts
+        assert f"Finished in state Failed('{FAILED_MESSAGE}')" in own, own
+        assert_failed_in_prefect(client, run.id, store)
     st = xr.open_datatree(store, engine="zarr", consolidated=False)["ppca"].ds["status"].values
     assert (st == 2).all()  # both points recorded as failed, none as done

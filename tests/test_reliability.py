@@ -21,6 +21,7 @@ import zarr
 from flows.cli import main as cli_main
 from lvmcore.checks import MISSING_LABEL
 from tasks.store import inputs_dir, read_status
+from tests.failing_sweep import FAILED_MESSAGE, assert_failed_in_prefect, write_plane_csv
 from tests.prefect_server import pointed_at
 
 D = '{"name": "swiss_roll", "n": 120, "seed": 0}'
@@ -283,44 +284,20 @@ def test_a_sweep_with_failed_points_ends_failed_in_prefect_with_counts_and_reaso
     server, sweep_cluster, tmp_path
 ):
     from prefect import get_client
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterKey,
-        FlowRunFilter,
-        FlowRunFilterParentFlowRunId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
 
     from flows.sweep import PointsFailed, embed_sweep, outcome
-    from tasks.artifacts import artifact_key
 
-    Y = np.random.default_rng(0).normal(size=(60, 2))  # a plane: PPCA at latent_dim 2 is singular
-    np.savetxt(tmp_path / "plane.csv", np.hstack([Y, np.zeros((60, 1))]), delimiter=",")
     store = str(tmp_path / "p.zarr")
-    kw = dict(dataset=str(tmp_path / "plane.csv"), models=["ppca"], store=store, report=False)
+    kw = dict(dataset=write_plane_csv(tmp_path / "plane.csv"), models=["ppca"], store=store, report=False)
     state = embed_sweep(
         grid={"latent_dim": [2], "seed": [0, 1]}, cluster=sweep_cluster, return_state=True, **kw
     )
-    assert state.is_failed() and state.message == "2 of 2 grid points failed (2 in this run)"
+    assert state.is_failed() and state.message == FAILED_MESSAGE
     assert outcome(state)["failed"] == 2
     with pytest.raises(PointsFailed, match="2 of 2 grid points failed"):
         embed_sweep(grid={"latent_dim": [2], "seed": [0, 1]}, cluster=sweep_cluster, **kw)
-    fid = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
-        assert client.read_flow_run(fid).state.is_failed()
-        subs = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[fid]))
-        )
-        assert len(subs) == 1 and subs[0].state.is_failed(), subs
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[subs[0].id])))
-        text = "\n".join(entry.message for entry in logs)
-        assert "2 of the 2 grid points run failed" in text and "ppca: 2 point(s):" in text
-        assert "singular" in text
-        art = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(store, "summary")]))
-        )
-        assert art and any("failed: ppca: 2 point(s)" in (a.description or "") for a in art)
+        assert_failed_in_prefect(client, state.state_details.flow_run_id, store)
     # a sweep whose points are all done ends Completed
     ok = embed_sweep(grid={"latent_dim": [1], "seed": [0]}, cluster=sweep_cluster, return_state=True,
                      **{**kw, "store": str(tmp_path / "ok.zarr")})  # fmt: skip
