@@ -100,15 +100,37 @@ def neighbour_ranks(D) -> np.ndarray:
     return R
 
 
+def _nearest_by_rank(R, k):
+    """The k nearest per row (self excluded), nearest first, read from a ``neighbour_ranks`` matrix:
+    each row is a permutation of 0..N-1, so the entries ranked 0..k are self and the k nearest."""
+    idx = np.argpartition(R, k, axis=1)[:, : k + 1]
+    order = np.argsort(np.take_along_axis(R, idx, axis=1), axis=1)
+    return np.take_along_axis(idx, order, axis=1)[:, 1:]
+
+
+def _check_ranks(R, n, name):
+    if np.shape(R) != (n, n):
+        raise ValueError(f"{name} must have shape ({n}, {n}), got {np.shape(R)}")
+    return np.asarray(R)
+
+
 def trustworthiness(
-    Y, X, n_neighbors: int = 5, metric: str = "euclidean", metric_x: str | None = None, data_ranks=None
+    Y,
+    X,
+    n_neighbors: int = 5,
+    metric: str = "euclidean",
+    metric_x: str | None = None,
+    data_ranks=None,
+    embedding_ranks=None,
 ):
     """Trustworthiness (Venna & Kaski): penalises points that are neighbours in X but not in Y.
 
     T(k) = 1 - 2 / (N k (2N - 3k - 1)) * sum_i sum_{j in U_k(i)} (r(i, j) - k), where U_k(i) are
     the embedding neighbours of i that are not data neighbours and r the rank in the data space.
     ``metric`` applies to Y, ``metric_x`` (default ``metric`` unless that is precomputed) to X.
-    ``data_ranks``: ``neighbour_ranks`` of Y's distances, when several X are scored against one Y.
+    ``data_ranks``: ``neighbour_ranks`` of Y's distances, when several X are scored against one Y;
+    ``embedding_ranks``: those of X's, when the embedding's ranks serve other scores too (the
+    neighbours are then read from them instead of a partition of X's distances).
     """
     n = np.asarray(Y).shape[0]
     k = int(n_neighbors)
@@ -118,21 +140,33 @@ def trustworthiness(
     Dx = pairwise_distances(X, mx)
     if Dx.shape[0] != n:
         raise ValueError(f"Y has {n} points but X has {Dx.shape[0]}")
-    nn_x = _knn_stable(Dx, k)
+    if embedding_ranks is None:
+        nn_x = _knn_stable(Dx, k)
+    else:
+        nn_x = _nearest_by_rank(_check_ranks(embedding_ranks, n, "embedding_ranks"), k)
     if data_ranks is None:
         r = _rank_of(pairwise_distances(Y, metric), nn_x) - k
     else:
-        if np.shape(data_ranks) != (n, n):
-            raise ValueError(f"data_ranks must have shape ({n}, {n}), got {np.shape(data_ranks)}")
-        r = np.take_along_axis(np.asarray(data_ranks), nn_x, axis=1).astype(np.int64) - k
+        r = np.take_along_axis(_check_ranks(data_ranks, n, "data_ranks"), nn_x, axis=1).astype(np.int64) - k
     penalty = np.sum(np.clip(r, 0, None))
     return float(1.0 - 2.0 / (n * k * (2.0 * n - 3.0 * k - 1.0)) * penalty)
 
 
-def continuity(Y, X, n_neighbors: int = 5, metric: str = "euclidean", metric_x: str | None = None):
-    """Continuity: trustworthiness with the roles of data and embedding swapped."""
+def continuity(
+    Y,
+    X,
+    n_neighbors: int = 5,
+    metric: str = "euclidean",
+    metric_x: str | None = None,
+    data_ranks=None,
+    embedding_ranks=None,
+):
+    """Continuity: trustworthiness with the roles of data and embedding swapped (and so of their
+    precomputed ranks)."""
     mx = metric_x or ("euclidean" if metric == "precomputed" else metric)
-    return trustworthiness(X, Y, n_neighbors=n_neighbors, metric=mx, metric_x=metric)
+    return trustworthiness(
+        X, Y, n_neighbors, metric=mx, metric_x=metric, data_ranks=embedding_ranks, embedding_ranks=data_ranks
+    )
 
 
 def knn_accuracy(X, labels, n_neighbors: int = 1, n_splits: int = 5, random_state=0, metric="euclidean"):
@@ -324,13 +358,14 @@ def manifold_distances(Y, n_neighbors: int = 20) -> np.ndarray:
     return shortest_path(csr_matrix(G), method="D", directed=False)
 
 
-def coranking_qnx(D_high, D_low) -> np.ndarray:
+def coranking_qnx(D_high, D_low, ranks_high=None, ranks_low=None) -> np.ndarray:
     """Q_NX(K), K = 1..N-1 (Lee & Verleysen 2009), from two (N, N) distance matrices: the share of
     K-nearest neighbourhoods kept, Q_NX(K) = #{(i, j): rank_high(i, j) <= K and rank_low(i, j) <= K}
     / (K N), ranks as in :func:`neighbour_ranks` (1 = nearest, self excluded). The co-ranking matrix
-    is counted with one bincount and summed by two cumulative sums: O(N^2) time and memory."""
-    Rh = neighbour_ranks(D_high)
-    Rl = neighbour_ranks(D_low)
+    is counted with one bincount and summed by two cumulative sums: O(N^2) time and memory.
+    ``ranks_high`` / ``ranks_low``: those ranks, where the caller already has them."""
+    Rh = neighbour_ranks(D_high) if ranks_high is None else np.asarray(ranks_high)
+    Rl = neighbour_ranks(D_low) if ranks_low is None else np.asarray(ranks_low)
     n = Rh.shape[0]
     if Rl.shape != Rh.shape:
         raise ValueError(f"D_high is {Rh.shape} but D_low is {Rl.shape}; both must cover the same points")
@@ -342,7 +377,15 @@ def coranking_qnx(D_high, D_low) -> np.ndarray:
     return np.diagonal(C) / (K * float(n))
 
 
-def quality_scores(Y, X, metric_x: str = "euclidean", n_neighbors: int = 20, data_distances=None):
+def quality_scores(
+    Y,
+    X,
+    metric_x: str = "euclidean",
+    n_neighbors: int = 20,
+    data_distances=None,
+    data_ranks=None,
+    embedding_ranks=None,
+):
     """Qlocal, Qglobal and K_max of Poincare maps (Klimovskaia et al. 2020, supplement eqs. 2-8).
 
     Data distances are :func:`manifold_distances` of Y (or ``data_distances``, an (N, N) matrix,
@@ -350,7 +393,8 @@ def quality_scores(Y, X, metric_x: str = "euclidean", n_neighbors: int = 20, dat
     precomputed matrix (``metric_x="precomputed"``, e.g. hyperbolic distances). With
     LCMC(K) = Q_NX(K) - K / (N - 1), K_max is the first argmax (0-based index into K = 1..N-1);
     Qlocal is the mean of Q_NX over indices 0..K_max and Qglobal over K_max..N-2 (both include
-    K_max). Returns (qlocal, qglobal, k_max)."""
+    K_max). ``data_ranks`` / ``embedding_ranks``: :func:`neighbour_ranks` of the two distance
+    matrices, where the caller shares them between scores. Returns (qlocal, qglobal, k_max)."""
     Dh = data_distances if data_distances is not None else manifold_distances(Y, n_neighbors)
     Dh = pairwise_distances(Dh, "precomputed")
     Dl = pairwise_distances(X, metric_x)
@@ -358,7 +402,7 @@ def quality_scores(Y, X, metric_x: str = "euclidean", n_neighbors: int = 20, dat
         raise ValueError(f"the data have {Dh.shape[0]} points but the embedding has {Dl.shape[0]}")
     if not np.all(np.isfinite(Dh)):
         raise ValueError("data distances contain inf or NaN; pass finite geodesic distances")
-    qnx = coranking_qnx(Dh, Dl)
+    qnx = coranking_qnx(Dh, Dl, data_ranks, embedding_ranks)
     m = len(qnx)
     k_max = int(np.argmax(qnx - np.arange(1, m + 1) / m))
     return float(np.mean(qnx[: k_max + 1])), float(np.mean(qnx[k_max:])), k_max

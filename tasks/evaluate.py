@@ -119,10 +119,12 @@ def _reference(data_path: str, fingerprint, seed: int):
 
 
 @functools.lru_cache(maxsize=2)
-def _geodesics(data_path: str, fingerprint, seed: int) -> np.ndarray:
-    """Data-side distances of Qlocal / Qglobal: 20-NN graph geodesics of the evaluation subset."""
+def _geodesics(data_path: str, fingerprint, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Data-side distances of Qlocal / Qglobal: 20-NN graph geodesics of the evaluation subset,
+    and their neighbour ranks."""
     sel = _reference(data_path, fingerprint, seed)[0]
-    return metrics.manifold_distances(load_data(data_path)["Y"][sel], min(20, len(sel) - 1))
+    geo = metrics.manifold_distances(load_data(data_path)["Y"][sel], min(20, len(sel) - 1))
+    return geo, metrics.neighbour_ranks(geo)
 
 
 def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> PointResult:
@@ -135,15 +137,19 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> P
     DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
     k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))
     m = res.metrics
-    pre = {"metric": "precomputed", "metric_x": "precomputed"}
     try:
-        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, data_ranks=nranks_y, **pre)
+        # the embedding's neighbour ranks (one row sort) serve trustworthiness, continuity and the
+        # co-ranking; the data side's are computed once per worker (_reference, _geodesics)
+        nranks_x = metrics.neighbour_ranks(DX)
+        ranks = {"data_ranks": nranks_y, "embedding_ranks": nranks_x}
+        pre = {"metric": "precomputed", "metric_x": "precomputed", **ranks}
+        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, **pre)
         m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
         # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
         m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
-        geo = _geodesics(str(data_path), data["fingerprint"], seed)
+        geo, nranks_geo = _geodesics(str(data_path), data["fingerprint"], seed)
         m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
-            None, DX, metric_x="precomputed", data_distances=geo
+            None, DX, "precomputed", data_distances=geo, data_ranks=nranks_geo, embedding_ranks=nranks_x
         )
         if label_notes(data["label"], sel)[0]:  # else NaN, said once per sweep (tasks.evaluate.label_notes)
             lab = np.asarray(data["label"])[sel]

@@ -69,6 +69,14 @@ def test_trustworthiness_ties_follow_stable_order():
     assert got == pytest.approx(ref, abs=1e-12)
     with pytest.raises(ValueError, match=r"data_ranks must have shape \(60, 60\)"):
         metrics.trustworthiness(Y, X, k, data_ranks=R[:-1])
+    # and with both sides' ranks, as evaluate_point shares the embedding's between the scores:
+    # the neighbours read from the ranks are the stable order's, ties included
+    Rx = metrics.neighbour_ranks(Dx)
+    both = {"metric": "precomputed", "metric_x": "precomputed", "data_ranks": R, "embedding_ranks": Rx}
+    assert metrics.trustworthiness(Dy, Dx, k, **both) == pytest.approx(ref, abs=1e-12)
+    assert metrics.continuity(Dy, Dx, k, **both) == metrics.continuity(Y, X, k)
+    with pytest.raises(ValueError, match=r"embedding_ranks must have shape \(60, 60\)"):
+        metrics.trustworthiness(Y, X, k, embedding_ranks=Rx[:, :-1])
 
 
 def test_average_ranks_equal_scipy_rankdata():
@@ -256,6 +264,8 @@ def test_coranking_qnx_matches_loop():
     k_ref = int(np.argmax(lcmc))
     assert k_max == k_ref
     assert ql == pytest.approx(ref[: k_ref + 1].mean()) and qg == pytest.approx(ref[k_ref:].mean())
+    R = {"data_ranks": metrics.neighbour_ranks(Dh), "embedding_ranks": metrics.neighbour_ranks(Dl)}
+    assert metrics.quality_scores(None, Dl, "precomputed", data_distances=Dh, **R) == (ql, qg, k_max)
 
 
 def test_manifold_distances_match_floyd_warshall_and_join_components():
