@@ -64,6 +64,45 @@ def test_a_second_worker_loads_what_the_first_compiled(monkeypatch, tmp_path):
     assert second["value"] == first["value"]
 
 
+def _probe_worker():
+    import os
+
+    import jax
+    import psutil
+
+    return {
+        "probe": os.environ.get("EMBED_SWEEP_PROBE"),
+        "jax_cache": jax.config.jax_compilation_cache_dir,
+        "cwd": os.getcwd(),
+        "parent": " ".join(psutil.Process().parent().cmdline()),
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def test_each_cluster_forks_its_workers_from_a_server_in_this_process_state(monkeypatch, tmp_path):
+    """Local workers are forked from a server that imported the task code once (flows.cluster.
+    forked_workers). A cluster started after the environment or the working directory changed
+    gets workers that see the change, as spawned interpreters would, including what was read at
+    import (JAX's cache folder); each worker is still pinned to one core."""
+    seen = []
+    for i in range(2):
+        monkeypatch.setenv("EMBED_SWEEP_PROBE", str(i))
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / f"cache{i}"))
+        if i:
+            monkeypatch.chdir(tmp_path)
+        cwd = os.getcwd()
+        with (
+            start_cluster(normalise_cluster({"type": "local", "n_workers": 1})) as (address, _, _),
+            Client(address) as client,
+        ):
+            (got,) = client.run(_probe_worker).values()
+        seen.append((got, cwd))
+    for i, (got, cwd) in enumerate(seen):
+        assert "multiprocessing.forkserver" in got["parent"], got
+        assert (got["probe"], got["jax_cache"], got["cwd"]) == (str(i), str(tmp_path / f"cache{i}"), cwd)
+        assert len(got["affinity"]) == 1 or len(os.sched_getaffinity(0)) == 1, got
+
+
 def _listening(pids):
     """(ip, port) of every listening TCP socket of these processes."""
     import psutil

@@ -93,16 +93,24 @@ def reference(env, tmp_path_factory):
     return store
 
 
+def _worker_processes(pid):
+    """The local cluster's Dask worker processes among ``pid``'s descendants: the children of its
+    fork server (flows.cluster.forked_workers), or spawned interpreters."""
+    cmd = lambda p: " ".join(p.cmdline())  # noqa: E731
+    out = []
+    for p in psutil.Process(pid).children(recursive=True):
+        forked = "multiprocessing.forkserver" in cmd(p) and "multiprocessing.forkserver" in cmd(p.parent())
+        if forked or "spawn_main" in cmd(p):
+            out.append(p)
+    return out
+
+
 def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, tmp_path):
     store = tmp_path / "s.zarr"
     proc = _start_flow(store, env)
     try:
         _wait_for(store, proc, 3)
-        workers = [
-            p
-            for p in psutil.Process(proc.pid).children(recursive=True)
-            if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())
-        ]
+        workers = _worker_processes(proc.pid)
         assert len(workers) >= 2, [p.cmdline() for p in workers]
         os.kill(workers[0].pid, signal.SIGKILL)
         killed_at = _n_done(store)
