@@ -12,9 +12,9 @@
 * :func:`lbfgs` - scipy's L-BFGS-B on the objective per data value, shifted to 0 at the start
   (so its own relative-reduction test is the same at any data scale), restarted while iterations
   remain and a run stopped by that test still gained more than ``tol`` per value.
-* :func:`adam` / :func:`riemannian_adam` - one Adam: Euclidean parameters are the trivial manifold
-  of the Riemannian version (Becigneul and Ganea 2019; geoopt's ``RiemannianAdam``), which steps
-  points on the Lorentz model by the exponential map with first moments carried by parallel
+* :func:`adam` - the one Adam, Riemannian (Becigneul and Ganea 2019; geoopt's ``RiemannianAdam``)
+  over a manifold: :class:`Euclidean` parameters are the trivial case (the step of Kingma and Ba),
+  :class:`Lorentz` points step by the exponential map with first moments carried by parallel
   transport and one second moment per point (the squared Lorentz norm of its gradient).
 """
 
@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["stalled", "plateau", "lbfgs", "LbfgsResult", "adam", "riemannian_adam"]
+__all__ = ["stalled", "plateau", "lbfgs", "LbfgsResult", "adam", "Euclidean", "Lorentz"]
 
 
 def stalled(gain: float, tol: float, n_values: float) -> bool:
@@ -96,29 +96,77 @@ def _sqrt(x):
     return jnp.sqrt(x) if isinstance(x, jax.Array) else np.sqrt(x)
 
 
-def adam(p, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    """One Adam ascent step (Kingma and Ba) on an array ``p`` with gradient ``g``, moments m, v and
-    step count t >= 1 (a number, or an array broadcasting against p: one count per row)."""
+class Euclidean:
+    """The trivial manifold: the Riemannian gradient is the gradient, the second moment is kept per
+    component (Kingma and Ba's Adam), a step is a translation and the moments need no transport.
+    Library-neutral: NumPy arrays stay NumPy.
+
+    The hooks :func:`adam` calls: ``rgrad(x, g)`` the Riemannian gradient; ``sqnorm(x, u, w)`` w times
+    the squared norm of u in the second moment's resolution (w first, so each manifold keeps the
+    rounding of its own written-out step); ``per_point(a)`` a per-point quantity shaped to broadcast
+    against p; ``step(x, u, m)`` the retraction along u and m transported to the new point."""
+
+    @staticmethod
+    def rgrad(x, g):
+        return g
+
+    @staticmethod
+    def sqnorm(x, u, w):
+        return w * u * u
+
+    @staticmethod
+    def per_point(a):
+        return a
+
+    @staticmethod
+    def step(x, u, m):
+        return x + u, m
+
+
+class Lorentz:
+    """Points (..., Q+1) on the Lorentz model (:mod:`lvmcore.manifolds.lorentz`): the ambient gradient
+    with its time coordinate negated and projected to the tangent space (Algorithm 1 of paper 002),
+    one second moment per point (the squared Lorentz norm of its gradient: geoopt's
+    ``component_inner``), the step by the exponential map and the first moments parallel-transported
+    to the new points. JAX only."""
+
+    @staticmethod
+    def rgrad(x, g):
+        from lvmcore.manifolds.lorentz import egrad2rgrad
+
+        return egrad2rgrad(x, g)
+
+    @staticmethod
+    def sqnorm(x, u, w):
+        import jax.numpy as jnp
+
+        from lvmcore.manifolds.lorentz import inner
+
+        return w * jnp.maximum(inner(u, u), 0.0)
+
+    @staticmethod
+    def per_point(a):
+        import jax.numpy as jnp
+
+        return jnp.asarray(a)[..., None]
+
+    @staticmethod
+    def step(x, u, m):
+        from lvmcore.manifolds.lorentz import expmap, proj, project_to_manifold, transp
+
+        xn = project_to_manifold(expmap(x, u))
+        return xn, proj(xn, transp(x, xn, m))
+
+
+def adam(p, g, m, v, t, lr, manifold=Euclidean, *, b1=0.9, b2=0.999, eps=1e-8):
+    """One (Riemannian) Adam ascent step (Kingma and Ba; Becigneul and Ganea 2019, geoopt's
+    ``RiemannianAdam``) on ``p`` with gradient ``g``: first moments m (p's shape, tangent vectors),
+    second moments v (per component on :class:`Euclidean`, per point on :class:`Lorentz`) and the
+    step count t >= 1 (a number, or an array of counts: one per row on :class:`Euclidean`, where it
+    broadcasts against p, one per point on :class:`Lorentz`). Returns (p, m, v) after the step."""
+    g = manifold.rgrad(p, g)
     m = b1 * m + (1.0 - b1) * g
-    v = b2 * v + (1.0 - b2) * g * g
-    p = p + lr * (m / (1.0 - b1**t)) / (_sqrt(v / (1.0 - b2**t)) + eps)
+    v = b2 * v + manifold.sqnorm(p, g, 1.0 - b2)
+    bias1, bias2 = manifold.per_point(1.0 - b1**t), 1.0 - b2**t
+    p, m = manifold.step(p, lr * (m / bias1) / (manifold.per_point(_sqrt(v / bias2)) + eps), m)
     return p, m, v
-
-
-def riemannian_adam(X, g, m, v, t, lr, b1=0.9, b2=0.999, eps=1e-8):
-    """One Riemannian Adam ascent step for points X (..., Q+1) on the Lorentz model with ambient
-    Euclidean gradient g (Algorithm 1 of paper 002: time coordinate negated, projected to the
-    tangent space); m (..., Q+1) tangent momenta, v (...) one second moment per point, t the step
-    count (a number, or one per point). The step is the exponential map; the momenta are
-    parallel-transported to the new points."""
-    import jax.numpy as jnp
-
-    from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, inner, proj, project_to_manifold, transp
-
-    rg = egrad2rgrad(X, g)
-    m = b1 * m + (1.0 - b1) * rg
-    v = b2 * v + (1.0 - b2) * jnp.maximum(inner(rg, rg), 0.0)
-    mhat = m / jnp.asarray(1.0 - b1**t)[..., None]
-    step = lr * mhat / (jnp.sqrt(v / (1.0 - b2**t))[..., None] + eps)
-    Xn = project_to_manifold(expmap(X, step))
-    return Xn, proj(Xn, transp(X, Xn, m)), v

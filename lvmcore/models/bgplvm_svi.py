@@ -143,7 +143,7 @@ class _Adam:
 
         def upd(p, g, m, v, mk):  # lvmcore.optim.adam on the selected rows, in place
             p[sel], m[sel], v[sel] = adam(
-                p[sel], np.asarray(g) * mk, m[sel], v[sel], t, self.lr, self.b1, self.b2, self.eps
+                p[sel], np.asarray(g) * mk, m[sel], v[sel], t, self.lr, b1=self.b1, b2=self.b2, eps=self.eps
             )
 
         if mask is None:

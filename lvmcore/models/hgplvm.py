@@ -31,11 +31,12 @@ initial latent points (tangent space at the origin, mapped by expmap0) and is le
 latent points by Riemannian steps; by default M grows with N (``n_inducing="auto"``).
 
 Latent points (or means) are updated by Riemannian Adam (Algorithm 1 with Becigneul and Ganea's
-Adam, :func:`lvmcore.optim.riemannian_adam`): the Euclidean (ambient) gradient with its time
-coordinate negated and projected to the tangent space, a step by the exponential map, first
-moments carried by parallel transport. kappa is fixed; log sigma, log beta (and log S) are updated
-by Euclidean Adam (:func:`lvmcore.optim.adam`). ``optimizer="rsgd"`` steps by the gradient of
-objective / (N D), so the learning rate does not depend on the data size.
+Adam, :func:`lvmcore.optim.adam` on :class:`~lvmcore.optim.Lorentz`): the Euclidean (ambient)
+gradient with its time coordinate negated and projected to the tangent space, a step by the
+exponential map, first moments carried by parallel transport. kappa is fixed; log sigma, log beta
+(and log S) are updated by the same Adam on the trivial manifold (:class:`~lvmcore.optim.Euclidean`).
+``optimizer="rsgd"`` steps by the gradient of objective / (N D), so the learning rate does not
+depend on the data size.
 
 The drift line search (point variant, ``drift_every``). With kappa = 100, growing every distance
 by a factor and shrinking sigma by it leaves eq. 4 almost unchanged: a long ridge along which the
@@ -86,7 +87,7 @@ from lvmcore.models.hgplvm_point import (
     reml_projection,
     symmetrize_lower,
 )
-from lvmcore.optim import adam, plateau, riemannian_adam
+from lvmcore.optim import Lorentz, adam, plateau
 from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
 
@@ -199,7 +200,7 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
     s = dict(state)
     for k in ("X", "Z") if variant != "point" else ("X",):
         if use_radam:
-            s[k], s["m" + k], s["v" + k] = riemannian_adam(s[k], grads[k], s["m" + k], s["v" + k], t, lr)
+            s[k], s["m" + k], s["v" + k] = adam(s[k], grads[k], s["m" + k], s["v" + k], t, lr, Lorentz)
         else:
             s[k] = _rsgd_step(s[k], grads[k] / scale, lr)
     s["hyp"], s["mh"], s["vh"] = adam(s["hyp"], grads["hyp"], s["mh"], s["vh"], t, hlr)
@@ -783,7 +784,7 @@ class HyperboloidGPLVM(LatentModel):
         @jax.jit
         def step(Xn, log_S, mX, vX, mS, vS, t, eps):
             gX, gS = grad_fn(Xn, log_S, eps)
-            Xn, mX, vX = riemannian_adam(Xn, gX, mX, vX, t, lr)
+            Xn, mX, vX = adam(Xn, gX, mX, vX, t, lr, Lorentz)
             log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
             return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
 

@@ -70,7 +70,7 @@ from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_j
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models._base import LatentModel
 from lvmcore.models.hgplvm import _PATIENCE_BAYES, HyperboloidGPLVM, _renorm
-from lvmcore.optim import adam, plateau, riemannian_adam
+from lvmcore.optim import Lorentz, adam, plateau
 from lvmcore.pca import ppca_noise_variance, principal
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
@@ -177,11 +177,11 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
     finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(P)) & jnp.all(jnp.isfinite(qu_new["m"]))
     # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
     tl = lmom["t"] + 1.0
-    X, mX, vX = riemannian_adam(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr)
+    X, mX, vX = adam(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr, Lorentz)
     lS, mS, vS = adam(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl[:, None], hlr)
     lS = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
     mS, vS = jnp.where(upd_S, mS, lmom["mS"]), jnp.where(upd_S, vS, lmom["vS"])
-    Z, mZ, vZ = riemannian_adam(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr)
+    Z, mZ, vZ = adam(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr, Lorentz)
     hyp, mh, vh = adam(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
     return (
         {"X": X, "log_S": lS},
@@ -208,7 +208,7 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
         eps = jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
         g = grad_local({"X": X, "log_S": lS}, eps)
         t = i + 1.0
-        X, mX, vX = riemannian_adam(X, g["X"], mX, vX, t, lr)
+        X, mX, vX = adam(X, g["X"], mX, vX, t, lr, Lorentz)
         lS, mS, vS = adam(lS, g["log_S"], mS, vS, t, hlr)
         return X, jnp.clip(lS, -20.0, 5.0), mX, vX, mS, vS
 
