@@ -328,7 +328,9 @@ def main():
     p.add_argument("--nnz", type=float, default=1500, help="non-zero genes per cell (about)")
     p.add_argument("--out", default="/tmp/atlas")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--solver", default="auto", choices=["auto", "covariance", "arpack", "randomized"])
+    p.add_argument(
+        "--solver", default="auto", choices=["auto", "covariance", "lanczos", "arpack", "randomized"]
+    )
     p.add_argument(
         "--scanpy-dtype",
         default="float32",

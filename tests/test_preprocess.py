@@ -1,5 +1,6 @@
 """Streamed preprocessing (issue 33, item 3): normalize_total / log1p / PCA over the file's row
-blocks equal scanpy's (pp.normalize_total, pp.log1p, pp.pca with mask_var=None, float64, ARPACK):
+blocks equal scanpy's (pp.normalize_total, pp.log1p, pp.pca with mask_var=None, float64, ARPACK)
+by every route (covariance, block Lanczos, ARPACK, randomised):
 the principal subspace, the explained variance (over N - 1) and its ratio, and the scores; no
 sparse block is densified; the result is fingerprinted with the file and the settings, recorded in
 the ingested store and reused, not recomputed, when the sweep resumes."""
@@ -73,16 +74,18 @@ def test_exact_route_equals_scanpy(tmp_path, target, ours):
         "pca_solver": "covariance",
         "pca_iter": 7,
         "pca_seed": 0,
+        "pca_tol": pp.LANCZOS_TOL,
+        "pca_block": pp.LANCZOS_BLOCK,
     }
     if ours is True:
         assert info["target_sum"] == pytest.approx(np.median(np.asarray(a.X.sum(axis=1)).ravel()))
 
 
-@pytest.mark.parametrize("solver", ["arpack", "randomized"])
-def test_arpack_and_randomised_routes_equal_scanpy(tmp_path, solver):
-    """D = 400 features, 5 components: ARPACK on the covariance operator, and the randomised route
-    whose Krylov space (15 columns x 8 rounds = 120) is far from spanning the data, so its
-    agreement is the method's, not a full basis's."""
+@pytest.mark.parametrize("solver", ["lanczos", "arpack", "randomized"])
+def test_lanczos_arpack_and_randomised_routes_equal_scanpy(tmp_path, solver):
+    """D = 400 features, 5 components: block Lanczos and ARPACK on the covariance operator, and the
+    randomised route whose Krylov space (15 columns x 8 rounds = 120) is far from spanning the
+    data, so its agreement is the method's, not a full basis's."""
     path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
     pre = {"normalize_total": 1e4, "log1p": True, "pca": 5, "pca_solver": solver}
     ds = load(str(path), preprocess=pre)
@@ -97,7 +100,7 @@ def test_no_sparse_block_is_densified(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sp.csr_matrix, "toarray", refuse)
     monkeypatch.setattr(sp.csr_matrix, "todense", refuse)
-    for solver in ("covariance", "arpack", "randomized"):
+    for solver in ("covariance", "lanczos", "arpack", "randomized"):
         ds = load(
             str(path), preprocess={"normalize_total": 1e4, "log1p": True, "pca": 4, "pca_solver": solver}
         )
@@ -123,6 +126,9 @@ def test_settings_are_checked_before_any_work(tmp_path):
         ({"normalize_total": -1}, "normalize_total must be a positive number"),
         ({"pca": 0}, "pca must be a positive number of components"),
         ({"pca": 5, "pca_solver": "lobpcg"}, "pca_solver must be one of"),
+        ({"pca": 5, "pca_tol": 0}, r"pca_tol must be a number in \(0, 1\)"),
+        ({"pca": 5, "pca_block": 0}, "pca_block must be a positive integer"),
+        ({"log1p": True, "pca_tol": 1e-8}, "need pca"),
         ({"pca": 25}, r"pca = 25 components needs at most min\(N - 1, D\) = 20"),
         ({"log1p": False}, "does nothing"),
     ]:
@@ -187,8 +193,54 @@ def test_every_route_runs_on_the_cluster_shares_and_frees_them(tmp_path, cluster
         shares.append(list(self.spans))
 
     monkeypatch.setattr(pp._Blocks, "__init__", spy)
-    for solver in ("covariance", "arpack", "randomized"):
+    for solver in ("covariance", "lanczos", "arpack", "randomized"):
         pre = {"normalize_total": 1e4, "log1p": True, "pca": 5, "pca_solver": solver}
         assert _check(load(str(path), preprocess=pre), want)["solver"] == solver
-    assert shares == [[(0, 256), (256, 500)]] * 3
+    assert shares == [[(0, 256), (256, 500)]] * 4
     assert set(cluster_client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == {0}
+
+
+def test_auto_is_block_lanczos_above_the_covariance_width_and_restarts_keep_it_exact(tmp_path, monkeypatch):
+    """Above COVARIANCE_MAX_D features "auto" is block Lanczos. A basis of at most 3 k vectors
+    forces thick restarts (D = 400 and 10 components need more than 30 vectors): the answer
+    still equals scanpy's; and it stops on its residual test well before its basis spans the data
+    (a pass count below D / pca_block)."""
+    path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
+    want = _scanpy(a, 1e4, 10)
+    monkeypatch.setattr(pp, "COVARIANCE_MAX_D", 100)
+    runs = []
+    real = pp.block_lanczos
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        runs.append(out[2])
+        return out
+
+    monkeypatch.setattr(pp, "block_lanczos", spy)
+    pre = {"normalize_total": 1e4, "log1p": True, "pca": 10}
+    assert _check(load(str(path), preprocess=pre), want)["solver"] == "lanczos"
+    monkeypatch.setattr(pp, "LANCZOS_BASIS", 3)
+    assert _check(load(str(path), preprocess=pre), want)["solver"] == "lanczos"
+    assert runs[0]["restarts"] == 0 and runs[1]["restarts"] > 0
+    for r in runs:
+        assert 0 < r["residual"] <= pp.LANCZOS_TOL and r["passes"] < 400 / pp.LANCZOS_BLOCK
+
+
+def test_block_lanczos_finds_the_top_eigenpairs_of_a_hard_spectrum():
+    """A dense operator with a cluster of close eigenvalues at the k-th (relative gaps 1e-3) and a
+    flat tail: block Lanczos with thick restarts gives the k largest eigenvalues to 1e-12 and
+    their subspace to the residual over the gap (here within 1e-7), at every block size."""
+    rng = np.random.default_rng(3)
+    D, k = 300, 12
+    lam = np.concatenate(
+        [[50.0, 20.0, 10.0], 2.0 * (1 + 1e-3 * np.arange(20, 0, -1)), np.linspace(1.5, 0.1, D - 23)]
+    )
+    U, _ = np.linalg.qr(rng.normal(size=(D, D)))
+    C = (U * lam) @ U.T
+    for block in (1, 4, 8):
+        theta, V, info = pp.block_lanczos(
+            lambda X: C @ X, D, k, block, 1e-11, np.random.default_rng(0), 6 * k
+        )
+        np.testing.assert_allclose(theta, lam[:k], rtol=1e-12)
+        assert subspace_angles(V, U[:, :k]).max() < 1e-7
+        np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-12)

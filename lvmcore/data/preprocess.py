@@ -20,20 +20,29 @@ PCA's passes: where the code runs on a cluster (inside the ingest task through
 so a pass over the data is one call to each worker (the share's products summed where its blocks
 live; ARPACK's hundreds of products each cost one round trip per worker, not a task per block and
 a gather of partial sums); else in this process. Memory: the transformed matrix once (12 bytes
-per stored non-zero), spread over the workers, given back when the PCA ends. Three routes:
+per stored non-zero), spread over the workers, given back when the PCA ends. Four routes:
 
 - ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. One pass;
   O(nnz^2 / N) per row for sparse data; D^2 memory per partial sum.
+- ``"lanczos"`` (exact to ``pca_tol``): block Lanczos on C with full reorthogonalisation and
+  thick restarts (:func:`block_lanczos`), ``pca_block`` vectors per pass,
+  C X = (Z^T (Z X) - N mu (mu^T X)) / (N - 1): one pass over the held blocks serves the whole
+  block, and a sparse times a few dense columns costs much less per column than one product
+  alone. Stops when every one of the k Ritz pairs has residual norm ||C v - theta v|| at most
+  ``pca_tol`` theta, ARPACK's convergence test (scanpy runs ARPACK with tol = 0: machine
+  precision). A residual r leaves the subspace off by about r / gap, the Ritz values by r^2 / gap.
 - ``"arpack"`` (exact): ARPACK's implicitly restarted Lanczos (scipy ``eigsh``, tol = 0) on C,
-  C v = (Z^T (Z v) - N mu (mu^T v)) / (N - 1), one pass over the held blocks per product: the
-  eigenproblem scanpy's default sparse PCA solves (``svd_solver="arpack"``), to machine precision.
+  one pass over the held blocks per product: the eigenproblem scanpy's default sparse PCA solves
+  (``svd_solver="arpack"``), to machine precision, one vector per pass.
 - ``"randomized"``: randomised block Krylov with implicit centring (Musco and Musco 2015): the
   Krylov basis of Z_c Omega (l = k + 10 columns) over ``pca_iter`` rounds of Z_c Z_c^T, then
   Rayleigh-Ritz (the SVD of Q^T Z_c). 2 ``pca_iter`` + 3 passes of O(nnz l) (the last
   O(nnz l (pca_iter + 1))). Its accuracy grows with ``pca_iter``; components on a flat noise floor
-  converge slowest.
+  converge slowest; it has no residual test. (``dask.array.linalg.svd_compressed`` is this
+  method without the implicit centring: on a sparse Dask array it would need the centred, dense
+  matrix.)
 
-``"auto"``: covariance when D <= :data:`COVARIANCE_MAX_D`, else arpack.
+``"auto"``: covariance when D <= :data:`COVARIANCE_MAX_D`, else lanczos.
 """
 
 from __future__ import annotations
@@ -51,11 +60,33 @@ __all__ = ["PREPROCESS_OPTIONS", "normalise_settings", "transform_block", "run_p
 
 log = logging.getLogger("lvmcore.data")
 
-PREPROCESS_OPTIONS = ("normalize_total", "log1p", "pca", "pca_solver", "pca_iter", "pca_seed")
-PCA_SOLVERS = ("auto", "covariance", "arpack", "randomized")
+PREPROCESS_OPTIONS = (
+    "normalize_total",
+    "log1p",
+    "pca",
+    "pca_solver",
+    "pca_iter",
+    "pca_seed",
+    "pca_tol",
+    "pca_block",
+)
+PCA_SOLVERS = ("auto", "covariance", "lanczos", "arpack", "randomized")
+#: the PCA options beyond ``pca`` itself (each needs ``pca``)
+PCA_TUNING = ("pca_solver", "pca_iter", "pca_seed", "pca_tol", "pca_block")
 #: "auto" takes the covariance route up to this many features (a D x D float64 partial sum per
-#: block: 32 MB at 2,000), ARPACK above
+#: block: 32 MB at 2,000), block Lanczos above
 COVARIANCE_MAX_D = 2000
+#: block Lanczos: a Ritz pair is converged when its residual norm ||C v - theta v|| is at most
+#: ``pca_tol`` theta (ARPACK's test, which scanpy runs with tol = 0: machine precision)
+LANCZOS_TOL = 1e-10
+#: block Lanczos: vectors per pass over the data
+LANCZOS_BLOCK = 4
+#: block Lanczos: the basis is restarted (thick restart: the best Ritz vectors kept) when it
+#: would exceed this many vectors times the components asked for (or D)
+LANCZOS_BASIS = 16
+#: block Lanczos: once the basis has m vectors, convergence is checked every m / LANCZOS_CHECK
+#: passes (an eigensolve of the m x m projection, O(m^3), against a pass's O(nnz block))
+LANCZOS_CHECK = 200
 #: rows per Dask task in the streamed passes
 PASS_ROWS = 8192
 
@@ -101,14 +132,20 @@ def normalise_settings(pre, where: str) -> dict | None:
     seed = pre.get("pca_seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"{where}: preprocess pca_seed must be a non-negative integer, got {seed!r}")
-    if out["pca"] is None and ("pca_solver" in pre or "pca_iter" in pre or "pca_seed" in pre):
-        raise ValueError(
-            f"{where}: preprocess pca_solver / pca_iter / pca_seed need pca (a number of components)"
-        )
-    out.update(pca_solver=solver, pca_iter=int(it), pca_seed=int(seed))
+    tol = pre.get("pca_tol", LANCZOS_TOL)
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (0 < tol < 1):
+        raise ValueError(f"{where}: preprocess pca_tol must be a number in (0, 1), e.g. 1e-10, got {tol!r}")
+    block = pre.get("pca_block", LANCZOS_BLOCK)
+    if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1:
+        raise ValueError(f"{where}: preprocess pca_block must be a positive integer, got {block!r}")
+    if out["pca"] is None and any(key in pre for key in PCA_TUNING):
+        raise ValueError(f"{where}: preprocess {' / '.join(PCA_TUNING)} need pca (a number of components)")
+    out.update(
+        pca_solver=solver, pca_iter=int(it), pca_seed=int(seed), pca_tol=float(tol), pca_block=int(block)
+    )
     if out["pca"] is None:
-        for k in ("pca_solver", "pca_iter", "pca_seed"):
-            out.pop(k)
+        for key in PCA_TUNING:
+            out.pop(key)
     if out["normalize_total"] is None and not out["log1p"] and out["pca"] is None:
         raise ValueError(f"{where}: preprocess {pre!r} does nothing; give normalize_total, log1p or pca")
     return out
@@ -212,8 +249,8 @@ def _t_times(Z, Qb):
 
 
 def _gram_times(Z, v):
-    """Z_b^T (Z_b v): one block's share of Z^T Z v."""
-    return np.asarray(Z.T @ np.asarray(Z @ v)).ravel()
+    """Z_b^T (Z_b v): one block's share of Z^T Z v (v a vector, or a D x b block of vectors)."""
+    return np.asarray(Z.T @ np.asarray(Z @ v))
 
 
 class _Holder:
@@ -337,7 +374,7 @@ def _run_pca(client, matrix, settings):
         )
     solver = settings["pca_solver"]
     if solver == "auto":
-        solver = "covariance" if D <= COVARIANCE_MAX_D else "arpack"
+        solver = "covariance" if D <= COVARIANCE_MAX_D else "lanczos"
     gram = solver == "covariance"
     blocks = _Blocks(client, matrix, settings, target, _bounds(n))
     try:
@@ -350,6 +387,8 @@ def _run_pca(client, matrix, settings):
             evals, evecs = np.linalg.eigh((C + C.T) / 2)
             order = np.argsort(evals)[::-1][:k]
             ev, V = evals[order], evecs[:, order]
+        elif solver == "lanczos":
+            ev, V = _lanczos(blocks, mu, n, D, k, settings)
         elif solver == "arpack":
             ev, V = _arpack(blocks, mu, n, D, k, settings["pca_seed"])
         else:
@@ -377,12 +416,130 @@ def _arpack(blocks, mu, n, D, k, seed):
 
     def matvec(v):
         v = np.asarray(v, dtype=np.float64).ravel()
-        return (blocks.reduce(_gram_times, v) - n * mu * (mu @ v)) / (n - 1)
+        return (blocks.reduce(_gram_times, v).ravel() - n * mu * (mu @ v)) / (n - 1)
 
     v0 = np.random.default_rng(seed).uniform(-1, 1, D)
     ev, V = eigsh(LinearOperator((D, D), matvec=matvec, dtype=np.float64), k=k, which="LA", v0=v0, tol=0)
     order = np.argsort(ev)[::-1]
     return ev[order], V[:, order]
+
+
+def _lanczos(blocks, mu, n, D, k, settings):
+    """The top k eigenpairs of C (eq. P1) by block Lanczos (:func:`block_lanczos`), each pass over
+    the held blocks serving ``pca_block`` vectors: C X = (Z^T (Z X) - N mu (mu^T X)) / (N - 1)."""
+
+    def apply(X):
+        return (blocks.reduce(_gram_times, X) - n * np.outer(mu, mu @ X)) / (n - 1)
+
+    ev, V, info = block_lanczos(
+        apply,
+        D,
+        k,
+        block=settings["pca_block"],
+        tol=settings["pca_tol"],
+        rng=np.random.default_rng(settings["pca_seed"]),
+        max_basis=LANCZOS_BASIS * k,
+    )
+    log.info(
+        "block Lanczos: %d passes of %d vectors, %d restarts, residual %.1e",
+        info["passes"],
+        settings["pca_block"],
+        info["restarts"],
+        info["residual"],
+    )
+    return ev, V
+
+
+def _orthonormal_to(Q, X, rng):
+    """An orthonormal basis of X's columns with span(Q) projected out (twice: one projection loses
+    orthogonality to rounding where X lies mostly in span(Q)); a column with nothing left is
+    replaced by a random direction, so the block keeps its width."""
+    for _ in range(3):
+        for _ in range(2):
+            X = X - Q @ (Q.T @ X)
+        X, R = np.linalg.qr(X)
+        dead = np.abs(np.diag(R)) <= 1e-10 * max(1.0, float(np.abs(R).max()))
+        if not dead.any():
+            return X
+        X[:, dead] = rng.standard_normal((X.shape[0], int(dead.sum())))
+    raise np.linalg.LinAlgError("block Lanczos: no direction left outside the basis")
+
+
+def _next_block(Q, P, nb, rng):
+    """(X, R): P = X R with X orthonormal (P already orthogonal to Q), cut to nb columns; a
+    direction P lacks (the Krylov space exhausted, or nb > rank) is filled from outside span(Q)."""
+    X, R = np.linalg.qr(P)
+    X = X[:, :nb]
+    d = np.abs(np.diag(R))[:nb]
+    if np.any(d <= 1e-12 * max(1.0, float(np.abs(R).max()))):
+        X = _orthonormal_to(Q, X, rng)
+    return X, R
+
+
+def block_lanczos(apply, D, k, block, tol, rng, max_basis):
+    """The k largest eigenpairs of a symmetric D x D operator (``apply``: a D x b block -> its
+    image) by block Lanczos with full reorthogonalisation and thick restarts.
+
+    The basis Q grows a block per product: Q_{j+1} R_j = (I - Q Q^T) C Q_j (the projection done
+    twice). T = Q^T C Q is kept from those projections (its upper triangle, then symmetrised), so
+    the Ritz pairs (theta, Q s) of T cost no pass; the residual of a Ritz pair is
+    C Q s - theta Q s = Q_{j+1} R_j s_j (s_j: s's rows of the last block), its norm
+    ||R_j s_j||, also without a pass (ARPACK's Ritz estimate). A pair is converged when that norm is
+    at most ``tol`` theta (ARPACK's test); the loop stops when the k largest are. When the basis
+    would exceed ``max_basis`` (or D) vectors it restarts thick: Q becomes the best Ritz vectors
+    (half the room, at least k + block) with T their Ritz values, and the next block Q_{j+1},
+    orthogonal to them, goes on (the coupling Q_{j+1}^T C (Q s) = R_j s_j comes back in the next
+    projection). Returns (theta descending, V (D x k), {"passes", "restarts", "residual"})."""
+    from scipy.linalg import eigh
+
+    max_basis = int(min(D, max(max_basis, k + 2 * block)))
+    Q = np.empty((D, max_basis))
+    T = np.zeros((max_basis, max_basis))
+    X = _orthonormal_to(Q[:, :0], rng.standard_normal((D, min(block, max_basis))), rng)
+    m, passes, restarts, since_check = 0, 0, 0, 0
+    while True:
+        m1 = m + X.shape[1]
+        Q[:, m:m1] = X
+        P = apply(X)
+        passes += 1
+        since_check += 1
+        H = Q[:, :m1].T @ P
+        P -= Q[:, :m1] @ H
+        H2 = Q[:, :m1].T @ P
+        P -= Q[:, :m1] @ H2
+        T[:m1, m:m1] = H + H2
+        nb = min(block, D - m1)
+        restart = m1 + nb > max_basis
+        # the check (an eigensolve of T, O(m^3)) every pass while the basis is small, then every
+        # m / CHECK_EVERY passes: its cost stays a small share of a pass over the data
+        if m1 < D and not restart and (m1 < k or since_check < max(1, round(m1 / LANCZOS_CHECK))):
+            X = _next_block(Q[:, :m1], P, nb, rng)[0]
+            m = m1
+            continue
+        Tm = np.triu(T[:m1, :m1])
+        keep = min(max(k + block, (max_basis - nb) // 2), max_basis - nb)  # kept by a restart
+        want = min(m1, keep if restart else k)
+        theta, S = eigh(Tm + np.triu(Tm, 1).T, subset_by_index=[m1 - want, m1 - 1], driver="evr")
+        theta, S = theta[::-1], S[:, ::-1]
+        since_check = 0
+        if m1 >= D:  # the basis spans the space: the Ritz pairs are exact
+            return theta[:k], Q[:, :m1] @ S[:, :k], {"passes": passes, "restarts": restarts, "residual": 0.0}
+        X, R = _next_block(Q[:, :m1], P, nb, rng)
+        if m1 >= k:
+            res = np.linalg.norm(R @ S[m:m1, :k], axis=0)
+            scale = np.maximum(np.abs(theta[:k]), np.finfo(float).eps * abs(theta[0]))
+            worst = float(np.max(res / scale))
+            if worst <= tol:
+                info = {"passes": passes, "restarts": restarts, "residual": worst}
+                return theta[:k], Q[:, :m1] @ S[:, :k], info
+        if restart:  # thick restart
+            Q[:, :keep] = Q[:, :m1] @ S[:, :keep]
+            T[:] = 0.0
+            T[np.arange(keep), np.arange(keep)] = theta[:keep]
+            m = keep
+            restarts += 1
+        else:
+            m = m1
 
 
 def _randomized(blocks, mu, n, D, k, settings):
