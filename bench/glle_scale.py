@@ -28,8 +28,10 @@
    points over a 2-worker ``distributed.LocalCluster``.
 
        python bench/glle_scale.py fit 1000000 [--chunks 250000] [--data roll50] [--sweep] [--graph-dir D]
+           [--k K]
 
-   ``--data roll50``: bench/scale.py's 50-D roll (pynndescent graph, cached in D); ``--sweep``:
+   ``--data roll50``: bench/scale.py's 50-D roll (pynndescent graph, cached in D); ``--data
+   atlas:DIR/data.zarr``: n cells of an ingested atlas's 50-D PCA (``bench/atlas.py``); ``--sweep``:
    then the sweep's generations (3 + one per covariance scale), with the peak RSS per phase.
 
 4. The pinned LU's size (``fill``): stored entries per point, CPU time and off-diagonal pivots of
@@ -198,11 +200,21 @@ def eigen(ns, solvers=SOLVERS):
 
 
 def roll(kind: str, n: int):
-    """(Y, t) of ``bench/scale.py``'s data: ``roll3`` the 3-D swiss roll, ``roll50`` the same roll
-    through a fixed random orthonormal 3 -> 50 map plus N(0, 0.05^2) noise per dimension (the same
-    generator and seeds as ``bench/scale.py make_data``, so the same array)."""
+    """(Y, t) of the bench's data: ``atlas:PATH``, n cells drawn (seeded, without replacement) from
+    the 50-D PCA of an ingested atlas store (``bench/atlas.py``'s data.zarr; t the cells' order in
+    the store, no manifold parameter), or ``bench/scale.py``'s data: ``roll3`` the 3-D swiss roll,
+    ``roll50`` the same roll through a fixed random orthonormal 3 -> 50 map plus N(0, 0.05^2) noise
+    per dimension (the same generator and seeds as ``bench/scale.py make_data``, so the same array)."""
     from lvmcore.data.synthetic import swiss_roll
 
+    if kind.startswith("atlas:"):
+        import xarray as xr
+
+        Y = xr.open_zarr(kind.split(":", 1)[1], consolidated=False)["Y"].values
+        rows = np.arange(Y.shape[0])
+        if n < Y.shape[0]:
+            rows = np.sort(np.random.default_rng(0).choice(Y.shape[0], n, replace=False))
+        return np.ascontiguousarray(Y[rows], dtype=np.float64), rows.astype(np.float64)
     Y3, t = swiss_roll(n, 0)
     if kind == "roll3":
         return Y3, t[:, 0]
@@ -217,20 +229,25 @@ def roll(kind: str, n: int):
     return Y, t[:, 0]
 
 
-def neighbours(kind: str, Y, graph_dir: str | None):
+def neighbours(kind: str, Y, graph_dir: str | None, k: int = 10):
     """The sweep's graph: the exact kNN by cKDTree for roll3, pynndescent (``lvmcore.graph.knn``
-    method "approx", what the sweep's "auto" picks at 10^6 x 50) for roll50; with ``graph_dir``
-    the roll50 graph is cached there as idx_roll50_<n>.npy. Returns (idx, seconds)."""
+    method "approx", what the sweep's "auto" picks at 10^6 x 50) for roll50, ``knn``'s "auto" for
+    an atlas; with ``graph_dir`` the roll50 graph is cached there as idx_roll50_<n>.npy. Returns
+    (idx, seconds)."""
     from scipy.spatial import cKDTree
 
     from lvmcore.graph import knn
 
     n = Y.shape[0]
-    path = os.path.join(graph_dir, f"idx_{kind}_{n}.npy") if graph_dir else None
+    if kind.startswith("atlas:"):
+        t0 = time.perf_counter()
+        return knn(Y, k)[0], time.perf_counter() - t0
+    name = f"idx_{kind}_{n}_k{k}.npy" if k != 10 else f"idx_{kind}_{n}.npy"
+    path = os.path.join(graph_dir, name) if graph_dir else None
     if path and os.path.exists(path):
         return np.load(path), float("nan")
     t0 = time.perf_counter()
-    idx = cKDTree(Y).query(Y, k=11)[1][:, 1:] if kind == "roll3" else knn(Y, 10, method="approx")[0]
+    idx = cKDTree(Y).query(Y, k=k + 1)[1][:, 1:] if kind == "roll3" else knn(Y, k, method="approx")[0]
     took = time.perf_counter() - t0
     if path:
         np.save(path, idx)
@@ -269,10 +286,12 @@ class RssSampler:
         self.peaks[label] = max(self.peaks.get(label, 0), r)
 
 
-def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
+def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None, k=10):
     """Time ``GLLE(method="em").fit`` by phase (the model's module-level calls are wrapped), with
     the peak RSS of each phase sampled by a thread and, for every sparse factorisation, its
-    stored entries (SuperLU's ``nnz``: the supernodal L blocks and U) and wall time. ``sweep``:
+    stored entries (SuperLU's ``nnz``: the supernodal L blocks and U) and CPU time; phases are
+    reported as CPU seconds of the process (the machine is shared: wall measures the load), the
+    total also as wall. ``sweep``:
     then the sweep's generations as ``tasks/fit.py`` runs them (``sample(3, random_state=seed)``
     and one ``sample(1, random_state=seed, cov_scale=a)`` per ``COV_SCALES`` value)."""
     from contextlib import nullcontext
@@ -287,9 +306,9 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
     def wrap(name, f):
         def timed_call(*a, **kw):
             sampler.phase(f"{name}#{len(spent.get(name, []))}")
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             out = f(*a, **kw)
-            spent.setdefault(name, []).append(time.perf_counter() - t0)
+            spent.setdefault(name, []).append(time.process_time() - t0)
             sampler.phase("other")
             return out
 
@@ -300,9 +319,9 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
     real_splu = sla.splu
 
     def splu(*a, **kw):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         lu = real_splu(*a, **kw)
-        lus.append((lu.nnz, time.perf_counter() - t0, sampler.rss()))
+        lus.append((lu.nnz, time.process_time() - t0, sampler.rss()))
         return lu
 
     sla.splu = splu
@@ -317,12 +336,12 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
             spent.clear()
             lus.clear()
             Y, t = roll(kind, n)
-            idx, anchor = neighbours(kind, Y, graph_dir)
+            idx, anchor = neighbours(kind, Y, graph_dir, k)
             sampler.phase("other")
             base = sampler.rss()
-            t0 = time.perf_counter()
-            m = G.GLLE(method="em", n_neighbors=10, n_components=2, chunks=chunks, random_state=0).fit(Y, idx)
-            total = time.perf_counter() - t0
+            t0, c0 = time.perf_counter(), time.process_time()
+            m = G.GLLE(method="em", n_neighbors=k, n_components=2, chunks=chunks, random_state=0).fit(Y, idx)
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
             if sweep:
                 from tasks.registry import COV_SCALES
 
@@ -337,7 +356,8 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None):
             shown = ("embed", "map", "fill")
             peaks = " ".join(f"{k}:{v / 2**30:.2f}" for k, v in sampler.peaks.items() if k.startswith(shown))
             print(
-                f"n={n} data={kind} chunks={chunks} kNN={anchor:.1f}s fit={total:.1f}s "
+                f"n={n} data={kind} k={k} chunks={chunks} kNN={anchor:.1f}s "
+                f"fit={total:.1f}s wall, {cpu:.1f}s CPU "
                 + (f"sweep_generations={gen:.1f}s " if sweep else "")
                 + f"rss_before_fit={base / 2**30:.2f}GB peak_rss={max(sampler.peaks.values()) / 2**30:.2f}GB "
                 f"em_iter={m.n_iter_} | {phases} | peak RSS GB per phase {peaks} | splu (stored entries "
@@ -433,11 +453,18 @@ if __name__ == "__main__":
         _solve(*sys.argv[2:5])
     elif len(sys.argv) > 1 and sys.argv[1] == "fit":
         args = sys.argv[2:]
-        c = int(args[args.index("--chunks") + 1]) if "--chunks" in args else None
-        kind = args[args.index("--data") + 1] if "--data" in args else "roll3"
-        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
-        ns = [int(a) for a in args if a.isdigit() and (c is None or int(a) != c)]
-        fit(ns, c, kind=kind, sweep="--sweep" in args, graph_dir=gdir)
+        opt = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+        values = set(i + 1 for i, a in enumerate(args[:-1]) if a.startswith("--") and a != "--sweep")
+        ns = [int(a) for i, a in enumerate(args) if a.isdigit() and i not in values]
+        c = int(opt["--chunks"]) if "--chunks" in opt else None
+        fit(
+            ns,
+            c,
+            kind=opt.get("--data", "roll3"),
+            sweep="--sweep" in args,
+            graph_dir=opt.get("--graph-dir"),
+            k=int(opt.get("--k", 10)),
+        )
     elif len(sys.argv) > 1 and sys.argv[1] == "fill":
         args = sys.argv[2:]
         gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
