@@ -430,12 +430,13 @@ def test_predict_view_equals_dense_formula():
 
 
 def test_pca_start_of_tall_data_equals_the_svd_route(monkeypatch):
-    """q(X)'s PCA start: the covariance-eigenvector route of large tall data (one copy of the data,
-    no N x D factor) gives the SVD's scores with the largest loading of each column positive."""
-    from lvmcore.models import bgplvm
+    """q(X)'s PCA start (lvmcore.pca.pca_start, whitened): the covariance-eigenvector route of large
+    tall data (one copy of the data, no N x D factor) gives the SVD's scores with the largest
+    loading of each column positive."""
+    from lvmcore import pca
     from lvmcore.models.bgplvm import _principal_scores
 
-    monkeypatch.setattr(bgplvm, "PCA_COVARIANCE_ROWS", 500)
+    monkeypatch.setattr(pca, "PCA_COVARIANCE_ROWS", 500)
     rng = np.random.default_rng(3)
     views = [rng.standard_normal((600, 4)) @ rng.standard_normal((4, 4)), rng.standard_normal((600, 3))]
     tall = _principal_scores(views, 3)
@@ -445,6 +446,7 @@ def test_pca_start_of_tall_data_equals_the_svd_route(monkeypatch):
     V = V * np.sign(V[np.argmax(np.abs(V), axis=0), np.arange(3)])
     np.testing.assert_allclose(tall, (Ys - Ys.mean(0)) @ V / s[:3], atol=1e-10)
     np.testing.assert_allclose(tall.T @ tall, np.eye(3), atol=1e-10)
+    np.testing.assert_allclose(pca.pca_start(Ys, 3), (Ys - Ys.mean(0)) @ V, atol=1e-10)  # not whitened
     small = _principal_scores([v[:300] for v in views], 3)  # below the threshold: the SVD route
     Ys = np.hstack([(Y - Y.mean(0)) / Y.std(0) for Y in (v[:300] for v in views)])
     np.testing.assert_allclose(np.abs(small), np.abs(np.linalg.svd(Ys - Ys.mean(0))[0][:, :3]), atol=1e-10)

@@ -409,6 +409,9 @@ def test_transform_places_held_out_rows_between_their_neighbours(tree, fits, var
     dab = np.median(np.asarray(pairwise_dist(E[idx], E[nb])).diagonal())
     assert np.median(np.minimum(da, db)) > 0.2 * dab  # moved off the start
     assert np.median(np.maximum(da, db)) < 3.0 * dab  # and stayed between the two
+    L0 = m.transform_lorentz(Y_new, max_iter=0)  # no steps: each row stays at its start
+    d0 = np.minimum(*(np.asarray(pairwise_dist(L0, E[j])).diagonal() for j in (idx, nb)))
+    assert np.median(d0) < 1e-3 * dab
 
 
 def test_fit_is_reproducible(tree):

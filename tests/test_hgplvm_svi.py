@@ -141,6 +141,28 @@ def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
     moved = np.linalg.norm(b.lorentz_embedding_ - a.lorentz_embedding_, axis=1)
     assert np.all(moved > 0)
     assert b.elbo_ - a.elbo_ > 5 * np.hypot(a.elbo_se_, b.elbo_se_)
+    # held-out rows halfway (in data space) between a training row and its nearest neighbour:
+    # transform starts each at the fitted mean of one of the two (equally near), and its per-point
+    # steps move it off that start and keep it between the two; with no steps it stays at the start
+    from lvmcore.graph import knn
+    from lvmcore.manifolds.lorentz import from_poincare, pairwise_dist
+
+    idx = np.arange(0, 300, 15)
+    nb = knn(roll, 1)[0][idx, 0]
+    held = 0.5 * (roll[idx] + roll[nb])
+    E = b.lorentz_embedding_
+    dab = np.median(np.asarray(pairwise_dist(E[idx], E[nb])).diagonal())
+
+    def to_pair(P):  # distances to the two neighbours' fitted means, nearer first
+        L = np.asarray(from_poincare(P))
+        da, db = (np.asarray(pairwise_dist(L, E[j])).diagonal() for j in (idx, nb))
+        return np.minimum(da, db), np.maximum(da, db)
+
+    near0, _ = to_pair(b.transform(held, max_iter=0))
+    assert np.median(near0) < 1e-3 * dab  # no steps: at the start
+    near, far = to_pair(b.transform(held))
+    assert np.median(near) > 0.2 * dab  # moved off the start
+    assert np.median(far) < 3.0 * dab  # and stayed between the two
 
 
 def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(roll):

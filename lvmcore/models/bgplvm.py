@@ -35,6 +35,7 @@ from lvmcore.linalg import (
 )
 from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
+from lvmcore.pca import pca_start
 from lvmcore.precision import x64
 
 _KERNELS = tuple(KERNELS)
@@ -174,30 +175,12 @@ def temporal_posterior(mubar, loglam, Kt):
 
 
 # --------------------------------------------------------------------------- estimator core
-#: from this many rows on (and N >= 10 D) the PCA start comes from the covariance's eigenvectors
-PCA_COVARIANCE_ROWS = 50_000
-
-
 def _principal_scores(views, r: int) -> np.ndarray:
     """The first r left singular vectors U (N, r) of the centred, per-column standardised and
-    concatenated views: the PCA start of q(X) (paper 004 initialises with PCA).
-
-    Large tall data (N >= ``PCA_COVARIANCE_ROWS`` and N >= 10 D) take them from the D x D
-    covariance's eigenvectors, U = Ys V / s, with one standardised copy of the data and no N x D
-    factor (a full SVD holds the copy, its centred copy and U: about 4 copies, 1.5 GiB at
-    10^6 x 50; bench/README.md, "scale", session 3); each column's sign is then set so that its
-    largest loading is positive. Smaller data keep the SVD, whose signs are LAPACK's (the
-    start's signs are arbitrary either way: the bound is invariant to reflecting q(X) and Z)."""
+    concatenated views (:func:`lvmcore.pca.pca_start` whitened): the PCA start of q(X) (paper 004
+    initialises with PCA)."""
     Ys = np.hstack([(Y - Y.mean(0)) / np.where(Y.std(0) > 0, Y.std(0), 1.0) for Y in views])
-    Ys -= Ys.mean(0)
-    N, D = Ys.shape
-    if N < PCA_COVARIANCE_ROWS or N < 10 * D:
-        U, _, _ = np.linalg.svd(Ys, full_matrices=False)
-        return U[:, :r]
-    evals, V = np.linalg.eigh(Ys.T @ Ys)
-    V = V[:, ::-1][:, :r]
-    V = V * np.sign(V[np.argmax(np.abs(V), axis=0), np.arange(r)])
-    return (Ys @ V) / np.sqrt(np.clip(evals[::-1][:r], 1e-300, None))
+    return pca_start(Ys, r, whiten=True, overwrite=True)
 
 
 class _CollapsedGPLVM(LatentModel):

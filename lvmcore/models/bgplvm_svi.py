@@ -41,7 +41,6 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore import uncollapsed
-from lvmcore.checks import check_data
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.linalg import KMM_JITTER, MAX_JITTER, jitter_escalation
 from lvmcore.models.bgplvm import BayesianGPLVM, _CollapsedGPLVM, kmm, kmm_jitters
@@ -213,42 +212,12 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.tol = tol
         self.random_state = random_state
 
-    # ------------------------------------------------------------------ setup
-    def _init_state(self, Yc, q, m):
-        """The collapsed model's start (``_CollapsedGPLVM._init_params``: principal components of
-        the standardised data scaled to unit spread, S in [0.05, 0.15], Z on data points) from the
-        D x D covariance, so no N x D factor is formed."""
-        rng = np.random.default_rng(self.random_state)
-        N, D = Yc.shape
-        sd = Yc.std(0) + 1e-12
-        evals, evecs = np.linalg.eigh((Yc / sd).T @ (Yc / sd))
-        order = np.argsort(evals)[::-1]
-        r = min(q, D)
-        V = evecs[:, order[:r]] / np.sqrt(np.maximum(evals[order[:r]], 1e-300))
-        mu = np.zeros((N, q))
-        mu[:, :r] = (Yc / sd) @ V * np.sqrt(N)
-        if r < q:
-            mu[:, r:] = 1e-2 * rng.standard_normal((N, q - r))
-        mu /= mu[:, :r].std(0).max()
-        logS = np.log(rng.uniform(0.05, 0.15, size=(N, q)))
-        Z = (mu[rng.permutation(N)[:m]] + 1e-3 * rng.standard_normal((m, q)))[None]
-        var = float(np.var(Yc))
-        kern = [get_kernel(self.kernel).init(var, q)]
-        log_beta = np.array([np.log(self.snr / max(var, 1e-300))])
-        return {"mu": mu, "logS": logS}, {"Z": Z, "kern": kern, "log_beta": log_beta}
-
     # ------------------------------------------------------------------ fit
     def fit(self, Y, graph=None):
         self._validate_params()
         self._refuse_graph(graph)
-        Y = check_data(Y)
-        q, m = int(self.n_components), int(self.n_inducing)
+        (Y,), _, q, m = self._check_views([Y])  # BayesianGPLVM's refusals (data, n_inducing <= N)
         N = Y.shape[0]
-        if m > N:
-            raise ValueError(
-                f"Expected n_inducing <= n_samples, but n_samples = {N}, n_inducing = {m}; "
-                f"use n_inducing <= {N}"
-            )
         if self.batch_size > N:
             raise ValueError(
                 f"batch_size ({self.batch_size}) exceeds the number of points ({N}); use batch_size <= {N}"
@@ -269,7 +238,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         self.view_means_ = [Y.mean(0)]
         Yc = Y - self.view_means_[0]
         N = Yc.shape[0]
-        local, glob = self._init_state(Yc, q, m)
+        local, glob = self._init_params([Yc], (kind,), q, m)  # the collapsed model's start
         glob = jax.tree_util.tree_map(lambda a: np.array(a, dtype=np.float64), glob)
         step = _batch_step(kind)
         rng = np.random.default_rng(self.random_state)

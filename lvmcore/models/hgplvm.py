@@ -341,6 +341,43 @@ def mc_objective(kappa: float, n: int, d: int):
     return obj
 
 
+def tangent_start(Y, q, init, scale, rng):
+    """Initial latent points (N, q) in the tangent space at the origin (mapped by expmap0): "random"
+    U(-1e-3, 1e-3) (the paper's appendix); otherwise the PCA start (:func:`lvmcore.pca.pca_start`)
+    scaled to largest norm ``scale``, plus 1e-6 noise to break ties (identical rows)."""
+    if init == "random":
+        return rng.uniform(-1e-3, 1e-3, size=(Y.shape[0], q))
+    P = pca_start(Y, q)
+    mx = np.max(np.linalg.norm(P, axis=1))
+    if mx > 0:
+        P = P * (scale / mx)
+    return P + 1e-6 * rng.standard_normal(P.shape)
+
+
+def noise_variance(Y, q, mode, var_y):
+    """The fixed noise variance 1 / beta of a ``noise`` setting, None where beta is learned: "ppca"
+    the maximum-likelihood noise of Q-dimensional PPCA (:func:`lvmcore.pca.ppca_noise_variance`;
+    None where D <= Q) floored at 1e-6 var(Y) (data of rank <= Q would give 0), a number itself."""
+    if mode == "ppca":
+        v = ppca_noise_variance(Y, q)
+        return None if v is None else max(v, 1e-6 * var_y)
+    return None if mode == "learn" else float(mode)
+
+
+def new_rows(model, Y_new):
+    """Rows to transform, checked against a fitted model and centred by its training mean, and the
+    index of each row's nearest training row (in data space: where its optimisation starts)."""
+    model._check_fitted()
+    Y_new = check_data(Y_new, "Y_new")
+    if Y_new.shape[1] != model._Y.shape[1]:
+        raise ValueError(
+            f"Y_new has {Y_new.shape[1]} columns, the model was fitted on {model._Y.shape[1]}; "
+            "pass rows with the training data's features"
+        )
+    Yn = Y_new - model.mean_
+    return Yn, knn_query(model._Y, Yn)[0][:, 0]
+
+
 def _auto_inducing(n):
     """Default M for N points: N / 10 within [64, 256], capped at N (N = 310, 630, 1270 -> 64,
     64, 127; 20,000 -> 256). Fewer inducing inputs than the data's clusters hold the bound back;
@@ -531,15 +568,8 @@ class HyperboloidGPLVM(LatentModel):
 
     # ------------------------------------------------------------------ helpers
     def _init_tangent(self, Y, rng):
-        """Initial latent points in the tangent space at the origin (N, Q)."""
-        q = int(self.n_components)
-        if self.init == "random":
-            return rng.uniform(-1e-3, 1e-3, size=(Y.shape[0], q))
-        P = pca_start(Y, q)
-        mx = np.max(np.linalg.norm(P, axis=1))
-        if mx > 0:
-            P = P * (self._init_scale() / mx)
-        return P + 1e-6 * rng.standard_normal(P.shape)  # break ties (identical rows)
+        """Initial latent points in the tangent space at the origin (N, Q): :func:`tangent_start`."""
+        return tangent_start(Y, int(self.n_components), self.init, self._init_scale(), rng)
 
     def _init_inducing(self, P, rng):
         """k-means centres of the initial latent points (tangent space), M of them, distinct."""
@@ -573,14 +603,7 @@ class HyperboloidGPLVM(LatentModel):
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
         kappa = float(self.kappa)
         var_y = float(np.sum(np.var(Y, axis=0)) / d) or 1.0
-        mode = self._noise_mode()
-        noise_var = None
-        if mode == "ppca":
-            noise_var = ppca_noise_variance(Y, int(self.n_components))
-            if noise_var is not None:  # floor: data of rank <= Q would give 0
-                noise_var = max(noise_var, 1e-6 * var_y)
-        elif mode != "learn":
-            noise_var = float(mode)
+        noise_var = noise_variance(Y, int(self.n_components), self._noise_mode(), var_y)
         noise_fixed = noise_var is not None
         log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
         prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
@@ -727,17 +750,9 @@ class HyperboloidGPLVM(LatentModel):
         ``bayesian`` maximise the bound of the training + new data with everything but the new latent
         points (and, bayesian, their variances) fixed.
         """
-        self._check_fitted()
-        Y_new = check_data(Y_new, "Y_new")
-        if Y_new.shape[1] != self._Y.shape[1]:
-            raise ValueError(
-                f"Y_new has {Y_new.shape[1]} columns, the model was fitted on {self._Y.shape[1]}; "
-                "pass rows with the training data's features"
-            )
-        Yn = jnp.asarray(Y_new - self.mean_)
-        Ytr = jnp.asarray(self._Y)
-        Xtr = jnp.asarray(self.lorentz_embedding_)
-        X0 = Xtr[knn_query(self._Y, np.asarray(Yn))[0][:, 0]]
+        Yn, nearest = new_rows(self, Y_new)
+        Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(self._Y), jnp.asarray(self.lorentz_embedding_)
+        X0 = Xtr[nearest]
         n_new, q = X0.shape[0], int(self.n_components)
         kappa = float(self.kappa)
         hyp = jnp.log(jnp.array([self.sigma_, self.beta_, (self.prior_scale_ or 1.0) ** 2]))

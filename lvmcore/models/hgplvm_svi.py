@@ -64,14 +64,19 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore import uncollapsed
 from lvmcore.checks import check_data
-from lvmcore.graph import knn_query
 from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models._base import LatentModel
-from lvmcore.models.hgplvm import _PATIENCE_BAYES, HyperboloidGPLVM, _renorm
+from lvmcore.models.hgplvm import (
+    _PATIENCE_BAYES,
+    HyperboloidGPLVM,
+    _renorm,
+    new_rows,
+    noise_variance,
+    tangent_start,
+)
 from lvmcore.optim import Lorentz, adam, plateau
-from lvmcore.pca import ppca_noise_variance, principal
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
 from lvmcore.uncollapsed import kl_qu
@@ -107,18 +112,24 @@ def _kmm(glob, kappa):
     return he_kernel(glob["Z"], glob["Z"], jnp.exp(glob["hyp"][0]), kappa)
 
 
+def _statistics(local, glob, Y, eps, kappa):
+    """The rows' statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) at draws eps (eqs. 15-20) and the sum
+    of their KL(q(x_n) || p(x_n))."""
+    hyp = glob["hyp"]
+    psi0, p1y, p2, kl = mc_psi_chunk(
+        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
+    )
+    return (psi0, p1y, p2, jnp.sum(Y * Y)), kl
+
+
 @x64
 def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=KERNEL_JITTER):
     """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
     tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)}, data Y (B, D), draws eps
     (H, B, Q), globals {"Z": (M, Q+1), "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D),
     "P": (M, M) precision}; ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
-    hyp = glob["hyp"]
-    psi0, p1y, p2, kl = mc_psi_chunk(
-        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
-    )
-    stats = (psi0, p1y, p2, jnp.sum(Y * Y))
-    F = uncollapsed.bound(_kmm(glob, kappa), stats, hyp[1], qu, N, scale, rel_jitter) - scale * kl
+    stats, kl = _statistics(local, glob, Y, eps, kappa)
+    F = uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, scale, rel_jitter) - scale * kl
     return F, stats
 
 
@@ -221,11 +232,7 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
 @jit64
 def _stats_chunk(local, glob, Y, eps, kappa):
     """Statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a chunk of rows at draws eps."""
-    hyp = glob["hyp"]
-    psi0, p1y, p2, _ = mc_psi_chunk(
-        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
-    )
-    return psi0, p1y, p2, jnp.sum(Y * Y)
+    return _statistics(local, glob, Y, eps, kappa)[0]
 
 
 @jit64
@@ -237,7 +244,8 @@ def _terms_chunk(local, glob, qu, Y, eps, kappa, jitter):
 
 
 def _chunks(n, size):
-    return np.array_split(np.arange(n), max(1, -(-n // size)))
+    """Consecutive row slices of at most about ``size`` rows covering n rows."""
+    return [slice(r[0], r[-1] + 1) for r in np.array_split(np.arange(n), max(1, -(-n // size)))]
 
 
 # --------------------------------------------------------------------------- estimator
@@ -353,23 +361,13 @@ class StochasticHyperboloidGPLVM(LatentModel):
             )
 
     def _start(self, Yc, rng):
-        """Initial means (tangent PCA from the D x D covariance, no N x D factor beyond the data),
-        Z (k-means centres of at most 20,000 of them), and the noise mode's beta."""
+        """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`), Z
+        (k-means centres of at most 20,000 of them), and the noise mode's beta."""
         from sklearn.cluster import KMeans
 
         n, d = Yc.shape
         q = int(self.n_components)
-        pc = principal(Yc, min(q, d))
-        if self.init == "random":
-            P = rng.uniform(-1e-3, 1e-3, size=(n, q))
-        else:
-            r = min(q, d)
-            P = np.zeros((n, q))
-            P[:, :r] = Yc @ pc.vectors[:, :r]
-            mx = float(np.sqrt(np.max(np.sum(P * P, 1))))
-            if mx > 0:
-                P *= float(self.init_scale) / mx
-            P += 1e-6 * rng.standard_normal(P.shape)
+        P = tangent_start(Yc, q, self.init, float(self.init_scale), rng)
         m = auto_inducing(n) if self.n_inducing == "auto" else int(self.n_inducing)
         sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
         if m >= sub.shape[0]:
@@ -379,12 +377,7 @@ class StochasticHyperboloidGPLVM(LatentModel):
             C = km.fit(sub).cluster_centers_
         C = C + 1e-6 * rng.standard_normal(C.shape)
         var_y = float(np.sum(np.var(Yc, axis=0)) / d) or 1.0
-        mode = "learn" if self.noise == "auto" else self.noise
-        noise_var = None
-        if mode == "ppca" and d > q:  # ML noise of Q-dim PPCA (lvmcore.pca)
-            noise_var = max(ppca_noise_variance(Yc, q, pc), 1e-6 * var_y)
-        elif mode not in ("learn", "ppca"):
-            noise_var = float(mode)
+        noise_var = noise_variance(Yc, q, "learn" if self.noise == "auto" else self.noise, var_y)
         return P, C, var_y, noise_var
 
     # ------------------------------------------------------------------ fit
@@ -474,20 +467,18 @@ class StochasticHyperboloidGPLVM(LatentModel):
                         break
         del lmom
         # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
-        Ycj = Yc
         key2 = jax.random.fold_in(key, 2**30)
         if int(self.local_iter) > 0:
-            for i, rows in enumerate(_chunks(n, int(self.chunk_size))):
-                sl = slice(rows[0], rows[-1] + 1)
+            for i, sl in enumerate(_chunks(n, int(self.chunk_size))):
                 lo = _local_pass(
-                    {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Ycj[sl], jax.random.fold_in(key2, i),
+                    {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yc[sl], jax.random.fold_in(key2, i),
                     kappa, jitter, lr, hlr, n_steps=int(self.local_iter), H=int(self.local_samples),
                 )  # fmt: skip
                 X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
         # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
-        qu, stats = self._final_qu(X, log_S, glob, Ycj, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
+        qu, stats = self._final_qu(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
         self.qu_ = qu
-        F, se = self._evaluate(X, log_S, glob, qu, Ycj, jax.random.fold_in(key, 2**30 + 2), kappa, jitter)
+        F, se = self._evaluate(X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30 + 2), kappa, jitter)
         if not np.isfinite(F):
             raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
         self.elbo_, self.elbo_se_ = F, se
@@ -508,16 +499,15 @@ class StochasticHyperboloidGPLVM(LatentModel):
         self.embedding_var_ = np.exp(log_S)
         self._Y = Yc
 
-    def _draws(self, key, i, H, b):
-        return jax.random.normal(jax.random.fold_in(key, i), (H, b, int(self.n_components)))
+    def _draws(self, key, i, H, sl):
+        """H standard normal draws per row of the chunk ``sl`` (the i-th) for the wrapped normals."""
+        return jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, int(self.n_components)))
 
     def _final_qu(self, X, log_S, glob, Yc, key, kappa, jitter, H):
         stats = None
-        for i, rows in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
-            sl = slice(rows[0], rows[-1] + 1)
-            s = _stats_chunk(
-                {"X": X[sl], "log_S": log_S[sl]}, glob, Yc[sl], self._draws(key, i, H, len(rows)), kappa
-            )
+        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
+            lo = {"X": X[sl], "log_S": log_S[sl]}
+            s = _stats_chunk(lo, glob, Yc[sl], self._draws(key, i, H, sl), kappa)
             stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
         return optimal_qu(stats, glob, kappa, 1.0, jitter), stats
 
@@ -525,17 +515,9 @@ class StochasticHyperboloidGPLVM(LatentModel):
         """(F, standard error): the full bound over all points with ``eval_samples`` fresh draws."""
         H = int(self.eval_samples)
         total, var = 0.0, 0.0
-        for i, rows in enumerate(_chunks(X.shape[0], max(1, int(self.chunk_size) // 2))):
-            sl = slice(rows[0], rows[-1] + 1)
-            s, v = _terms_chunk(
-                {"X": X[sl], "log_S": log_S[sl]},
-                glob,
-                qu,
-                Yc[sl],
-                self._draws(key, i, H, len(rows)),
-                kappa,
-                jitter,
-            )
+        for i, sl in enumerate(_chunks(X.shape[0], max(1, int(self.chunk_size) // 2))):
+            lo = {"X": X[sl], "log_S": log_S[sl]}
+            s, v = _terms_chunk(lo, glob, qu, Yc[sl], self._draws(key, i, H, sl), kappa, jitter)
             total, var = total + float(s), var + float(v)
         return total - float(kl_qu(qu)), float(np.sqrt(var))
 
@@ -548,23 +530,14 @@ class StochasticHyperboloidGPLVM(LatentModel):
         """Means (n_new, Q) in the Poincare ball of new rows: q(x) of each started at the fitted
         mean of its nearest training row (in data space) and fitted by the per-point pass with
         everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
-        self._check_fitted()
-        Y_new = check_data(Y_new, "Y_new")
-        if Y_new.shape[1] != self._Y.shape[1]:
-            raise ValueError(
-                f"Y_new has {Y_new.shape[1]} columns, the model was fitted on {self._Y.shape[1]}; "
-                "pass rows with the training data's features"
-            )
-        Yn = Y_new - self.mean_
-        idx = knn_query(self._Y, Yn)[0][:, 0]
+        Yn, idx = new_rows(self, Y_new)
         X = self.lorentz_embedding_[idx].copy()
         log_S = np.log(self.embedding_var_[idx])
         steps = int(max_iter) if max_iter is not None else (int(self.local_iter) or 50)
         glob = {k: jnp.asarray(v) for k, v in self.glob_.items()}
         qu = {k: jnp.asarray(v) for k, v in self.qu_.items()}
         key = jax.random.PRNGKey(int(np.random.default_rng(self.random_state).integers(2**31)) + 1)
-        for i, rows in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
-            sl = slice(rows[0], rows[-1] + 1)
+        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
             lo = _local_pass(
                 {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yn[sl], jax.random.fold_in(key, i),
                 float(self.kappa), self.extra_jitter_, float(self.learning_rate),
