@@ -20,6 +20,12 @@ line per size is appended to ``--raw``; a size past ``--timeout`` wall seconds i
 ``ROUND3`` (one larger size for the memory terms). bench/costs_raw.jsonl holds the three rounds
 that made the shipped data (``fit`` reads it by default).
 
+Data of high intrinsic dimension: an entry with ``upper_of`` (``glle_em/high_dim``) is measured
+on cells drawn from an ingested atlas's 50-D PCA (``bench/atlas.py``'s data.zarr, named by the
+environment variable ``COSTS_ATLAS``; a size's extra ``{"data": "atlas", "k": 15}``) and fitted
+into the ``upper`` terms of the entry it names (tasks/costs.py: the run-time stop holds a fit to
+them, the plan shows them).
+
 ``fit``: per entry, non-negative least squares of each stage on its complexity's monomials (the
 functional form is fixed below, per algorithm; relative errors: each measurement weighted by its
 inverse), every time first scaled to the median probe. Prints measured and predicted per size, the
@@ -52,7 +58,7 @@ PLAN = {
     "ppca": dict(
         key="ppca",
         iters=None,
-        fit=[(20000, 3), (100000, 3), (300000, 3), (100000, 30)],
+        fit=[(20000, 3), (100000, 3), (300000, 3), (100000, 30), (100000, 50)],
         validate=[(1000000, 3)],
         fixed=["1", "N*D^2"],
         memory=["1", "N*D"],
@@ -83,12 +89,27 @@ PLAN = {
         warm=False,
         key="glle_em",
         iters=(5, 15),
-        fit=[(2000, 3), (5000, 3), (10000, 3), (5000, 30)],
-        validate=[(40000, 3)],
+        fit=[(2000, 3), (5000, 3), (10000, 3), (5000, 30), (5000, 50), (20000, 50)],
+        validate=[(40000, 3), (50000, 50)],
         fixed=["1", "N*k^3", "N*k^2*D", "N^1.5"],
         iteration=["1", "N*k"],
         generation=["1", "N*k^2", "N^1.5"],
         memory=["1", "N*k^2"],
+    ),
+    # GLLE on data of high intrinsic dimension (an atlas's PCA, k = 15): the LU's fill and time
+    # grow like N^1.75 and N^2.6 there (bench/README.md, "GLLE at scale"); fitted into glle_em's
+    # ``upper`` terms
+    "glle_em/high_dim": dict(
+        warm=False,
+        key="glle_em",
+        upper_of="glle_em",
+        iters=(3, 6),
+        fit=[(s, 50, {"data": "atlas", "k": 15}) for s in (5000, 10000, 20000, 30000)],
+        validate=[(50000, 50, {"data": "atlas", "k": 15})],
+        fixed=["1", "N*k^2*D", "N^2.5"],
+        iteration=["1", "N*k"],
+        generation=["1", "N*k^2", "N^2.5"],
+        memory=["1", "N^1.75"],
     ),
     "glle_direct": dict(
         warm=False,
@@ -127,7 +148,7 @@ PLAN = {
         key="bgplvm_svi",
         opts={"init_epochs": 0},
         iters=(1, 3),
-        fit=[(2000, 3), (4000, 3), (8000, 3), (4000, 30), (4000, 3, {"n_inducing": 60})],
+        fit=[(2000, 3), (4000, 3), (8000, 3), (4000, 30), (4000, 3, {"n_inducing": 60}), (4000, 50)],
         validate=[(20000, 3)],
         fixed=["1", "N*D"],
         iteration=GP_ITER,
@@ -156,7 +177,7 @@ PLAN = {
     "hgplvm_sparse": dict(
         key="hgplvm_sparse",
         iters=(10, 30),
-        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30)],
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30), (1000, 50)],
         validate=[(4000, 3)],
         fixed=["1", "N*M*D"],
         iteration=["1", "N*M^2", "N*M*D", "M^3"],
@@ -165,7 +186,7 @@ PLAN = {
     "hgplvm_bayesian/full": dict(
         key="hgplvm_bayesian",
         iters=(10, 30),
-        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30)],
+        fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30), (1000, 50)],
         validate=[(4000, 3)],
         fixed=["1", "N*M*D"],
         iteration=["1", "N*M^2", "N*M*D", "M^3"],
@@ -212,8 +233,17 @@ def _plan(entry: str) -> dict:
     return dict(PLAN[entry], **rounds.get(entry, {}))
 
 
-def make_data(key: str, n: int, d: int):
+def make_data(key: str, n: int, d: int, data: str | None = None):
     import numpy as np
+
+    if data == "atlas":
+        import xarray as xr
+
+        Y = xr.open_zarr(os.environ["COSTS_ATLAS"], consolidated=False)["Y"].values
+        if Y.shape[1] != d:
+            raise ValueError(f"COSTS_ATLAS holds {Y.shape[1]}-D data, the plan asks {d}")
+        rows = np.sort(np.random.default_rng(0).choice(Y.shape[0], n, replace=False))
+        return np.ascontiguousarray(Y[rows], dtype=np.float64), None
 
     if key == "mrd":
         from lvmcore.data.synthetic import mrd_toy
@@ -230,6 +260,13 @@ def make_data(key: str, n: int, d: int):
     return Y, None
 
 
+def _data_keys(extra: dict) -> tuple[dict, str | None, int]:
+    """(constructor options, data kind, k) of a size's extra: "data" and "k" name the data set and
+    the neighbours, the rest are constructor options."""
+    extra = dict(extra)
+    return extra, extra.pop("data", None), int(extra.pop("k", K))
+
+
 def _maxrss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
 
@@ -244,9 +281,11 @@ def one(entry: str, n: int, d: int, extra: dict) -> dict:
 
     plan = _plan(entry)
     spec = MODELS[plan["key"]]
-    Y, _ = make_data(plan["key"], n, d)
-    graph = knn(Y, K)[0] if "k" in spec.dims else None
-    point = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
+    given = extra
+    extra, data, k = _data_keys(given)
+    Y, _ = make_data(plan["key"], n, d, data)
+    graph = knn(Y, k)[0] if "k" in spec.dims else None
+    point = {"k": k, "latent_dim": Q, "kappa": 100.0, "seed": 0}
     base = dict(plan.get("opts", {}), **extra)
     cls = spec.estimator_class()
     probe = probe_seconds()
@@ -267,7 +306,7 @@ def one(entry: str, n: int, d: int, extra: dict) -> dict:
         return t, its, est
 
     rss0 = _maxrss()
-    out = {"entry": entry, "n": n, "d": d, "extra": extra, "probe_s": probe}
+    out = {"entry": entry, "n": n, "d": d, "extra": given, "probe_s": probe}
     if plan["iters"] is None:
         t0, _, est = fit(None)
         t1, _, est = fit(None)
@@ -286,7 +325,8 @@ def one(entry: str, n: int, d: int, extra: dict) -> dict:
             n1=n1,
             n2=n2,
             iteration_s=max(per, 0.0),
-            fixed_s=max(tw - per * n1, 0.0),
+            # a negative difference is noise (the first fit's one-time costs): no iterations' worth
+            fixed_s=max(tw - max(per, 0.0) * n1, 0.0),
         )
     if hasattr(est, "sample") and "generations" in spec.extras:
         ts = []
@@ -302,7 +342,9 @@ def one(entry: str, n: int, d: int, extra: dict) -> dict:
     return out
 
 
-def measure(entries, raw: Path, timeout: float, only_validate: bool = False, skip_done: bool = True):
+def measure(
+    entries, raw: Path, timeout: float, only_validate: bool = False, skip_done: bool = True, only_d=None
+):
     done = set()
     if skip_done and raw.exists():
         for line in raw.read_text().splitlines():
@@ -317,7 +359,7 @@ def measure(entries, raw: Path, timeout: float, only_validate: bool = False, ski
             n, d = s[0], s[1]
             extra = s[2] if len(s) > 3 else {}
             role = s[-1]
-            if only_validate and role != "validate":
+            if (only_validate and role != "validate") or (only_d and d not in only_d):
                 continue
             tag = (entry, n, d, json.dumps(extra, sort_keys=True))
             if tag in done:
@@ -358,13 +400,12 @@ def _variables(entry: str, r: dict) -> dict:
 
     plan = PLAN[entry]
     spec = MODELS[plan["key"]]
-    point = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
-    args = spec.constructor_args(
-        {dd: point[dd] for dd in spec.dims}, dict(plan.get("opts", {}), **r.get("extra", {}))
-    )
+    extra, _, k = _data_keys(r.get("extra", {}))
+    point = {"k": k, "latent_dim": Q, "kappa": 100.0, "seed": 0}
+    args = spec.constructor_args({dd: point[dd] for dd in spec.dims}, dict(plan.get("opts", {}), **extra))
     dims = [15, 15] if plan["key"] == "mrd" else [r["d"]]
     got, v = point_variables(plan["key"], args, r["n"], dims)
-    if got != entry:
+    if got != plan.get("upper_of", entry):
         raise RuntimeError(f"{entry}: the measured point resolves to {got}")
     return v
 
@@ -385,6 +426,14 @@ def _nnls(rows, monomials):
     coef, _ = nnls(A * w[:, None] / scale, y * w)
     coef = coef / scale
     return {m: float(c) for m, c in zip(monomials, coef) if c > 0}
+
+
+def _fixed(r: dict) -> float:
+    """The fixed part of a measured size: the first fit less its iterations at the measured (never
+    negative) per-iteration cost (rows measured before that rule subtracted a negative difference)."""
+    if "warm_s" in r and "n1" in r:
+        return max(r["warm_s"] - r["iteration_s"] * r["n1"], 0.0)
+    return r["fixed_s"]
 
 
 def _default_budget(entry: str, e: dict) -> int:
@@ -430,7 +479,7 @@ def fit(raw: Path, out: Path) -> None:
         fitted = [(r, s) for r, s in norm if r["role"] == "fit"]
         e = {"budget": plan.get("budget", ["max_iter"] if plan["iters"] else [])}
         stage_rows = {
-            "fixed": [(_variables(entry, r), r["fixed_s"] * s) for r, s in fitted],
+            "fixed": [(_variables(entry, r), _fixed(r) * s) for r, s in fitted],
             "iteration": [
                 (_variables(entry, r), r["iteration_s"] * s)
                 for r, s in fitted
@@ -454,14 +503,20 @@ def fit(raw: Path, out: Path) -> None:
             | ({"generation_s": r["generation_s"]} if "generation_s" in r else {})
             for r in mine
         ]
-        costs["models"][entry] = e
+        if "upper_of" in plan:  # high intrinsic dimension: the upper terms of the entry it names
+            costs["models"][plan["upper_of"]]["upper"] = {
+                stage: e[stage] for stage in ("fixed", "iteration", "generation", "memory") if stage in e
+            } | {"measured": e["measured"], "data": "atlas"}
+            e = dict(e, budget=costs["models"][plan["upper_of"]]["budget"])
+        else:
+            costs["models"][entry] = e
         for r, s in sorted(norm, key=lambda x: (x[0]["role"] != "fit", x[0]["n"])):
             v = _variables(entry, r)
             pi = evaluate_terms(e.get("iteration", {}), v)
             pf = evaluate_terms(e.get("fixed", {}), v)
             pm = evaluate_terms(e.get("memory", {}), v)
             budget = _default_budget(entry, e)
-            mi, mf = r["iteration_s"] * s, r["fixed_s"] * s
+            mi, mf = r["iteration_s"] * s, _fixed(r) * s
             ratio = (pf + budget * pi) / max(mf + budget * mi, 1e-9)
             gen = ""
             if "generation_s" in r:
@@ -487,10 +542,12 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "tasks" / "costs.json"))
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per size")
     ap.add_argument("--validate-only", action="store_true")
+    ap.add_argument("--only-d", default="", help="comma-separated data widths: measure only sizes of these D")
     a = ap.parse_args(argv)
     entries = list(PLAN) if a.models == "all" else a.models.split(",")
     if a.what == "measure":
-        measure(entries, Path(a.raw), a.timeout, a.validate_only)
+        only_d = {int(x) for x in a.only_d.split(",") if x}
+        measure(entries, Path(a.raw), a.timeout, a.validate_only, only_d=only_d)
     else:
         fit(Path(a.raw), Path(a.out))
 

@@ -23,6 +23,14 @@ another cost file (the tests edit a copy).
 At run time a fit is stopped once it has used ``overrun.factor`` times its predicted CPU time (and
 at least ``overrun.min_seconds``): :func:`overrun_guard` raises :class:`PointOverrun` inside the
 fitting thread, which the fit records as the point's error.
+
+Data of high intrinsic dimension: GLLE's eigensolves factorise I - W of the kNN graph, and the
+factor's fill is set by the graph's separators, which the sizes above do not describe: on the 50-D
+PCA of a single-cell atlas it holds 4.6x (2e4 cells) to 7.5x (5e4) the entries it holds on a 50-D
+swiss roll and its time grows like N^2.6 (bench/README.md, "GLLE at scale"). Such an entry carries
+an ``upper`` set of terms, fitted on the atlas: the plan shows both, refuses on the nominal terms
+(a point that can run on the data the user most likely has is not refused) and the run-time stop
+holds a fit to the upper one (a fit on wide, high-dimensional data is not stopped for being it).
 """
 
 from __future__ import annotations
@@ -164,6 +172,8 @@ class Prediction:
     generations: int
     memory_bytes: float  # a worker's peak resident memory while it fits the point
     store_bytes: float  # the point's arrays in the result store (uncompressed)
+    upper_seconds: float | None = None  # the entry's ``upper`` terms (high intrinsic dimension)
+    upper_memory_bytes: float | None = None
 
     def line(self) -> str:
         return (
@@ -175,6 +185,12 @@ class Prediction:
                 else ""
             )
             + f"), peak {fmt_bytes(self.memory_bytes)}"
+            + (
+                f"; on data of high intrinsic dimension up to {fmt_seconds(self.upper_seconds)}, "
+                f"{fmt_bytes(self.upper_memory_bytes)}"
+                if self.upper_seconds is not None
+                else ""
+            )
         )
 
 
@@ -196,11 +212,17 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
     per_it = evaluate_terms(entry.get("iteration", {}), v) * speed
     per_gen = evaluate_terms(entry.get("generation", {}), v) * speed
     budget = iteration_budget(entry, params)
-    memory = (
-        float(costs.get("process_bytes", 0))
-        + 8.0 * n * v["D"]
-        + max(evaluate_terms(entry.get("memory", {}), v), 0)
-    )
+    base = float(costs.get("process_bytes", 0)) + 8.0 * n * v["D"]
+    memory = base + max(evaluate_terms(entry.get("memory", {}), v), 0)
+    upper = entry.get("upper")
+    upper_s = upper_mem = None
+    if upper:
+        upper_s = speed * (
+            evaluate_terms(upper.get("fixed", {}), v)
+            + budget * evaluate_terms(upper.get("iteration", entry.get("iteration", {})), v)
+            + gens * evaluate_terms(upper.get("generation", {}), v)
+        )
+        upper_mem = base + max(evaluate_terms(upper.get("memory", {}), v), 0)
     return Prediction(
         key=key,
         entry=entry_name,
@@ -212,6 +234,8 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
         generations=gens,
         memory_bytes=memory,
         store_bytes=store_bytes(spec, v, params, gens),
+        upper_seconds=None if upper_s is None else max(upper_s, fixed + budget * per_it + gens * per_gen),
+        upper_memory_bytes=None if upper_mem is None else max(upper_mem, memory),
     )
 
 
@@ -406,6 +430,13 @@ def plan_table(rows, limits: dict) -> str:
             f"{fmt_seconds(r['seconds']):>11s} {fmt_bytes(r['largest'].memory_bytes):>12s} "
             f"{fmt_bytes(r['store']):>9s}"
         )
+    for r in rows:
+        slow, big = r["slowest"], r["largest"]
+        if slow is not None and slow.upper_seconds is not None:
+            lines.append(
+                f"  ({r['key']} on data of high intrinsic dimension, e.g. an atlas's PCA: up to "
+                f"{fmt_seconds(slow.upper_seconds)} per point, {fmt_bytes(big.upper_memory_bytes)} peak)"
+            )
     w = max(1, int(limits.get("workers") or 1))
     lines.append(
         f"whole grid: {fmt_seconds(total_s)} of fitting, about {fmt_seconds(total_s / w)} on {w} worker(s) "
@@ -479,8 +510,9 @@ def within_measured_width(entry_name: str, dims: list[int]) -> bool:
 
 
 def point_limit(key: str, options: dict, point: dict, data_path: str, n_generations: int = 0):
-    """(seconds a grid point may run, its predicted seconds): ``overrun.factor`` x the prediction,
-    at least ``overrun.min_seconds``; None where there is no prediction to hold the fit to (no cost
+    """(seconds a grid point may run, its predicted seconds): ``overrun.factor`` x the prediction
+    (the entry's ``upper`` one where it has it: see the module docstring), at least
+    ``overrun.min_seconds``; None where there is no prediction to hold the fit to (no cost
     data for the model's regime, data wider than its measurements allow: see
     ``within_measured_width``, or the data cannot be read: the fit reports that itself)."""
     from tasks.inputs import load_data
@@ -499,7 +531,8 @@ def point_limit(key: str, options: dict, point: dict, data_path: str, n_generati
     if p is None or not within_measured_width(p.entry, dims):
         return None
     ov = load_costs().get("overrun", {})
-    return max(float(ov.get("factor", 4.0)) * p.seconds, float(ov.get("min_seconds", 300.0))), p.seconds
+    held = p.seconds if p.upper_seconds is None else p.upper_seconds
+    return max(float(ov.get("factor", 4.0)) * held, float(ov.get("min_seconds", 300.0))), held
 
 
 def point_guard(key: str, options: dict, point: dict, data_path: str, n_generations: int = 0):

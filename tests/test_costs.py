@@ -238,13 +238,56 @@ def test_the_progress_bars_time_left_starts_from_the_prediction(capsys):
 
 
 def test_the_overrun_guard_holds_a_fit_only_to_predictions_for_data_as_wide_as_measured():
-    """GLLE's cost terms were measured on 3-D data and have no term in D: at 2e5 x 50 (an atlas's
-    PCA) they predicted 4 min and the guard stopped a fit after 14 min of CPU that would have
-    finished. Data wider than WIDTH_MARGIN x the widest measured gets no guard (the plan still
-    shows the prediction); data within it keeps one."""
+    """GLLE's cost terms were once measured on 3-D data only: at 2e5 x 50 (an atlas's PCA) they
+    predicted 4 min and the guard stopped a fit after 14 min of CPU that would have finished. Data
+    wider than WIDTH_MARGIN x the widest measured gets no guard (the plan still shows the
+    prediction); data within it keeps one. GLLE is now measured at D = 50, so 50-D data is guarded."""
     widest = max(m["d"] for m in costs.load_costs()["models"]["glle_em"]["measured"])
-    assert costs.within_measured_width("glle_em", [widest])
+    assert widest >= 50
+    assert costs.within_measured_width("glle_em", [50])
     assert costs.within_measured_width("glle_em", [int(costs.WIDTH_MARGIN * widest)])
-    assert not costs.within_measured_width("glle_em", [50])
+    assert not costs.within_measured_width("glle_em", [int(costs.WIDTH_MARGIN * widest) + 1])
     assert not costs.within_measured_width("mrd", [5, 100])  # the widest view decides
     assert not costs.within_measured_width("no such entry", [3])
+
+
+def test_glles_upper_terms_hold_the_guard_and_the_plan_refuses_on_the_nominal_ones(
+    tmp_path, monkeypatch, no_server
+):
+    """Data of high intrinsic dimension (an atlas's PCA) fills GLLE's LU far more than a roll of the
+    same N and D: the shipped entry carries ``upper`` terms fitted on an atlas. The run-time stop is
+    held to them (a fit on such data is not stopped for being it), the refusal to the nominal ones
+    (a point that runs on a roll of that size is not refused), and the plan prints both."""
+    import tasks.inputs
+
+    args = {"n_neighbors": 15, "n_components": 2, "max_iter": 30}
+    shipped = costs.predict("glle_em", args, 200_000, [50], n_generations=3)
+    assert shipped.upper_seconds > shipped.seconds and shipped.upper_memory_bytes >= shipped.memory_bytes
+
+    def upper_x100(data):
+        e = data["models"]["glle_em"]
+        e["upper"] = {stage: {m: 100.0 * c for m, c in e[stage].items()} for stage in ("fixed", "generation")}
+        e["upper"]["memory"] = e["memory"]
+
+    _costs_copy(tmp_path, monkeypatch, upper_x100)
+    p = costs.predict("glle_em", args, 20_000, [50], n_generations=3)
+    nominal = p.fixed_s + p.budget * p.iteration_s + p.generations * p.generation_s
+    assert p.seconds == pytest.approx(nominal)
+    upper = 100.0 * (p.fixed_s + p.generations * p.generation_s) + p.budget * p.iteration_s
+    assert p.upper_seconds == pytest.approx(upper)
+    monkeypatch.setattr(tasks.inputs, "load_data", lambda path: {"Y": np.zeros((20_000, 50))})
+    point = {"k": 15, "latent_dim": 2, "seed": 0}
+    limit, held = costs.point_limit("glle_em", {"max_iter": 30}, point, "x", 3)
+    assert held == pytest.approx(p.upper_seconds)
+    assert limit == pytest.approx(max(4.0 * p.upper_seconds, 300.0))
+    # the plan: refused on the nominal terms only, the upper ones printed beside them
+    grid = {"k": [8], "latent_dim": [2]}
+    plan = plan_sweep({"name": "swiss_roll", "n": 300}, ["glle"], grid, str(tmp_path / "s"), None, 3, "auto")
+    lines = []
+    rows = costs.check_plan(plan, {"type": "local"}, out=lines.append)
+    slow = max((r["slowest"] for r in rows if r["key"] == "glle_em"), key=lambda x: x.seconds)
+    assert "(glle_em on data of high intrinsic dimension" in lines[0]
+    hours = 1.01 * slow.seconds / 3600  # the nominal prediction fits, the upper one (100x) does not
+    costs.check_plan(plan, {"type": "local"}, max_point_hours=hours, out=None)
+    with pytest.raises(ValueError, match="glle_em at N = 300 is predicted"):
+        costs.check_plan(plan, {"type": "local"}, max_point_hours=0.5 * slow.seconds / 3600, out=None)
