@@ -183,9 +183,10 @@ def forked_workers():
     A fork server keeps the environment, import path and working directory it started with, and
     what it imported read the environment then (JAX's cache folder, Prefect's API): one started
     in another state than this process's now is stopped, so the workers see what spawned ones
-    would. Dask's nanny reads the start method whenever it (re)starts a worker, so the method is
-    set for the cluster's life. Without the fork server's interface (not CPython 3.12+ on a
-    POSIX system) the workers are spawned as before."""
+    would; while another cluster's workers still use it (it cannot stop before they end), this
+    cluster's workers are spawned instead. Dask's nanny reads the start method whenever it
+    (re)starts a worker, so the method is set for the cluster's life. Without the fork server's
+    interface (not CPython 3.12+ on a POSIX system) the workers are spawned as before."""
     from multiprocessing import forkserver
 
     import dask
@@ -198,10 +199,32 @@ def forked_workers():
 
     pid = server._forkserver_pid
     if pid is not None and _FORK_SERVER.get(pid) != _process_state():
+        if _serving(pid):  # another cluster's workers hold it open: it cannot stop before they end
+            with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+                yield  # so this cluster's workers are spawned
+            return
         server._stop()  # a fresh one starts with this process's state at the first worker
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
         get_mp_context().set_forkserver_preload(WORKER_IMPORTS)
         yield
+
+
+def _serving(pid: int) -> bool:
+    """Whether the fork server ``pid`` has live workers. Each forked process holds the server's
+    lifeline, so the server ends only after them: stopping it (which waits for it) would wait for
+    every cluster still using it."""
+    import psutil
+
+    try:
+        kids = psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return False
+    alive = []
+    for k in kids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if k.status() != psutil.STATUS_ZOMBIE:
+                alive.append(k)
+    return bool(alive)
 
 
 def note_fork_server() -> None:

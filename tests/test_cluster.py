@@ -101,6 +101,16 @@ def test_each_cluster_forks_its_workers_from_a_server_in_this_process_state(monk
         assert "multiprocessing.forkserver" in got["parent"], got
         assert (got["probe"], got["jax_cache"], got["cwd"]) == (str(i), str(tmp_path / f"cache{i}"), cwd)
         assert len(got["affinity"]) == 1 or len(os.sched_getaffinity(0)) == 1, got
+    # a cluster started in another state while one is still running: the running one's workers
+    # keep its server alive, so the new one's are spawned (stopping that server would wait on them)
+    local = normalise_cluster({"type": "local", "n_workers": 1})
+    with start_cluster(local) as (a1, _, _), Client(a1) as c1:
+        monkeypatch.setenv("EMBED_SWEEP_PROBE", "2")
+        with start_cluster(local) as (a2, _, _), Client(a2) as c2:
+            (inner,) = c2.run(_probe_worker).values()
+        (outer,) = c1.run(_probe_worker).values()
+    assert inner["probe"] == "2" and "multiprocessing.forkserver" not in inner["parent"], inner
+    assert outer["probe"] == "1" and "multiprocessing.forkserver" in outer["parent"], outer
 
 
 def _listening(pids):
