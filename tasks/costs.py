@@ -212,6 +212,7 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
     per_it = evaluate_terms(entry.get("iteration", {}), v) * speed
     per_gen = evaluate_terms(entry.get("generation", {}), v) * speed
     budget = iteration_budget(entry, params)
+    seconds = fixed + budget * per_it + gens * per_gen
     base = float(costs.get("process_bytes", 0)) + 8.0 * n * v["D"]
     memory = base + max(evaluate_terms(entry.get("memory", {}), v), 0)
     upper = entry.get("upper")
@@ -226,7 +227,7 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
     return Prediction(
         key=key,
         entry=entry_name,
-        seconds=fixed + budget * per_it + gens * per_gen,
+        seconds=seconds,
         fixed_s=fixed,
         iteration_s=per_it,
         budget=budget,
@@ -234,7 +235,7 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
         generations=gens,
         memory_bytes=memory,
         store_bytes=store_bytes(spec, v, params, gens),
-        upper_seconds=None if upper_s is None else max(upper_s, fixed + budget * per_it + gens * per_gen),
+        upper_seconds=None if upper_s is None else max(upper_s, seconds),
         upper_memory_bytes=None if upper_mem is None else max(upper_mem, memory),
     )
 
