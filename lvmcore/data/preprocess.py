@@ -511,7 +511,7 @@ def block_lanczos(apply, D, k, block, tol, rng, max_basis):
         nb = min(block, D - m1)
         restart = m1 + nb > max_basis
         # the check (an eigensolve of T, O(m^3)) every pass while the basis is small, then every
-        # m / CHECK_EVERY passes: its cost stays a small share of a pass over the data
+        # m / LANCZOS_CHECK passes: its cost stays a small share of a pass over the data
         if m1 < D and not restart and (m1 < k or since_check < max(1, round(m1 / LANCZOS_CHECK))):
             X = _next_block(Q[:, :m1], P, nb, rng)[0]
             m = m1
