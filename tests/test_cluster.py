@@ -79,36 +79,61 @@ def _probe_worker():
     }
 
 
-def test_each_cluster_forks_its_workers_from_a_server_in_this_process_state(monkeypatch, tmp_path):
-    """Local workers are forked from a server that imported the task code once (flows.cluster.
-    forked_workers). A cluster started after the environment or the working directory changed
-    gets workers that see the change, as spawned interpreters would, including what was read at
-    import (JAX's cache folder); each worker is still pinned to one core."""
+def _fork_scenario(tmp: str) -> dict:
+    """Start local clusters as :func:`test_each_cluster_forks_its_workers_from_a_server_in_this_process_state`
+    describes and return what their workers saw (run in a fresh interpreter: no other cluster of
+    the test process may be holding a fork server)."""
     seen = []
     for i in range(2):
-        monkeypatch.setenv("EMBED_SWEEP_PROBE", str(i))
-        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / f"cache{i}"))
+        os.environ["EMBED_SWEEP_PROBE"] = str(i)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tmp, f"cache{i}")
         if i:
-            monkeypatch.chdir(tmp_path)
+            os.chdir(tmp)
         cwd = os.getcwd()
         with (
             start_cluster(normalise_cluster({"type": "local", "n_workers": 1})) as (address, _, _),
             Client(address) as client,
         ):
             (got,) = client.run(_probe_worker).values()
-        seen.append((got, cwd))
-    for i, (got, cwd) in enumerate(seen):
-        assert "multiprocessing.forkserver" in got["parent"], got
-        assert (got["probe"], got["jax_cache"], got["cwd"]) == (str(i), str(tmp_path / f"cache{i}"), cwd)
-        assert len(got["affinity"]) == 1 or len(os.sched_getaffinity(0)) == 1, got
-    # a cluster started in another state while one is still running: the running one's workers
-    # keep its server alive, so the new one's are spawned (stopping that server would wait on them)
+        seen.append(dict(got, expected_cwd=cwd))
     local = normalise_cluster({"type": "local", "n_workers": 1})
     with start_cluster(local) as (a1, _, _), Client(a1) as c1:
-        monkeypatch.setenv("EMBED_SWEEP_PROBE", "2")
+        os.environ["EMBED_SWEEP_PROBE"] = "2"
         with start_cluster(local) as (a2, _, _), Client(a2) as c2:
             (inner,) = c2.run(_probe_worker).values()
         (outer,) = c1.run(_probe_worker).values()
+    return {"seen": seen, "inner": inner, "outer": outer, "affinity": sorted(os.sched_getaffinity(0))}
+
+
+def test_each_cluster_forks_its_workers_from_a_server_in_this_process_state(tmp_path):
+    """Local workers are forked from a server that imported the task code once (flows.cluster.
+    forked_workers). A cluster started after the environment or the working directory changed
+    gets workers that see the change, as spawned interpreters would, including what was read at
+    import (JAX's cache folder); each worker is still pinned to one core. A cluster started in
+    another state while one is still running gets spawned workers (the running one's workers keep
+    its server alive, and stopping it would wait on them). Run in a fresh interpreter, so that no
+    cluster of this test process (a session fixture's) holds a fork server already."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    call = f"t._fork_scenario({str(tmp_path)!r})"
+    script = f"import json, tests.test_cluster as t; print('RESULT', json.dumps({call}))"
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    got = json.loads(line[len("RESULT ") :])
+    for i, w in enumerate(got["seen"]):
+        assert "multiprocessing.forkserver" in w["parent"], w
+        expected = (str(i), str(tmp_path / f"cache{i}"), w["expected_cwd"])
+        assert (w["probe"], w["jax_cache"], w["cwd"]) == expected, w
+        assert len(w["affinity"]) == 1 or len(got["affinity"]) == 1, w
+    assert got["seen"][1]["cwd"] == str(tmp_path) != got["seen"][0]["cwd"], got["seen"]
+    inner, outer = got["inner"], got["outer"]
     assert inner["probe"] == "2" and "multiprocessing.forkserver" not in inner["parent"], inner
     assert outer["probe"] == "1" and "multiprocessing.forkserver" in outer["parent"], outer
 
