@@ -45,7 +45,7 @@ def one(a):
     from lvmcore.data.synthetic import binary_tree, swiss_roll
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import pearson_distance_correlation
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM, StochasticHyperboloidGPLVM
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     if a.data == "tree":
         Y, node, codes, _ = binary_tree(a.depth, seed=a.seed)
@@ -56,8 +56,13 @@ def one(a):
     if a.method == "full":
         m = BayesianHyperboloidGPLVM(training="full", max_iter=a.max_iter, **kw)
     else:
-        m = StochasticHyperboloidGPLVM(
-            max_iter=a.max_iter, batch_size=a.batch, local_iter=a.local_iter, n_inducing=a.m, **kw
+        m = BayesianHyperboloidGPLVM(
+            training="minibatch",
+            max_iter=a.max_iter,
+            batch_size=a.batch,
+            local_iter=a.local_iter,
+            n_inducing=a.m,
+            **kw,
         )
     t0 = time.perf_counter()
     m.fit(Y)

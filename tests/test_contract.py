@@ -64,8 +64,15 @@ CASES = [
     Case("LLLVM", {"n_components": 2, "n_neighbors": 6, "max_iter": 3}, uses_graph=True),
     Case("HyperboloidGPLVM", {"n_components": 2, "variant": "sparse", "max_iter": 5, "random_state": 0}),
     Case(
-        "StochasticHyperboloidGPLVM",
-        {"n_inducing": 5, "batch_size": 10, "max_iter": 3, "local_iter": 2, "random_state": 0},
+        "BayesianHyperboloidGPLVM",
+        {
+            "training": "minibatch",
+            "n_inducing": 5,
+            "batch_size": 10,
+            "max_iter": 3,
+            "local_iter": 2,
+            "random_state": 0,
+        },
     ),
 ]
 

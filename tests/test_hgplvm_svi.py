@@ -17,7 +17,6 @@ from lvmcore.models.hgplvm import bayesian_objective
 from lvmcore.models.hgplvm_svi import (
     FULL_BATCH_MAX_N,
     BayesianHyperboloidGPLVM,
-    StochasticHyperboloidGPLVM,
     kl_qu,
     optimal_qu,
     point_terms,
@@ -127,10 +126,9 @@ def roll():
 def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
     """The one fit test (compiling the steps costs tens of seconds): the sweep's model forced to
     minibatch training against the same fit without the per-point pass."""
-    a = StochasticHyperboloidGPLVM(local_iter=0, **FIT).fit(roll)
+    a = BayesianHyperboloidGPLVM(training="minibatch", local_iter=0, **FIT).fit(roll)
     b = BayesianHyperboloidGPLVM(training="minibatch", local_iter=15, **FIT).fit(roll)
     assert b.training_ == "minibatch" and b.minibatch_ == 1.0
-    assert isinstance(b.estimator_, StochasticHyperboloidGPLVM)
     for m in (a, b):
         assert m.embedding_.shape == (300, 2) and np.all(np.linalg.norm(m.embedding_, axis=1) < 1)
         assert m.embedding_var_.shape == (300, 2) and np.all(m.embedding_var_ > 0)
@@ -178,27 +176,35 @@ def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(rol
     with pytest.raises(ValueError, match=r"batch_size \(1000\) exceeds the number of points \(300\)"):
         BayesianHyperboloidGPLVM(training="minibatch").fit(roll)
     with pytest.raises(ValueError, match=r"n_inducing \(400\) exceeds the number of points \(300\)"):
-        StochasticHyperboloidGPLVM(n_inducing=400, batch_size=10).fit(roll)
+        BayesianHyperboloidGPLVM(training="minibatch", n_inducing=400, batch_size=10).fit(roll)
+    with pytest.raises(ValueError, match=r"init='sparse' .*full-batch.*training='minibatch'"):
+        BayesianHyperboloidGPLVM(init="sparse", training="minibatch", batch_size=10).fit(roll)
 
 
 def test_one_bayesian_entry_with_one_set_of_defaults(roll):
     """The Bayesian hyperboloid GP-LVM has one entry: HyperboloidGPLVM(variant="bayesian") is
-    refused naming it, its minibatch training shares its defaults, and its full-batch fit runs on
-    itself with its own parameters (the budget it was given is the one the fit ran to)."""
+    refused naming it, lvmcore.models names no second estimator of it, and its full-batch fit runs
+    on itself with its own parameters (the budget it was given is the one the fit ran to). A fit
+    after a fit of the other training carries none of the earlier fit's attributes."""
     import inspect
 
+    import lvmcore.models
     from lvmcore.models.hgplvm import HyperboloidGPLVM
 
     with pytest.raises(ValueError, match="one entry, lvmcore.models.BayesianHyperboloidGPLVM"):
         HyperboloidGPLVM(variant="bayesian").fit(roll)
+    assert [n for n in lvmcore.models.__all__ if "Hyperboloid" in n] == [
+        "HyperboloidGPLVM",
+        "BayesianHyperboloidGPLVM",
+    ]
     own = inspect.signature(BayesianHyperboloidGPLVM).parameters
-    mini = inspect.signature(StochasticHyperboloidGPLVM).parameters
-    shared = set(own) & set(mini)
-    assert len(shared) == len(mini)  # every minibatch parameter is one of the model's
-    assert {k: own[k].default for k in shared} == {k: mini[k].default for k in shared}
     assert isinstance(own["max_iter"].default, int)  # the sweep and the cost plan read it as a budget
-    m = BayesianHyperboloidGPLVM(n_inducing=8, max_iter=7, tol=0, n_samples=2, random_state=0).fit(roll[:60])
+    small = dict(n_inducing=8, max_iter=7, tol=0, n_samples=2, random_state=0)
+    m = BayesianHyperboloidGPLVM(training="minibatch", batch_size=20, local_iter=1, **small).fit(roll[:60])
+    assert m.training_ == "minibatch" and hasattr(m, "qu_") and m.n_iter_ == 8
+    m.set_params(training="full").fit(roll[:60])
     assert m.training_ == "full" and m.n_iter_ == 7 and m.embedding_var_.shape == (60, 2)
+    assert not hasattr(m, "qu_") and not hasattr(m, "elbo_se_")
 
 
 def test_the_registry_states_the_rule_it_runs():

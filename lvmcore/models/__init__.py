@@ -10,7 +10,6 @@ _MODELS = {
     "HyperboloidGPLVM": "lvmcore.models.hgplvm",
     "PPCA": "lvmcore.models.ppca",
     "StochasticBayesianGPLVM": "lvmcore.models.bgplvm_svi",
-    "StochasticHyperboloidGPLVM": "lvmcore.models.hgplvm_svi",
     "BayesianHyperboloidGPLVM": "lvmcore.models.hgplvm_svi",
 }
 
