@@ -359,9 +359,8 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
 
     def _check_minibatch(self, n):
-        """Refusals before any minibatch work: the parameter rules, the full-batch fit's settings,
-        and the settings that cannot work for N = n points."""
-        self._validate()
+        """Refusals before any minibatch work: the full-batch fit's settings, and the settings that
+        cannot work for N = n points (the parameter rules are checked first, by :meth:`fit`)."""
         p = self.get_params()
         why = f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
         for name, default in _FULL_ONLY.items():
@@ -393,6 +392,7 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         (:meth:`HyperboloidGPLVM.fit`); the minibatch fit takes none."""
         self._refuse_graph(graph)
         Y = check_data(Y)
+        self._validate()  # the parameter rules (``training`` among them) before it picks a fit
         training = self.resolve_training(Y.shape[0])
         if training == "minibatch":
             self._check_minibatch(Y.shape[0])
