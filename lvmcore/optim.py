@@ -6,9 +6,8 @@
   c, an additive shift that must not move where a fit stops. The Bayesian GP-LVM, MRD (through
   :func:`lbfgs`) and the minibatch Bayesian GP-LVM (per epoch) stop by it.
 * :func:`plateau` - the hyperboloid GP-LVM's window rule (full-batch and minibatch): the objective
-  averaged over windows of steps, converged when the best recent window mean is not above the best
-  earlier one by more than ``tol`` times the latter's size. Relative to |objective|, so it is not
-  yet scale-free: its recorded scores (bench/README.md, "hGP-LVM quality") were established with it.
+  averaged over windows of steps (robust to Adam's oscillation and to Monte-Carlo noise), its gain
+  the best recent window mean over the best earlier one, judged by :func:`stalled`.
 * :func:`lbfgs` - scipy's L-BFGS-B on the objective per data value, shifted to 0 at the start
   (so its own relative-reduction test is the same at any data scale), restarted while iterations
   remain and a run stopped by that test still gained more than ``tol`` per value.
@@ -33,12 +32,10 @@ def stalled(gain: float, tol: float, n_values: float) -> bool:
     return bool(np.isfinite(gain) and gain <= float(tol) * float(n_values))
 
 
-def plateau(means, patience: int, tol: float) -> bool:
-    """The window rule: the best of the last ``patience`` window means exceeds the best earlier
-    one by at most ``tol`` x max(|best earlier|, 1) (the caller checks it once enough windows
-    exist)."""
-    before, recent = max(means[:-patience]), max(means[-patience:])
-    return bool(recent - before <= float(tol) * max(abs(before), 1.0))
+def plateau(means, patience: int, tol: float, n_values: float) -> bool:
+    """The window rule: :func:`stalled` on the gain of the best of the last ``patience`` window
+    means over the best earlier one (the caller checks it once enough windows exist)."""
+    return stalled(max(means[-patience:]) - max(means[:-patience]), tol, n_values)
 
 
 class LbfgsResult(NamedTuple):

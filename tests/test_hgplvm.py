@@ -548,19 +548,21 @@ def test_point_starts_from_pca_near_the_origin():
 
 
 def test_convergence_rule_stops_before_the_budget():
-    """The fit stops by its convergence rule (window means of the objective), not the budget; with
-    tol=0 it runs the budget. (tol = 1e-3: at 1e-4 this small fit still creeps up by more than tol
-    over six windows near 5,000 iterations, and whether it stops first depends on XLA's threading.)"""
+    """The fit stops by its convergence rule (window means of the objective, their gain per data
+    value), not the budget; with tol=0 it runs the budget. (tol = 5e-4 per value: a tight tol lets
+    this small fit creep on for thousands of iterations, and where it stops then depends on XLA's
+    threading.)"""
     Y, *_ = binary_tree(3, n_per_node=5, seed=0)
-    tol = 1e-3
+    tol = 5e-4
+    nv = Y.size  # N x D
     m = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5000, tol=tol, random_state=0).fit(Y)
     assert m.converged_ and m.n_iter_ < 5000 and m.n_iter_ % 25 == 0
     w = m.elbo_trace_.reshape(-1, 25).mean(axis=1)  # window means
     window, p = _rule_windows("sparse", m._drift_period())
     assert window == 25 and p == _PATIENCE
-    assert max(w[-p:]) - max(w[:-p]) <= tol * abs(max(w[:-p]))  # plateau: the rule's condition
+    assert max(w[-p:]) - max(w[:-p]) <= tol * nv  # plateau: the rule's condition
     if len(w) > 2 * p:  # first checked after 2 p windows; one window earlier it had not converged
-        assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > tol * abs(max(w[: -p - 1]))
+        assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > tol * nv
     full = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=60, tol=0, random_state=0).fit(Y)
     assert full.n_iter_ == 60 and not full.converged_
 

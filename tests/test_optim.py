@@ -8,7 +8,7 @@ import pytest
 
 from lvmcore.graph import knn_query
 from lvmcore.manifolds.lorentz import check_point, expmap0, inner
-from lvmcore.optim import Lorentz, adam, lbfgs, stalled
+from lvmcore.optim import Lorentz, adam, lbfgs, plateau, stalled
 
 
 def test_adam_is_one_formula_for_numpy_and_jax_and_per_row_counts():
@@ -71,6 +71,27 @@ def test_lbfgs_stops_by_the_gain_per_data_value_whatever_the_shift():
     assert stalled(1e-3, 1e-5, 100) and not stalled(2e-3, 1e-5, 100) and not stalled(np.nan, 1.0, 1)
     budget = lbfgs(make(1.0, 0.0), np.zeros(8), n_values=100, max_iter=2, tol=0.0)
     assert not budget.converged and budget.nit == 2
+
+
+def test_the_window_rule_is_the_stopping_rule_on_window_means_and_ignores_the_bounds_level():
+    """plateau: the best recent window mean's gain over the best earlier one, per data value; a
+    bound moved by a constant (Y scaled by c moves a density's bound by -N D log c) stops at the
+    same window."""
+    rng = np.random.default_rng(0)
+    gains = 1e-3 * 0.5 ** np.arange(30)  # window means rising ever more slowly, with noise below
+    means = np.cumsum(gains) + 1e-7 * rng.standard_normal(30)
+    n_values, tol, p = 200, 1e-8, 3
+
+    def first_stop(m):
+        return next(i for i in range(2 * p, len(m) + 1) if plateau(list(m[:i]), p, tol, n_values))
+
+    stop = first_stop(means)
+    assert 2 * p < stop < len(means)
+    gain = max(means[stop - p : stop]) - max(means[: stop - p])
+    assert gain <= tol * n_values < max(means[stop - 1 - p : stop - 1]) - max(means[: stop - 1 - p])
+    for shift in (-1e4, 1e4, 0.37):
+        assert first_stop(means + shift) == stop, shift
+    assert not plateau([0.0, 1.0, np.nan], 1, tol, n_values)  # a non-finite window is no plateau
 
 
 @pytest.mark.parametrize("k", [1, 3])

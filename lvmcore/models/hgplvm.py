@@ -403,10 +403,10 @@ class HyperboloidGPLVM(LatentModel):
     max_iter, tol : iteration budget and the convergence rule: the objective is averaged over
         windows of 25 iterations (50 for the stochastic Bayesian bound); the fit stops when the best
         of the last ``_PATIENCE`` (6; bayesian: 2; with the drift search, the windows of a whole
-        cycle and one more: 11) window means exceeds the best earlier one by less than ``tol``
-        times its size (a plateau, robust to the oscillation of Adam steps and to MC noise). The
-        budget (10000) is above where the rule stops the point and sparse fits on the paper's
-        trees.
+        cycle and one more: 11) window means exceeds the best earlier one by at most ``tol`` per
+        data value (N x D: :func:`lvmcore.optim.plateau`; a plateau, robust to the oscillation of
+        Adam steps and to MC noise, at any scale of Y). The budget (10000) is above where the rule
+        stops the point and sparse fits on the paper's trees.
     learning_rate : step size of the latent points and inducing inputs (Riemannian Adam, or RSGD on
         the objective / (N D)).
     hyper_learning_rate : Adam step size of log sigma, log beta, log S.
@@ -484,7 +484,7 @@ class HyperboloidGPLVM(LatentModel):
         variant="point",
         n_inducing="auto",
         max_iter=10000,
-        tol=1e-5,
+        tol=5e-6,
         learning_rate=0.05,
         hyper_learning_rate=0.05,
         optimizer="radam",
@@ -707,7 +707,8 @@ class HyperboloidGPLVM(LatentModel):
                 if callback is not None:
                     callback(it, _snapshot(state))
                 means.append(np.mean(trace[-window:]))
-                if self.tol > 0 and it >= warm + 2 * patience * window and plateau(means, patience, self.tol):
+                checked = self.tol > 0 and it >= warm + 2 * patience * window
+                if checked and plateau(means, patience, self.tol, n * d):
                     converged = True
                     break
         Xf = np.asarray(_renorm(state["X"]))

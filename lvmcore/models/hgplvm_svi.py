@@ -309,7 +309,7 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         training="auto",
         n_inducing="auto",
         max_iter=3000,
-        tol=1e-5,
+        tol=5e-6,
         learning_rate=0.05,
         hyper_learning_rate=0.05,
         optimizer="radam",
@@ -519,7 +519,7 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
                 means.append(np.mean(trace[-_WINDOW:]))
                 pat = _PATIENCE_BAYES
                 if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * _WINDOW:
-                    if plateau(means, pat, self.tol):
+                    if plateau(means, pat, self.tol, n * d):
                         converged = True
                         break
         del lmom
