@@ -133,6 +133,12 @@ def scheduler_workers(client) -> dict:
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
+def thread_use(dask_worker) -> tuple[int, int]:
+    """(tasks executing, threads) of a Dask worker, read on the worker itself (``Client.run``). A
+    task that seceded (a sweep's fit waiting on its actors) is long-running, not executing."""
+    return dask_worker.state.executing_count, dask_worker.state.nthreads
+
+
 class ActorPlacement:
     """The actors of a row-chunked evaluation: ``bounds`` (row spans), ``parts`` (each chunk's data
     arrays), ``sources`` (one :class:`~lvmcore.rows.RowSource` per data array, or None: the rows
@@ -154,10 +160,11 @@ class ActorPlacement:
         ]
 
     def _await_actor(self, fut, worker):
-        """The actor of ``fut``, once its worker has a free thread to start it. A worker busy with
-        another long task (a 10^6 x 50 kNN search takes minutes) delays it, which is not a
-        failure: wait as long as the worker is alive (a fixed timeout here failed the 10^6 x 50
-        sweep's Bayesian GP-LVM after 300 s behind that search), and give up only if it is lost."""
+        """The actor of ``fut``, once its worker has a free thread to start it. Placement prefers
+        free workers; when every worker is busy with another long task (a 10^6 x 50 kNN search
+        takes minutes) the wait is not a failure: wait as long as the worker is alive (a fixed
+        timeout here failed the 10^6 x 50 sweep's Bayesian GP-LVM after 300 s behind that
+        search), and give up only if it is lost."""
         return self._wait(
             fut,
             lambda: worker not in self._running_workers(),
@@ -179,6 +186,15 @@ class ActorPlacement:
         info = scheduler_workers(self.client)
         return sorted(a for a, w in info.items() if w.get("status", "running") == "running")
 
+    def _free_workers(self, workers: list) -> list:
+        """Those of ``workers`` with a thread free now. An actor starts as a task, so on a worker
+        whose threads all run other tasks (another model's GLLE fit at 10^6 points: half an hour)
+        it would start only when one ends; the chunks go to the free workers instead. Asked of
+        the workers themselves (the scheduler's heartbeat counts lag); a worker that does not
+        answer counts as busy."""
+        use = self.client.run(thread_use, workers=workers, on_error="return")
+        return [w for w in workers if isinstance(use.get(w), tuple) and use[w][0] < use[w][1]]
+
     def _place(self):
         """Deal the chunks to the workers (contiguous runs, as even as the counts allow) and start
         one actor per worker holding its chunks; in process, one host holds them all. The hosts
@@ -194,6 +210,8 @@ class ActorPlacement:
                     "row chunks: the Dask cluster has no running worker to hold the row chunks; "
                     "start workers (or leave chunks=None to evaluate in process)"
                 )
+            # the workers with a free thread; when every one is busy, all of them (and wait)
+            workers = self._free_workers(workers) or workers
             if len(workers) > len(self.bounds):
                 start = next(ActorPlacement._rotation) % len(workers)
                 workers = (workers[start:] + workers[:start])[: len(self.bounds)]

@@ -131,11 +131,55 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
         assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
 
 
+def _hold(name):
+    """A task that keeps its worker's thread until the test sets the Dask event ``name``."""
+    from distributed import Event
+
+    return Event(name).wait(120)
+
+
 @pytest.mark.slow
-def test_chunks_placed_behind_a_long_task_wait_for_the_worker(cluster_client, monkeypatch):
-    """A worker busy with another task (a sweep's 10^6 x 50 kNN search: minutes) starts the row
-    chunks' actor only when its thread is free. Placement waits for it while the worker is alive
-    (here 6 s against a 0.5 s poll) instead of failing the fit; the result equals one piece."""
+def test_chunks_go_to_the_workers_with_a_free_thread(cluster_client):
+    """A worker whose thread runs another model's long task would start the row chunks' actor only
+    when that task ends (GLLE at 10^6 points: half an hour). The chunks go to the worker with a
+    free thread instead, without waiting for the busy one; the result equals one piece."""
+    from distributed import Event
+
+    Y, mu, Sv, Z, _, kp = _problem("rbf", N=300, D=4, Q=2, M=8)
+    local = {"mu": mu, "logS": np.log(Sv)}
+    glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.2])}
+    workers = sorted(scheduler_workers(cluster_client))
+    release = Event("release-busy-worker", client=cluster_client)
+    busy = cluster_client.submit(_hold, "release-busy-worker", workers=[workers[0]], pure=False)
+    try:
+        _wait_executing(cluster_client, workers[0])
+        many = _runner(["rbf"], [Y], chunks=100)
+        assert not busy.done()  # placed while the other worker's task still ran
+        assert many.placement == [workers[1]] * 3
+        v1, _, _ = _runner(["rbf"], [Y]).value_and_grad(local, glob, 0.0)
+        v3, _, _ = many.value_and_grad(local, glob, 0.0)
+        assert abs(v1 - v3) <= 1e-10 * abs(v1)
+    finally:
+        release.set()
+    assert busy.result(timeout=60) is True
+
+
+def _wait_executing(client, worker, timeout=30.0):
+    import time
+
+    from lvmcore.actors import thread_use
+
+    t0 = time.time()
+    while client.run(thread_use, workers=[worker])[worker][0] < 1:
+        assert time.time() - t0 < timeout, "the busy task did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_chunks_wait_for_a_worker_when_every_worker_is_busy(cluster_client, monkeypatch):
+    """With every worker's thread busy, the chunks' actors start when the threads free up:
+    placement waits for them while the workers are alive (here 6 s against a 0.5 s poll) instead
+    of failing the fit, and deals the chunks over both; the result equals one piece."""
     import time
 
     from lvmcore.chunks import RowChunks
@@ -145,12 +189,13 @@ def test_chunks_placed_behind_a_long_task_wait_for_the_worker(cluster_client, mo
     local = {"mu": mu, "logS": np.log(Sv)}
     glob = {"Z": Z[None], "kern": [kp], "log_beta": np.array([0.2])}
     workers = sorted(scheduler_workers(cluster_client))
-    busy = cluster_client.submit(time.sleep, 6.0, workers=[workers[0]], pure=False)
-    time.sleep(0.5)  # the sleep has started on the first worker
+    busy = [cluster_client.submit(time.sleep, 6.0, workers=[w], pure=False) for w in workers]
+    for w in workers:
+        _wait_executing(cluster_client, w)
     t0 = time.perf_counter()
     many = _runner(["rbf"], [Y], chunks=100)
-    assert time.perf_counter() - t0 > 2.0  # it did wait behind the busy thread
-    assert busy.done() and sorted(set(many.placement)) == workers
+    assert time.perf_counter() - t0 > 2.0  # it did wait behind the busy threads
+    assert all(b.done() for b in busy) and sorted(set(many.placement)) == workers
     v1, _, _ = _runner(["rbf"], [Y]).value_and_grad(local, glob, 0.0)
     v3, _, _ = many.value_and_grad(local, glob, 0.0)
     assert abs(v1 - v3) <= 1e-10 * abs(v1)
