@@ -17,8 +17,9 @@ counts); GLLE also times two generations (``sample``). Times are CPU seconds of 
 the work. Peak memory is ru_maxrss above the process's resident size before the first fit. One JSON
 line per size is appended to ``--raw``; a size past ``--timeout`` wall seconds is recorded as such.
 ``COSTS_ROUND=2`` takes the shorter plan ``ROUND2`` (fewer sizes, fewer iterations), ``COSTS_ROUND=3``
-``ROUND3`` (one larger size for the memory terms). bench/costs_raw.jsonl holds the three rounds
-that made the shipped data (``fit`` reads it by default).
+``ROUND3`` (one larger size for the memory terms), ``COSTS_ROUND=4`` ``ROUND4`` (LL-LVM's level
+blocks). bench/costs_raw.jsonl holds the rounds that made the shipped data (``fit`` reads it by
+default).
 
 Data of high intrinsic dimension: an entry with ``upper_of`` (``glle_em/high_dim``) is measured
 on cells drawn from an ingested atlas's 50-D PCA (``bench/atlas.py``'s data.zarr, named by the
@@ -83,7 +84,9 @@ PLAN = {
         validate=[(8000, 3)],
         fixed=["1", "N*k*Q^2"],
         iteration=["1", "N*k*Q^2", "N^1.5*Q^3", "N*k*D"],
-        memory=["1", "N*k*Q^2", "N*k*D"],
+        # the level blocks of the block-tridiagonal factor: sum_l (s_l Q)^2 with level widths
+        # s_l ~ N^0.5 on a 2-D manifold (9.3 GB at 10^5, where the N-linear terms said 3.2)
+        memory=["1", "N*k*Q^2", "N*k*D", "N^1.5*Q^2"],
     ),
     "glle_em": dict(
         warm=False,
@@ -227,9 +230,16 @@ ROUND3 = {
 }
 
 
+#: a fourth round (``COSTS_ROUND=4``): LL-LVM's factorised solver at sizes where its level blocks,
+#: not the per-edge terms, set the memory; validated at 10^5
+ROUND4 = {
+    "lllvm/factorised": dict(iters=(1, 2), fit=[(16000, 3), (32000, 3)], validate=[(100000, 3)]),
+}
+
+
 def _plan(entry: str) -> dict:
     """The entry's plan in the round ``COSTS_ROUND`` names (1, the default: ``PLAN``)."""
-    rounds = {"2": ROUND2, "3": ROUND3}.get(os.environ.get("COSTS_ROUND", "1"), {})
+    rounds = {"2": ROUND2, "3": ROUND3, "4": ROUND4}.get(os.environ.get("COSTS_ROUND", "1"), {})
     return dict(PLAN[entry], **rounds.get(entry, {}))
 
 
@@ -530,20 +540,193 @@ def fit(raw: Path, out: Path) -> None:
     print(f"wrote {out}")
 
 
+# --------------------------------------------------------------------------- the scale table
+#: the table's data: bench/scale.py's roll in 50 dimensions (the sweep's throughput data; mrd: its
+#: toy views), k = 10, latent_dim = 2, seed 0, GLLE with 3 generations and the scale study
+TABLE_D, TABLE_GENERATIONS = 50, 3
+
+
+def _vmhwm() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return float(line.split()[1]) * 1024.0
+    return 0.0
+
+
+def point(key: str, n: int) -> dict:
+    """Runs in its own process: one grid point of model ``key`` on n points as the sweep fits it
+    (tasks/fit.py: the model's defaults, then GLLE's generations and scale study), timed in CPU
+    and wall seconds; peak memory is the process's VmHWM from just before the fit (reset through
+    /proc/self/clear_refs), so it holds the process, the data and the graph, as a worker would."""
+    from lvmcore.graph import knn
+    from tasks.costs import probe_seconds
+    from tasks.registry import COV_SCALES, MODELS
+
+    spec = MODELS[key]
+    Y, _ = make_data(key, n, TABLE_D)
+    graph = knn(Y, K)[0] if "k" in spec.dims else None
+    pt = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
+    est = spec.estimator_class()(**spec.constructor_args({dd: pt[dd] for dd in spec.dims}, {}))
+    probe = probe_seconds()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    c0, w0 = time.process_time(), time.perf_counter()
+    if graph is not None:
+        est.fit(Y, graph=graph)
+    else:
+        est.fit(Y)
+    fit_cpu, fit_wall = time.process_time() - c0, time.perf_counter() - w0
+    if "generations" in spec.extras:
+        est.sample(TABLE_GENERATIONS, random_state=0)
+    if "scale_study" in spec.extras:
+        for a in COV_SCALES:
+            est.sample(1, random_state=0, cov_scale=a)
+    out = {
+        "key": key,
+        "n": n,
+        "d": [v.shape[1] for v in Y] if isinstance(Y, list) else [Y.shape[1]],
+        "cpu_s": time.process_time() - c0,
+        "wall_s": time.perf_counter() - w0,
+        "fit_cpu_s": fit_cpu,
+        "fit_wall_s": fit_wall,
+        "peak_bytes": _vmhwm(),
+        "n_iter": int(getattr(est, "n_iter_", 0) or len(getattr(est, "elbo_trace_", [])) or 0),
+        "converged": bool(getattr(est, "converged_", False)),
+        "elbo": float(getattr(est, "elbo_", float("nan"))),
+    }
+    out["probe_s"] = (probe * probe_seconds(3)) ** 0.5
+    return out
+
+
+def _table_prediction(key: str, n: int):
+    """(prediction at the reference machine's speed, the refusal line or None) of the table's point."""
+    from tasks.costs import cluster_limits, plan_costs, refusal
+    from tasks.registry import MODELS
+
+    spec = MODELS[key]
+    Y, _ = make_data(key, 50, TABLE_D)  # the data's widths (the views' for mrd)
+    dims = [v.shape[1] for v in Y] if isinstance(Y, list) else [TABLE_D]
+    grid = {"k": [K], "latent_dim": [Q], "kappa": [100.0], "seed": [0]}
+    rows = plan_costs([spec], grid, n, dims, lambda s: {}, TABLE_GENERATIONS)
+    return rows[0]["slowest"], refusal(rows, n, cluster_limits({"type": "local"}))
+
+
+def table(keys, sizes, raw: Path, cap: float, dry: bool = False) -> None:
+    """Each model at each size: refused by the plan (the reason), not run (its prediction above
+    ``cap`` CPU seconds at this machine's speed), or run (``point``, in its own process, stopped at
+    ``cap`` x 1.5 wall seconds). One JSON line per (model, size) in ``raw``; a pair already there
+    is not run again. Then prints the table from ``raw``."""
+    from tasks.costs import load_costs, probe_seconds
+
+    done = set()
+    if raw.exists():
+        done = {(r["key"], r["n"]) for r in map(json.loads, raw.read_text().splitlines())}
+    speed = probe_seconds(9) / float(load_costs()["probe_seconds"])
+    for n in sizes:
+        for key in keys:
+            if (key, n) in done:
+                continue
+            pred, why = _table_prediction(key, n)
+            r = {"key": key, "n": n, "speed": speed}
+            if pred is not None:
+                r.update(
+                    pred_s=pred.seconds,
+                    pred_bytes=pred.memory_bytes,
+                    pred_iter_s=pred.iteration_s,
+                    pred_fixed_s=pred.fixed_s,
+                    pred_gen_s=pred.generation_s * pred.generations,
+                    budget=pred.budget,
+                )
+            if why:
+                r["refused"] = why
+            elif pred is not None and pred.seconds * speed > cap:
+                r["not_run"] = (
+                    f"predicted {pred.seconds * speed / 60:.0f} CPU min here, "
+                    f"above the {cap / 60:.0f}-minute cap"
+                )
+            elif not dry:
+                cmd = [sys.executable, __file__, "point", key, str(n)]
+                t0 = time.perf_counter()
+                try:
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1.5 * cap, cwd=ROOT)
+                    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+                    if p.returncode != 0 or not lines:
+                        r["error"] = p.stderr[-600:]
+                    else:
+                        r.update(json.loads(lines[-1]))
+                except subprocess.TimeoutExpired:
+                    r["error"] = f"stopped after {1.5 * cap:.0f} s of wall time"
+                r["bench_wall_s"] = time.perf_counter() - t0
+                r["load"] = open("/proc/loadavg").read().split()[0]
+            else:
+                continue
+            with open(raw, "a") as f:
+                f.write(json.dumps(r) + "\n")
+            brief = {k: v for k, v in r.items() if k != "error"}
+            print(json.dumps(brief | ({"error": r["error"][-200:]} if "error" in r else {})), flush=True)
+    print_table(raw)
+
+
+def print_table(raw: Path) -> None:
+    """The README's table: per model and size, CPU and wall seconds, peak memory, iterations run,
+    and the prediction beside each (CPU at the run's probe speed: the budget's upper bound, and the
+    fixed part + the iterations actually run + generations)."""
+    from tasks.costs import fmt_bytes, fmt_seconds, load_costs
+
+    rows = [json.loads(x) for x in raw.read_text().splitlines()] if raw.exists() else []
+    print(
+        "| model | N | CPU s (wall s) | iterations | predicted CPU: budget / as run | ratio as run "
+        "| peak RSS / predicted |"
+    )
+    print("|---|---:|---|---:|---|---:|---|")
+    for r in rows:
+        head = f"| {r['key']} | {r['n']:,} |"
+        if "refused" in r:
+            print(f"{head} refused: {r['refused']} | | | | |")
+            continue
+        if "not_run" in r or "error" in r:
+            what = r.get("not_run") or "failed: " + r["error"].strip().splitlines()[-1][:120]
+            print(f"{head} not run: {what} | | | | |")
+            continue
+        f = r["probe_s"] / float(load_costs()["probe_seconds"])  # this run's speed against the cost data's
+        as_run = (r["pred_fixed_s"] + r["n_iter"] * r["pred_iter_s"] + r["pred_gen_s"]) * f
+        print(
+            f"{head} {r['cpu_s']:.1f} ({r['wall_s']:.1f}) | "
+            f"{r['n_iter']}{'' if r['converged'] else ' (budget)'} | "
+            f"{fmt_seconds(r['pred_s'] * f)} / {fmt_seconds(as_run)} | "
+            f"{as_run / max(r['cpu_s'], 1e-9):.2f} | "
+            f"{fmt_bytes(r['peak_bytes'])} / {fmt_bytes(r['pred_bytes'])} |"
+        )
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "point":
+        print(json.dumps(point(argv[1], int(argv[2]))))
+        return
     if argv and argv[0] == "one":
         print(json.dumps(one(argv[1], int(argv[2]), int(argv[3]), json.loads(argv[4]))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["measure", "fit"])
+    ap.add_argument("what", choices=["measure", "fit", "table"])
     ap.add_argument("--models", default="all", help="comma-separated cost entries (default all)")
     ap.add_argument("--raw", default=str(ROOT / "bench" / "costs_raw.jsonl"))
     ap.add_argument("--out", default=str(ROOT / "tasks" / "costs.json"))
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per size")
     ap.add_argument("--validate-only", action="store_true")
     ap.add_argument("--only-d", default="", help="comma-separated data widths: measure only sizes of these D")
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="table: comma-separated N")
+    ap.add_argument("--cap", type=float, default=3600.0, help="table: CPU seconds a point may be predicted")
+    ap.add_argument("--dry", action="store_true", help="table: record refusals and caps only")
     a = ap.parse_args(argv)
+    if a.what == "table":
+        from tasks.registry import MODELS
+
+        keys = list(MODELS) if a.models == "all" else a.models.split(",")
+        default = a.raw == str(ROOT / "bench" / "costs_raw.jsonl")
+        raw = ROOT / "bench" / "costs_table.jsonl" if default else Path(a.raw)
+        table(keys, [int(x) for x in a.sizes.split(",")], raw, a.cap, a.dry)
+        return
     entries = list(PLAN) if a.models == "all" else a.models.split(",")
     if a.what == "measure":
         only_d = {int(x) for x in a.only_d.split(",") if x}
