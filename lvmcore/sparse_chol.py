@@ -176,11 +176,14 @@ class BlockTridiagonal:
         return A[idx][:, idx]
 
     # ------------------------------------------------------------ factorisation
-    def _try_factor(self, shift: float):
+    def _try_factor(self, shift: float, inplace: bool = False):
+        """(diagonal factor blocks, sub-diagonal factor blocks) of self + shift I. ``inplace``: the
+        factor overwrites the matrix's blocks (each level block is symmetric and C-ordered, so its
+        transpose is the Fortran-ordered array LAPACK factors in place), and the matrix is lost."""
         Ld, Ls = [], []
         prev = None
         for lv, D in enumerate(self.diag):
-            S = D.copy(order="F")
+            S = D.T if inplace else D.copy(order="F")
             if shift:
                 S[np.diag_indices_from(S)] += shift
             if prev is not None:  # lower triangle of S - prev prev^T (all potrf reads)
@@ -191,13 +194,19 @@ class BlockTridiagonal:
             Ld.append(Lkk)
             if lv < len(self.sub):
                 # L_{l+1,l} = B_l L_ll^{-T}, i.e. its transpose solves L_ll X = B_l^T
-                X, info = _trtrs(Lkk, self.sub[lv].T, lower=1)
+                X, info = _trtrs(Lkk, self.sub[lv].T, lower=1, overwrite_b=int(inplace))
                 prev = X.T
                 Ls.append(prev)
         return Ld, Ls
 
-    def factor(self, *, name: str = "precision", context: str = ""):
-        """Block Cholesky; retried with escalating jitter (lvmcore.linalg's schedule) on failure."""
+    def factor(self, *, name: str = "precision", context: str = "", rebuild=None):
+        """Block Cholesky; retried with escalating jitter (lvmcore.linalg's schedule) on failure.
+
+        ``rebuild``: a function that returns this matrix anew. Given it, the factor overwrites the
+        matrix's blocks instead of copying them, so the factorisation holds one set of level blocks
+        instead of two (at 10^5 points of a 2-D manifold a set is 0.7 GB per point-block entry); a
+        retry starts from ``rebuild()``. The matrix is consumed: only the factor's methods (solve,
+        logdet, selected inverse) remain."""
         for D in self.diag:
             if not np.all(np.isfinite(D)):
                 raise NumericalError(
@@ -208,20 +217,26 @@ class BlockTridiagonal:
                 )
         scale = np.mean([np.mean(np.abs(np.diag(D))) for D in self.diag])
         shifts = jitter_schedule(scale=scale)
-        for shift in shifts:
+        inplace = rebuild is not None and all(D.flags.c_contiguous for D in self.diag)
+        for attempt, shift in enumerate(shifts):
+            if inplace and attempt:
+                fresh = rebuild()
+                self.diag, self.sub = fresh.diag, fresh.sub
             try:
-                Ld, Ls = self._try_factor(shift)
+                Ld, Ls = self._try_factor(shift, inplace)
             except np.linalg.LinAlgError:
                 continue
             self._factor = (Ld, Ls)
             self.jitter_ = shift
+            if inplace:  # the blocks now hold the factor
+                self.diag = self.sub = None
             return self
         raise NumericalError(
             f"{name} is not positive definite even with jitter {shifts[-1]:.3g}"
             f"{' at ' + context if context else ''}",
             name=name,
             context=context,
-            matrix=self.to_sparse(),
+            matrix=(rebuild() if inplace else self).to_sparse(),
         )
 
     def logdet(self) -> float:

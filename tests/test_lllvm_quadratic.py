@@ -139,6 +139,46 @@ def test_block_tridiagonal_selected_inverse_matches_dense():
     assert np.allclose(A[0:2, 0:2], pb[0])
 
 
+def test_block_tridiagonal_factor_in_place_equals_the_copying_one():
+    """``factor(rebuild=...)`` overwrites the matrix's level blocks with the factor (one set of blocks
+    held instead of two): the same solve, log-determinant and selected inverse as the copying
+    factor, bit for bit, the matrix's blocks released, and a retry with jitter (a matrix that is
+    not positive definite until shifted) starts from the rebuilt matrix and gives the copying
+    factor's jitter and result."""
+    Y, _, _ = lllvm_swiss_roll(150, 1)
+    ls = LevelStructure(adjacency(knn(Y, 6)[0]))
+    rng = np.random.default_rng(1)
+    Q = 2
+    eb = rng.normal(size=(len(ls.ei), Q, Q)) * 0.3
+    mag = np.abs(eb).sum((1, 2)) + 0.1
+    pb = np.zeros((150, Q, Q))
+    np.add.at(pb, ls.ei, mag[:, None, None] * np.eye(Q))
+    np.add.at(pb, ls.ej, mag[:, None, None] * np.eye(Q))
+    b = rng.normal(size=(300, 3))
+    copy = BlockTridiagonal.assemble(ls, pb, eb).factor()
+    inplace = BlockTridiagonal.assemble(ls, pb, eb).factor(rebuild=lambda: 1 / 0)  # needs no retry
+    assert inplace.diag is None and inplace.sub is None and inplace.jitter_ == copy.jitter_ == 0.0
+    assert inplace.logdet() == copy.logdet()
+    np.testing.assert_array_equal(inplace.solve(b), copy.solve(b))
+    zi, zc = inplace.selected_inverse(second=True), copy.selected_inverse(second=True)
+    np.testing.assert_array_equal(zi.point_blocks(), zc.point_blocks())
+    np.testing.assert_array_equal(zi.edge_blocks(), zc.edge_blocks())
+    for a, c in zip(zi.sub2, zc.sub2, strict=True):
+        np.testing.assert_array_equal(a, c)
+    # indefinite until shifted: the smallest eigenvalue moved to -1e-5 of the mean diagonal (the
+    # schedule's 1e-4 jitter fixes it), so the first attempts fail part-way through the blocks
+    A = BlockTridiagonal.assemble(ls, pb, eb).to_sparse().toarray()
+    low = pb - (np.linalg.eigvalsh(A)[0] + 1e-5 * np.mean(np.diag(A))) * np.eye(Q)
+    copy = BlockTridiagonal.assemble(ls, low, eb).factor()
+    rebuilt = []
+    inplace = BlockTridiagonal.assemble(ls, low, eb).factor(
+        rebuild=lambda: rebuilt.append(1) or BlockTridiagonal.assemble(ls, low, eb)
+    )
+    assert copy.jitter_ > 0 and inplace.jitter_ == copy.jitter_ and len(rebuilt) >= 1
+    assert inplace.logdet() == copy.logdet()
+    np.testing.assert_array_equal(inplace.solve(b), copy.solve(b))
+
+
 @pytest.mark.parametrize("scale", [1e3, 1.0, 1e-3, 1e-5])
 def test_alpha_root_by_log_secant_equals_eigenvalue_brent(roll300, scale):
     """The sparse path's alpha (secant steps in log alpha on factorisation traces, warm-started

@@ -147,7 +147,9 @@ def lt_at(g: LLGraph, eps: float, gamma: float) -> LtAt:
     hit = loc.memo.get((eps, gamma))
     if hit is not None:
         return hit
-    M = g.lap_eye.combine(eps, g.lap_2L, gamma).factor(name="eps_y I + 2 gamma L")
+    M = g.lap_eye.combine(eps, g.lap_2L, gamma).factor(
+        name="eps_y I + 2 gamma L", rebuild=lambda: g.lap_eye.combine(eps, g.lap_2L, gamma)
+    )
     Z = M.selected_inverse(second=True)
     vals = np.empty(len(loc.pr))
     for diff, lb, part, la_loc, lb_loc in loc.slices:

@@ -202,7 +202,9 @@ def lap_logdet_trace(g: LLGraph, a: float, b: float, *, trace: bool = True):
     hit = g.lap_memo.get((a, b))
     if hit is not None and (hit[1] is not None or not trace):
         return hit[0], (hit[1] if trace else None)
-    M = g.lap_eye.combine(a, g.lap_2L, b).factor(name="a I + 2 b L")
+    M = g.lap_eye.combine(a, g.lap_2L, b).factor(
+        name="a I + 2 b L", rebuild=lambda: g.lap_eye.combine(a, g.lap_2L, b)
+    )
     tr = float(np.sum(M.selected_inverse().point_blocks())) if trace else None
     if len(g.lap_memo) >= _LAP_MEMO_SIZE:
         g.lap_memo.pop(next(iter(g.lap_memo)))
@@ -258,7 +260,9 @@ def block_gaussian(g: LLGraph, point_blocks, edge_blocks, rhs, name: str, contex
         mean = chol_solve(Lc, rhs)
         return mean, S[idx, :, idx, :], S[g.ei, :, g.ej, :], float(logdet_from_chol(Lc))
     M = BlockTridiagonal.assemble(g.ls, point_blocks, edge_blocks)
-    M.factor(name=name, context=context)
+    M.factor(
+        name=name, context=context, rebuild=lambda: BlockTridiagonal.assemble(g.ls, point_blocks, edge_blocks)
+    )
     mean = M.solve(rhs)
     Z = M.selected_inverse()
     return mean, Z.point_blocks(), Z.edge_blocks(), M.logdet()
