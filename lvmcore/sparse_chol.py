@@ -276,12 +276,28 @@ class BlockTridiagonal:
         ``second``: also the second sub-diagonal blocks ``Z.sub2[l]`` = Z_{l+2,l} (s_{l+2} Q, s_l Q),
         from the same recurrence Z_{jl} = -Z_{j,l+1} G_l (j > l): they hold every pair of points at
         graph distance 2 whose BFS levels differ by 2."""
-        Ld, Ls = self._factor
-        nl = len(Ld)
+        nl = len(self._factor[0])
         Z = BlockTridiagonal.__new__(BlockTridiagonal)
         Z.ls, Z.Q, Z._factor = self.ls, self.Q, None
         Z.diag, Z.sub = [None] * nl, [None] * (nl - 1)
         Z.sub2 = [None] * max(nl - 2, 0) if second else None
+        for lv, zd, zs, zs2 in self.selected_levels(second=second):
+            Z.diag[lv] = zd
+            if zs is not None:
+                Z.sub[lv] = zs
+            if zs2 is not None:
+                Z.sub2[lv] = zs2
+        return Z
+
+    def selected_levels(self, *, second: bool = False):
+        """The selected inverse level by level, from the last level to the first: yields
+        (l, Z_ll, Z_{l+1,l}, Z_{l+2,l}), None where level l has no such block (``second`` False: the
+        last is always None). The recurrence needs only the previous level's blocks, so a caller
+        that takes what it needs from each level holds two levels at a time instead of a copy of
+        the factor's size (Takahashi: with G_l = L_{l+1,l} L_ll^{-1}, Z_{l+1,l} = -Z_{l+1,l+1} G_l,
+        Z_{l+2,l} = -Z_{l+2,l+1} G_l, Z_ll = (L_ll L_ll^T)^{-1} + G_l^T Z_{l+1,l+1} G_l)."""
+        Ld, Ls = self._factor
+        nl = len(Ld)
 
         def inv_llt(L):  # (L L^T)^{-1} from the lower triangle potri fills (L's upper part is 0)
             Zi, _ = _potri(L, lower=1)
@@ -289,18 +305,17 @@ class BlockTridiagonal:
             Zi[np.diag_indices_from(Zi)] *= 0.5
             return Zi
 
-        Z.diag[nl - 1] = inv_llt(Ld[nl - 1])
+        zd, zs_above = inv_llt(Ld[nl - 1]), None
+        yield nl - 1, zd, None, None
         for lv in range(nl - 2, -1, -1):
-            # G = L_{l+1,l} L_ll^{-1}
-            Gt, _ = _trtrs(Ld[lv], Ls[lv].T, lower=1, trans=1)
+            Gt, _ = _trtrs(Ld[lv], Ls[lv].T, lower=1, trans=1)  # G = L_{l+1,l} L_ll^{-1}
             G = Gt.T
-            Zs = -Z.diag[lv + 1] @ G
-            Z.sub[lv] = Zs
-            if second and lv + 2 < nl:
-                Z.sub2[lv] = -Z.sub[lv + 1] @ G
-            Zd = inv_llt(Ld[lv]) - G.T @ Zs
-            Z.diag[lv] = 0.5 * (Zd + Zd.T)
-        return Z
+            zs = -zd @ G
+            zs2 = -zs_above @ G if second and zs_above is not None else None
+            Zd = inv_llt(Ld[lv]) - G.T @ zs
+            zd = 0.5 * (Zd + Zd.T)
+            yield lv, zd, zs, zs2
+            zs_above = zs
 
     # ---------------------------------------------------------------- extraction
     def point_blocks(self) -> np.ndarray:

@@ -147,17 +147,19 @@ def lt_at(g: LLGraph, eps: float, gamma: float) -> LtAt:
     hit = loc.memo.get((eps, gamma))
     if hit is not None:
         return hit
+    if len(loc.memo) >= _LT_MEMO:  # before the new factor: one factor fewer held at once
+        loc.memo.pop(next(iter(loc.memo)))
     M = g.lap_eye.combine(eps, g.lap_2L, gamma).factor(
         name="eps_y I + 2 gamma L", rebuild=lambda: g.lap_eye.combine(eps, g.lap_2L, gamma)
     )
-    Z = M.selected_inverse(second=True)
-    vals = np.empty(len(loc.pr))
+    by_level = {}
     for diff, lb, part, la_loc, lb_loc in loc.slices:
-        blk = (Z.diag, Z.sub, Z.sub2)[diff][lb]
-        vals[part] = blk[la_loc, lb_loc]
+        by_level.setdefault(lb, []).append((diff, part, la_loc, lb_loc))
+    vals = np.empty(len(loc.pr))
+    for lv, *blocks in M.selected_levels(second=True):  # level by level: no whole inverse held
+        for diff, part, la_loc, lb_loc in by_level.get(lv, ()):
+            vals[part] = blocks[diff][la_loc, lb_loc]
     out = LtAt(gamma=gamma, M=M, logdet=M.logdet(), vals=vals)
-    if len(loc.memo) >= _LT_MEMO:
-        loc.memo.pop(next(iter(loc.memo)))
     loc.memo[(eps, gamma)] = out
     return out
 
