@@ -179,7 +179,9 @@ class BlockTridiagonal:
     def _try_factor(self, shift: float, inplace: bool = False):
         """(diagonal factor blocks, sub-diagonal factor blocks) of self + shift I. ``inplace``: the
         factor overwrites the matrix's blocks (each level block is symmetric and C-ordered, so its
-        transpose is the Fortran-ordered array LAPACK factors in place), and the matrix is lost."""
+        transpose is the Fortran-ordered array LAPACK factors in place), and the matrix is lost.
+        In place the factor reads each block's upper triangle, the copying factor its lower: the
+        same numbers for the exactly symmetric blocks ``assemble`` and ``combine`` make."""
         Ld, Ls = [], []
         prev = None
         for lv, D in enumerate(self.diag):
