@@ -181,7 +181,8 @@ class BlockTridiagonal:
         factor overwrites the matrix's blocks (each level block is symmetric and C-ordered, so its
         transpose is the Fortran-ordered array LAPACK factors in place), and the matrix is lost.
         In place the factor reads each block's upper triangle, the copying factor its lower: the
-        same numbers for the exactly symmetric blocks ``assemble`` and ``combine`` make."""
+        same numbers where the blocks are exactly symmetric (``combine`` of the graph Laplacians);
+        where the caller's point blocks are symmetric only to round-off, the two differ by it."""
         Ld, Ls = [], []
         prev = None
         for lv, D in enumerate(self.diag):
