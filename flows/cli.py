@@ -152,11 +152,17 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
     return plans
 
 
+#: the signals ``run`` received (``_on_interrupt``): the interrupt can surface wrapped in another
+#: exception, so ``main`` asks this rather than the exception's type
+_INTERRUPTED: list[int] = []
+
+
 def _on_interrupt(signum, frame):
     """SIGINT and SIGTERM end the CLI alike: the flow run is marked crashed, the cluster and server
     stop; Dask's shutdown complaints (workers losing their scheduler) are not shown."""
     import logging
 
+    _INTERRUPTED.append(signum)
     for name in ("distributed", "tornado", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     raise KeyboardInterrupt
@@ -378,7 +384,7 @@ def cmd_datasets(a) -> int:
         print(f"{name:18s} {desc}")
     print(
         "files: .npy, .csv (label_column=...), .zarr (from ingest), .h5ad (use_rep, layer, label_column, "
-        "color_column, preprocess, max_features), .h5mu (modalities, view), {\"views\": [files]}; "
+        'color_column, preprocess, max_features), .h5mu (modalities, view), {"views": [files]}; '
         "README 'Your own data'"
     )
     return 0
@@ -468,12 +474,21 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from tasks.store import StoreWriteError
 
+    _INTERRUPTED.clear()
     if a.cmd == "run":
         old = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     else:
         old = {}
     try:
-        return a.fn(a)
+        try:
+            return a.fn(a)
+        except Exception:
+            # a KeyboardInterrupt raised inside library code can come out as another exception
+            # (pydantic wraps one raised in its serialiser in a PydanticSerializationError, a
+            # ValueError, which read as a refusal: exit 2 instead of 130)
+            if _INTERRUPTED:
+                raise KeyboardInterrupt from None
+            raise
     except ValueError as e:
         print(f"embed-sweep: error: {e}", file=sys.stderr)
         return EXIT_REFUSED

@@ -93,6 +93,48 @@ def _listening(port):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_that_library_code_wraps_still_exits_130(monkeypatch, capsys, sig):
+    """A signal that arrives while pydantic serialises (Prefect submitting a task) raises its
+    KeyboardInterrupt inside pydantic's serialiser, which wraps it in a PydanticSerializationError,
+    a ValueError: ``run`` read that as a refusal (exit 2, "error: ... KeyboardInterrupt"). Found by
+    the SIGINT test below under load. The same wrapping, made here by a real pydantic model whose
+    serialiser is running when the signal arrives, must end as an interrupt: 130, the one line."""
+    import pydantic
+    import pydantic_core
+
+    import flows.cli
+
+    class Payload(pydantic.BaseModel):
+        x: int = 0
+
+        @pydantic.field_serializer("x")
+        def _slow(self, v):
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the handler runs here and raises
+            return v
+
+    def fake_run(a):
+        Payload().model_dump()
+        return 0
+
+    with pytest.raises(pydantic_core.PydanticSerializationError, match="KeyboardInterrupt"):
+        old = signal.signal(sig, flows.cli._on_interrupt)
+        try:
+            Payload().model_dump()  # what pydantic does with it, without the CLI
+        finally:
+            signal.signal(sig, old)
+    monkeypatch.setattr(flows.cli, "cmd_run", fake_run)
+    rc = flows.cli.main(["run"])
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert err.strip().splitlines() == [
+        "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "
+        "again to resume"
+    ]
+    assert signal.getsignal(sig) is not flows.cli._on_interrupt  # the CLI's handler is removed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_end_everything_with_one_line(tmp_path, sig):
     p, log = _start(tmp_path)
     try:
