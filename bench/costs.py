@@ -38,6 +38,7 @@ model's default iteration budget; writes tasks/costs.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -571,18 +572,13 @@ def fit(raw: Path, out: Path) -> None:
 TABLE_D, TABLE_GENERATIONS = 50, 3
 
 
-def _vmhwm() -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return float(line.split()[1]) * 1024.0
-    return 0.0
-
-
 def point(key: str, n: int) -> dict:
     """Runs in its own process: one grid point of model ``key`` on n points as the sweep fits it
     (tasks/fit.py: the model's defaults, then GLLE's generations and scale study), timed in CPU
     and wall seconds; peak memory is the process's VmHWM from just before the fit (reset through
     /proc/self/clear_refs), so it holds the process, the data and the graph, as a worker would."""
+    from _mem import reset_peak, status_mb
+
     from lvmcore.graph import knn
     from tasks.costs import probe_seconds
     from tasks.registry import COV_SCALES, MODELS
@@ -593,8 +589,7 @@ def point(key: str, n: int) -> dict:
     pt = {"k": K, "latent_dim": Q, "kappa": 100.0, "seed": 0}
     est = spec.estimator_class()(**spec.constructor_args({dd: pt[dd] for dd in spec.dims}, {}))
     probe = probe_seconds()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    reset_peak()
     c0, w0 = time.process_time(), time.perf_counter()
     if graph is not None:
         est.fit(Y, graph=graph)
@@ -614,7 +609,7 @@ def point(key: str, n: int) -> dict:
         "wall_s": time.perf_counter() - w0,
         "fit_cpu_s": fit_cpu,
         "fit_wall_s": fit_wall,
-        "peak_bytes": _vmhwm(),
+        "peak_bytes": status_mb() * 2**20,
         "n_iter": int(getattr(est, "n_iter_", 0) or len(getattr(est, "elbo_trace_", [])) or 0),
         "converged": bool(getattr(est, "converged_", False)),
         "elbo": float(getattr(est, "elbo_", float("nan"))),
@@ -623,14 +618,20 @@ def point(key: str, n: int) -> dict:
     return out
 
 
+@functools.cache
+def _table_dims(key: str) -> tuple:
+    """The table's data widths for model ``key`` (its views' for mrd), from a 50-point draw."""
+    Y, _ = make_data(key, 50, TABLE_D)
+    return tuple(v.shape[1] for v in Y) if isinstance(Y, list) else (TABLE_D,)
+
+
 def _table_prediction(key: str, n: int):
     """(prediction at the reference machine's speed, the refusal line or None) of the table's point."""
     from tasks.costs import cluster_limits, plan_costs, refusal
     from tasks.registry import MODELS
 
     spec = MODELS[key]
-    Y, _ = make_data(key, 50, TABLE_D)  # the data's widths (the views' for mrd)
-    dims = [v.shape[1] for v in Y] if isinstance(Y, list) else [TABLE_D]
+    dims = list(_table_dims(key))
     grid = {"k": [K], "latent_dim": [Q], "kappa": [100.0], "seed": [0]}
     rows = plan_costs([spec], grid, n, dims, lambda s: {}, TABLE_GENERATIONS)
     return rows[0]["slowest"], refusal(rows, n, cluster_limits({"type": "local"}))
@@ -652,16 +653,7 @@ def table(keys, sizes, raw: Path, cap: float, dry: bool = False) -> None:
             if (key, n) in done:
                 continue
             pred, why = _table_prediction(key, n)
-            r = {"key": key, "n": n, "speed": speed}
-            if pred is not None:
-                r.update(
-                    pred_s=pred.seconds,
-                    pred_bytes=pred.memory_bytes,
-                    pred_iter_s=pred.iteration_s,
-                    pred_fixed_s=pred.fixed_s,
-                    pred_gen_s=pred.generation_s * pred.generations,
-                    budget=pred.budget,
-                )
+            r = {"key": key, "n": n}  # predictions are read from the shipped data when printed
             if why:
                 r["refused"] = why
             elif pred is not None and pred.seconds * speed > cap:
@@ -742,7 +734,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["measure", "fit", "table"])
     ap.add_argument("--models", default="all", help="comma-separated cost entries (default all)")
-    ap.add_argument("--raw", default=str(ROOT / "bench" / "costs_raw.jsonl"))
+    ap.add_argument(
+        "--raw", default=None, help="default bench/costs_raw.jsonl (table: bench/costs_table.jsonl)"
+    )
     ap.add_argument("--out", default=str(ROOT / "tasks" / "costs.json"))
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per size")
     ap.add_argument("--validate-only", action="store_true")
@@ -755,16 +749,16 @@ def main(argv=None):
         from tasks.registry import MODELS
 
         keys = list(MODELS) if a.models == "all" else a.models.split(",")
-        default = a.raw == str(ROOT / "bench" / "costs_raw.jsonl")
-        raw = ROOT / "bench" / "costs_table.jsonl" if default else Path(a.raw)
+        raw = Path(a.raw or ROOT / "bench" / "costs_table.jsonl")
         table(keys, [int(x) for x in a.sizes.split(",")], raw, a.cap, a.dry)
         return
+    raw = a.raw or str(ROOT / "bench" / "costs_raw.jsonl")
     entries = list(PLAN) if a.models == "all" else a.models.split(",")
     if a.what == "measure":
         only_d = {int(x) for x in a.only_d.split(",") if x}
-        measure(entries, Path(a.raw), a.timeout, a.validate_only, only_d=only_d)
+        measure(entries, Path(raw), a.timeout, a.validate_only, only_d=only_d)
     else:
-        fit(Path(a.raw), Path(a.out))
+        fit(Path(raw), Path(a.out))
 
 
 if __name__ == "__main__":

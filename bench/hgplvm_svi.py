@@ -27,14 +27,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-
-def _hwm_mb():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+from _mem import status_mb  # noqa: E402
 
 
 def one(a):
@@ -51,7 +44,7 @@ def one(a):
         Y, node, codes, _ = binary_tree(a.depth, seed=a.seed)
     else:
         Y, _ = swiss_roll(a.n, seed=a.seed)
-    rss0 = _hwm_mb()
+    rss0 = status_mb()
     kw = dict(n_components=2, kappa=a.kappa, random_state=a.seed)
     if a.method == "full":
         m = BayesianHyperboloidGPLVM(training="full", max_iter=a.max_iter, **kw)
@@ -79,7 +72,7 @@ def one(a):
         "steps": int(m.n_iter_),
         "M": int(m.inducing_.shape[0]),
         "rss_before_mb": round(rss0),
-        "rss_peak_mb": round(_hwm_mb()),
+        "rss_peak_mb": round(status_mb()),
         "loadavg": open("/proc/loadavg").read().split()[0],
     }
     if a.data == "tree":

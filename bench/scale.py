@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _mem import reset_peak, status_mb
+
 ROOT = Path(__file__).resolve().parents[1]
 for _k, _v in {
     "OMP_NUM_THREADS": "1",
@@ -213,18 +215,6 @@ def _points(tmp: Path) -> dict:
 # ---------------------------------------------------------------- the stages, one by one
 
 
-def _hwm_reset() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _hwm_mb(field: str = "VmHWM") -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
     """Runs in its own process: the sweep's stages as the tasks call them; one JSON line each."""
     from flows.sweep import _options_for, input_paths, plan_sweep
@@ -237,11 +227,11 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
     from tasks.store import prepare_store, write_point
 
     def stage(name, fn, *args):
-        _hwm_reset()
-        start = _hwm_mb("VmRSS")
+        reset_peak()
+        start = status_mb("VmRSS")
         t0 = time.perf_counter()
         out = fn(*args)
-        row = {"stage": name, "s": time.perf_counter() - t0, "peak_mb": _hwm_mb(), "start_mb": start}
+        row = {"stage": name, "s": time.perf_counter() - t0, "peak_mb": status_mb(), "start_mb": start}
         print(json.dumps(row), flush=True)
         return out
 
