@@ -62,13 +62,14 @@ class Group:
 @dataclass
 class Local:
     """Closed neighbourhoods grouped by size, the distance-<=2 pattern (``pr``, ``pc``) and where each
-    pattern entry lies in the level blocks of a selected inverse (``slices``); ``memo``: Lt factors
-    per (eps, gamma); ``prec``: the E-steps' preconditioner factors."""
+    pattern entry lies in the level blocks of a selected inverse (``slices``: per lower level, its
+    (level difference, entries, rows, columns)); ``memo``: Lt factors per (eps, gamma); ``prec``:
+    the E-steps' preconditioner factors."""
 
     groups: list
     pr: np.ndarray
     pc: np.ndarray
-    slices: list
+    slices: dict
     sinc: sp.csr_matrix
     lap: sp.csr_matrix
     memo: dict
@@ -114,10 +115,11 @@ def local_structure(g: LLGraph) -> Local:
     order = np.lexsort((lb, diff))
     key = diff[order] * (ls.n_levels + 1) + lb[order]
     bounds = np.flatnonzero(np.diff(key)) + 1
-    slices = []
+    slices = {}  # by the lower level, the order in which a selected inverse comes (selected_levels)
     for part in np.split(order, bounds):
         if len(part):
-            slices.append((int(diff[part[0]]), int(lb[part[0]]), part, ls.local[a[part]], ls.local[b[part]]))
+            entry = (int(diff[part[0]]), part, ls.local[a[part]], ls.local[b[part]])
+            slices.setdefault(int(lb[part[0]]), []).append(entry)
     E = len(g.ei)
     sinc = sp.csr_matrix(
         (np.concatenate([np.ones(E), -np.ones(E)]), (np.concatenate([g.ei, g.ej]), np.tile(np.arange(E), 2))),
@@ -152,12 +154,9 @@ def lt_at(g: LLGraph, eps: float, gamma: float) -> LtAt:
     M = g.lap_eye.combine(eps, g.lap_2L, gamma).factor(
         name="eps_y I + 2 gamma L", rebuild=lambda: g.lap_eye.combine(eps, g.lap_2L, gamma)
     )
-    by_level = {}
-    for diff, lb, part, la_loc, lb_loc in loc.slices:
-        by_level.setdefault(lb, []).append((diff, part, la_loc, lb_loc))
     vals = np.empty(len(loc.pr))
     for lv, *blocks in M.selected_levels(second=True):  # level by level: no whole inverse held
-        for diff, part, la_loc, lb_loc in by_level.get(lv, ()):
+        for diff, part, la_loc, lb_loc in loc.slices.get(lv, ()):
             vals[part] = blocks[diff][la_loc, lb_loc]
     out = LtAt(gamma=gamma, M=M, logdet=M.logdet(), vals=vals)
     loc.memo[(eps, gamma)] = out
