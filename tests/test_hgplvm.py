@@ -558,7 +558,7 @@ def test_convergence_rule_stops_before_the_budget():
     m = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5000, tol=tol, random_state=0).fit(Y)
     assert m.converged_ and m.n_iter_ < 5000 and m.n_iter_ % 25 == 0
     w = m.elbo_trace_.reshape(-1, 25).mean(axis=1)  # window means
-    window, p = _rule_windows("sparse", m._drift_period())
+    window, p = _rule_windows("sparse", m._setting("drift_every"))
     assert window == 25 and p == _PATIENCE
     assert max(w[-p:]) - max(w[:-p]) <= tol * nv  # plateau: the rule's condition
     if len(w) > 2 * p:  # first checked after 2 p windows; one window earlier it had not converged
@@ -615,9 +615,9 @@ def test_drift_every_setting():
     """drift_every: "auto" is 250 for the point variant and 0 (off) for sparse, which refuses a
     period, and for the Bayesian model, which has no such parameter; with 0 the rule's patience is
     six windows, with 250 a whole cycle and one."""
-    assert HyperboloidGPLVM(variant="point")._drift_period() == 250
-    assert HyperboloidGPLVM(variant="sparse")._drift_period() == 0
-    assert BayesianHyperboloidGPLVM()._drift_period() == 0
+    assert HyperboloidGPLVM(variant="point")._setting("drift_every") == 250
+    assert HyperboloidGPLVM(variant="sparse")._setting("drift_every") == 0
+    assert BayesianHyperboloidGPLVM()._setting("drift_every") == 0
     assert _rule_windows("point", 0) == (25, 6) and _rule_windows("point", 250) == (25, 11)
     assert _rule_windows("bayesian", 0) == (50, 2)
     Y = np.random.default_rng(0).standard_normal((20, 3))

@@ -65,6 +65,7 @@ from __future__ import annotations
 import functools
 import numbers
 import time
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -104,9 +105,14 @@ _OPTIMIZERS = ("rsgd", "radam")
 _LOG2PI = float(np.log(2.0 * np.pi))
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
-_MEAN_AUTO = {"point": "integrated", "sparse": "zero", "bayesian": "zero"}  # mean="auto" per variant
-_DRIFT_AUTO = {"point": 250, "sparse": 0, "bayesian": 0}  # drift_every="auto" per variant
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
+#: the value each "auto" setting takes, per variant
+_AUTO = {
+    "noise": {"point": "ppca", "sparse": "ppca", "bayesian": "learn"},
+    "mean": {"point": "integrated", "sparse": "zero", "bayesian": "zero"},
+    "drift_every": {"point": 250, "sparse": 0, "bayesian": 0},
+    "init_scale": {"point": _POINT_INIT_SCALE, "sparse": 1.0, "bayesian": 1.0},
+}
 
 
 @x64
@@ -241,9 +247,7 @@ def _point_step(state, E, dE, Ki_lower, logdet, t, Y, lr, hlr, scale, hmask, use
     return _apply_updates(state, grads, t, False, lr, hlr, scale, "point", use_radam), f
 
 
-@jax.jit
-def _tangent0(X):
-    return logmap0(X)
+_tangent0 = jax.jit(logmap0)
 
 
 @jax.jit
@@ -378,6 +382,16 @@ def new_rows(model, Y_new):
     return Yn, knn_query(model._Y, Yn)[0][:, 0]
 
 
+def kmeans_start(P, m, rng):
+    """m inducing inputs (m, Q) in the tangent space at the origin: k-means centres of the initial
+    latent points P (N, Q), plus 1e-6 noise to keep them distinct."""
+    from sklearn.cluster import KMeans
+
+    km = KMeans(n_clusters=m, n_init=1, max_iter=50, random_state=int(rng.integers(2**31)))
+    C = km.fit(P).cluster_centers_
+    return C + 1e-6 * rng.standard_normal(C.shape)
+
+
 def _auto_inducing(n):
     """Default M for N points: N / 10 within [64, 256], capped at N (N = 310, 630, 1270 -> 64,
     64, 127; 20,000 -> 256). Fewer inducing inputs than the data's clusters hold the bound back;
@@ -386,7 +400,334 @@ def _auto_inducing(n):
     return int(min(n, max(64, min(256, round(n / 10)))))
 
 
-class HyperboloidGPLVM(LatentModel):
+@dataclass(kw_only=True, eq=False, repr=False)
+class _Hyperboloid(LatentModel):
+    """The parameters and the full-batch fit the hyperboloid GP-LVMs share: :class:`HyperboloidGPLVM`
+    (point and sparse variants; its docstring describes the parameters) and
+    :class:`~lvmcore.models.hgplvm_svi.BayesianHyperboloidGPLVM`, whose full-batch fit is this loop
+    with ``variant`` "bayesian"."""
+
+    n_components: int = 2
+    kappa: float = 100.0
+    n_inducing: int | str = "auto"
+    max_iter: int = 10000
+    tol: float = 5e-6
+    learning_rate: float = 0.05
+    hyper_learning_rate: float = 0.05
+    optimizer: str = "radam"
+    n_samples: int = 5
+    init: str = "pca"
+    init_scale: float | str = "auto"
+    fix_variance_iter: int = 50
+    noise: float | str = "auto"
+    prior_scale: float | str = 1.0
+    chunks: int | None = None
+    random_state: int | np.random.Generator | None = None
+
+    _parameter_constraints = {
+        "n_components": [Interval(numbers.Integral, 2, None, closed="left")],
+        "kappa": [Interval(numbers.Real, 0, None, closed="neither")],
+        "n_inducing": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
+        "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
+        "optimizer": [StrOptions(set(_OPTIMIZERS))],
+        "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
+        "init": [StrOptions({"pca", "random", "sparse"})],
+        "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+        "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "random_state": ["random_state"],
+    }
+
+    def _validate(self):
+        self._validate_params()
+        if self.variant == "bayesian" and type(self) is HyperboloidGPLVM:
+            raise ValueError(
+                "variant='bayesian': the Bayesian hyperboloid GP-LVM (eq. 6) has one entry, "
+                "lvmcore.models.BayesianHyperboloidGPLVM (full-batch up to 5,000 points, minibatch "
+                "above; training='full' forces this fit); use it instead of variant='bayesian'"
+            )
+        if self.init == "sparse" and self.variant != "bayesian":
+            raise ValueError(
+                f"init='sparse' (a warm start from the sparse variant) is for the Bayesian model, got "
+                f"variant={self.variant!r}; use init='auto' or 'pca'"
+            )
+        if self.variant != "point" and self.drift_every not in ("auto", 0):
+            raise ValueError(
+                f"drift_every={self.drift_every!r} with variant={self.variant!r}: the drift line search "
+                "is for the point variant (with the sparse one it carried unused inducing inputs "
+                "outward without bound, to NaN); use drift_every='auto' or 0"
+            )
+        nz = self.noise
+        if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
+            raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
+
+    def _setting(self, name):
+        """The parameter ``name`` with "auto" resolved for this variant (``_AUTO``)."""
+        value = getattr(self, name)
+        return _AUTO[name][self.variant] if value == "auto" else value
+
+    def _hyper_start(self, Y):
+        """(log sigma, log beta, log s^2) at the start of a fit to Y (N, D) and the mask (3,) that
+        zeroes the gradient of a fixed one: sigma = var(Y), beta the ``noise`` setting's (learned:
+        from 100 / var(Y)), s the ``prior_scale`` (learned: from 1)."""
+        var_y = float(np.sum(np.var(Y, axis=0)) / Y.shape[1]) or 1.0
+        noise_var = noise_variance(Y, int(self.n_components), self._setting("noise"), var_y)
+        log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
+        prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
+        learn_prior = self.variant == "bayesian" and self.prior_scale == "learn"
+        hmask = jnp.array([1.0, 0.0 if noise_var is not None else 1.0, 1.0 if learn_prior else 0.0])
+        return jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(prior0)]), hmask
+
+    # ------------------------------------------------------------------ helpers
+    def _init_tangent(self, Y, rng):
+        """Initial latent points in the tangent space at the origin (N, Q): :func:`tangent_start`."""
+        return tangent_start(Y, int(self.n_components), self.init, float(self._setting("init_scale")), rng)
+
+    def _init_inducing(self, P, rng):
+        """M inducing inputs (tangent space): k-means centres of the initial latent points, or all
+        of them where M = N."""
+        n = P.shape[0]
+        m = _auto_inducing(n) if self.n_inducing == "auto" else min(int(self.n_inducing), n)
+        return P.copy() if m == n else kmeans_start(P, m, rng)
+
+    # ------------------------------------------------------------------ fit
+    @x64
+    def fit(self, Y, graph=None, *, callback=None):
+        """Fit the model to Y (N, D); returns self.  ``callback(it, state)``, if given, is called at
+        the end of every window of the convergence rule with the current state (a dict of NumPy
+        arrays: "X" points on the hyperboloid, "hyp" log sigma, log beta, log s^2, "log_S", "Z");
+        it observes the fit and does not change it."""
+        self._validate()
+        self._refuse_graph(graph)
+        Y = check_data(Y)
+        n, d = Y.shape
+        if n < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
+        t_start = time.perf_counter()
+        mean = Y.mean(0)
+        Yc = jnp.asarray(Y - mean)
+        rng = np.random.default_rng(self.random_state)
+        key = jax.random.PRNGKey(int(rng.integers(2**31)))
+        kappa = float(self.kappa)
+        hyp0, hmask = self._hyper_start(Y)
+        q = int(self.n_components)
+        variant = self.variant
+        restricted = self._setting("mean") == "integrated"
+        P = self._init_tangent(Y, rng)
+        X = expmap0(jnp.asarray(P))
+        warm_fit = None
+        if self.init == "sparse":
+            # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
+            own = HyperboloidGPLVM._get_param_names()
+            params = {k: v for k, v in self.get_params().items() if k in own}
+            params.update(variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0)
+            warm_fit = HyperboloidGPLVM(**params).fit(Y)
+            X = jnp.asarray(warm_fit.lorentz_embedding_)
+        state = {
+            "X": X,
+            "hyp": hyp0,
+            "mX": jnp.zeros_like(X),
+            "vX": jnp.zeros(n),
+            "mh": jnp.zeros(3),
+            "vh": jnp.zeros(3),
+            "log_S": None,
+            "Z": None,
+        }
+        if warm_fit is not None:
+            state["hyp"] = state["hyp"].at[0].set(np.log(warm_fit.sigma_))
+            Z = jnp.asarray(warm_fit.inducing_)
+            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
+        elif variant != "point":
+            Z = expmap0(jnp.asarray(self._init_inducing(P, rng)))
+            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
+        if variant == "bayesian":
+            log_S = jnp.full((n, q), np.log(1e-2 * float(self._setting("init_scale")) ** 2))
+            state.update(log_S=log_S, mS=jnp.zeros_like(log_S), vS=jnp.zeros_like(log_S))
+        H = int(self.n_samples)
+        use_radam = self.optimizer == "radam"
+        lr, hlr, scale = float(self.learning_rate), float(self.hyper_learning_rate), float(n * d)
+        runner = None
+        if variant == "bayesian" and self.chunks is not None:
+            runner = RowChunks(
+                MCStats(kappa),
+                mc_objective(kappa, n, d),
+                (np.asarray(Yc),),
+                int(self.chunks),
+                origin=[(Y, mean)],
+            )
+        drift = int(self._setting("drift_every"))
+        window, patience = _rule_windows(variant, drift)
+        warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
+        trace, means, converged, it = [], [], False, 0
+        moves, acc, prev = [], None, None
+        for it in range(1, int(self.max_iter) + 1):
+            eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
+            upd_S = variant == "bayesian" and it > warm
+            if runner is not None:  # Monte-Carlo psi statistics map-reduced over row chunks
+                local = {"X": state["X"], "log_S": state["log_S"], "eps": jnp.transpose(eps, (1, 0, 2))}
+                f, g_lo, g_gl = runner.value_and_grad(local, {"Z": state["Z"], "hyp": state["hyp"]})
+                grads = {k: jnp.asarray(g) for k, g in {**g_lo, **g_gl}.items() if k != "eps"}
+                grads["hyp"] = grads["hyp"] * hmask
+                state = _apply_updates_jit(
+                    state, grads, float(it), upd_S, lr, hlr, scale, variant=variant, use_radam=use_radam
+                )
+            elif variant == "point":  # K^-1 by LAPACK between two compiled halves (linalg.chol_inverse)
+                K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
+                Ki_lower, logdet = chol_inverse_lower(K)
+                if restricted:
+                    Ki_lower, logdet = reml_projection(Ki_lower, logdet)
+                state, f = _point_step(
+                    state, E, dE, Ki_lower, logdet, float(it), Yc, lr, hlr, scale, hmask, use_radam=use_radam
+                )
+            else:
+                state, f = _fit_step(
+                    state, float(it), eps, upd_S, Yc, kappa, lr, hlr, scale, hmask,
+                    variant=variant, use_radam=use_radam, restricted=restricted,
+                )  # fmt: skip
+            f = float(f)
+            if not np.isfinite(f):
+                raise FloatingPointError(
+                    f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
+                )
+            trace.append(f)
+            if drift:
+                tx, tl = _tangent0(state["X"]), state["hyp"][0]
+                acc = (tx, tl) if acc is None else (acc[0] + tx, acc[1] + tl)
+                if it % drift == 0:
+                    avg = {"X": acc[0] / drift, "ls": acc[1] / drift}
+                    acc = None
+                    if prev is not None:
+                        state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
+                        moves.append((it, a_drift))
+                    prev = avg
+            if it % window == 0:
+                if callback is not None:
+                    callback(it, _snapshot(state))
+                means.append(np.mean(trace[-window:]))
+                checked = self.tol > 0 and it >= warm + 2 * patience * window
+                if checked and plateau(means, patience, self.tol, n * d):
+                    converged = True
+                    break
+        S = None if state["log_S"] is None else np.asarray(jnp.exp(state["log_S"]))
+        self._set_fitted(state["X"], state["hyp"], S, state["Z"], hmask, Yc)
+        self.n_iter_ = it
+        self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0
+        self.converged_ = converged
+        self.drift_moves_ = moves
+        self.elbo_trace_ = np.asarray(trace)
+        self.elbo_ = float(trace[-1])
+        self.mean_ = mean
+        self.restricted_ = restricted
+        self._key = np.asarray(key)
+        self.fit_time_ = time.perf_counter() - t_start
+        return self
+
+    def _set_fitted(self, X, hyp, S, Z, hmask, Yc):
+        """The fitted state both trainings set: the points (means) X on the hyperboloid and in the
+        Poincare ball, their variances S (None: point, sparse), the inducing inputs Z (None:
+        point), sigma, beta, s (Bayesian) from hyp (log sigma, log beta, log s^2), whether beta was
+        fixed (``hmask``), and the centred data Yc (for ``transform``)."""
+        self.lorentz_embedding_ = np.asarray(_renorm(jnp.asarray(X)))
+        self.embedding_ = np.asarray(to_poincare(self.lorentz_embedding_))
+        self.embedding_var_ = S
+        self.inducing_ = None if Z is None else np.asarray(_renorm(Z))
+        hyp = np.asarray(hyp)
+        self.sigma_, self.beta_ = float(np.exp(hyp[0])), float(np.exp(hyp[1]))
+        self.prior_scale_ = float(np.exp(0.5 * hyp[2])) if self.variant == "bayesian" else None
+        self.noise_fixed_ = bool(hmask[1] == 0.0)
+        self._Y = np.asarray(Yc)
+
+    def fit_transform(self, Y, graph=None):
+        return self.fit(Y, graph).embedding_
+
+    # ------------------------------------------------------------------ transform
+    def transform(self, Y_new, max_iter=None):
+        """Latent positions (n_new, Q) in the Poincare ball of new data, model fixed (see
+        :meth:`transform_lorentz`)."""
+        return np.asarray(to_poincare(self.transform_lorentz(Y_new, max_iter=max_iter)))
+
+    @x64
+    def transform_lorentz(self, Y_new, max_iter=None):
+        """Latent positions (n_new, Q+1) on the hyperboloid of new data; the fitted state is unchanged.
+
+        Initialised at the fitted position of the nearest training point (in data space), then
+        optimised: ``point`` maximises the exact GP predictive density of each new row; ``sparse`` and
+        ``bayesian`` maximise the bound of the training + new data with everything but the new latent
+        points (and, bayesian, their variances) fixed.
+        """
+        Yn, nearest = new_rows(self, Y_new)
+        Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(self._Y), jnp.asarray(self.lorentz_embedding_)
+        X0 = Xtr[nearest]
+        n_new, q = X0.shape[0], int(self.n_components)
+        kappa = float(self.kappa)
+        hyp = jnp.log(jnp.array([self.sigma_, self.beta_, (self.prior_scale_ or 1.0) ** 2]))
+        ntr = Xtr.shape[0]
+        H = int(self.n_samples)
+        if self.variant == "point":
+            sigma, beta = self.sigma_, self.beta_
+            K = point_kernel(Xtr, jnp.log(sigma), jnp.log(beta), kappa)[0]  # eq. 4's K
+            L = jnp.linalg.cholesky(K)
+            if self.restricted_:  # the constant mean's estimate (GLS), taken off both
+                k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
+                m_hat = (k1 @ Ytr) / jnp.sum(k1)
+                Ytr, Yn = Ytr - m_hat, Yn - m_hat
+            alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
+
+            def obj(Xn, log_S, eps):
+                ks = _kern(Xn, Xtr, sigma, kappa)  # (n_new, N)
+                mean = ks @ alpha
+                w = jax.scipy.linalg.solve_triangular(L, ks.T, lower=True)
+                var = jnp.maximum(sigma - jnp.sum(w * w, axis=0) + 1.0 / beta, 1e-12)
+                r = jnp.sum((Yn - mean) ** 2, axis=1)
+                return jnp.sum(-0.5 * Yn.shape[1] * jnp.log(2 * jnp.pi * var) - 0.5 * r / var)
+
+        else:  # the bound of training + new rows (sparse: log S unused)
+            Z = jnp.asarray(self.inducing_)
+            Yall = jnp.concatenate([Ytr, Yn])
+            log_S_tr = jnp.log(jnp.asarray(self.embedding_var_)) if self.variant == "bayesian" else None
+
+            def obj(Xn, log_S, eps):
+                Xall = jnp.concatenate([Xtr, Xn])
+                Sall = None if log_S_tr is None else jnp.concatenate([log_S_tr, log_S])
+                return _objective(self.variant, Xall, hyp, Sall, Z, eps, Yall, kappa, self.restricted_)
+
+        lr = float(self.learning_rate)
+        grad_fn = jax.grad(obj, argnums=(0, 1))
+
+        @jax.jit
+        def step(Xn, log_S, mX, vX, mS, vS, t, eps):
+            gX, gS = grad_fn(Xn, log_S, eps)
+            Xn, mX, vX = adam(Xn, gX, mX, vX, t, lr, Lorentz)
+            log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
+            return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
+
+        Xn = X0
+        log_S = (
+            jnp.full((n_new, q), np.log(np.median(self.embedding_var_)))
+            if self.embedding_var_ is not None
+            else jnp.zeros((n_new, q))
+        )
+        mX, vX = jnp.zeros_like(Xn), jnp.zeros(n_new)
+        mS, vS = jnp.zeros_like(log_S), jnp.zeros_like(log_S)
+        key = jax.random.fold_in(jnp.asarray(self._key), 10**6)
+        n_it = int(max_iter) if max_iter is not None else 200
+        for t in range(1, n_it + 1):
+            eps = (
+                jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q))
+                if self.variant == "bayesian"
+                else None
+            )
+            Xn, log_S, mX, vX, mS, vS = step(Xn, log_S, mX, vX, mS, vS, float(t), eps)
+        return np.asarray(_renorm(Xn))
+
+
+@dataclass(kw_only=True, eq=False, repr=False)
+class HyperboloidGPLVM(_Hyperboloid):
     """GP-LVM with latent variables on the Lorentz hyperboloid (paper 002).
 
     Parameters (keyword-only)
@@ -454,371 +795,13 @@ class HyperboloidGPLVM(LatentModel):
     ``inducing_`` (M, Q+1) or None, ``restricted_`` (the mean integrated out), ``fit_time_``.
     """
 
-    _parameter_constraints: dict = {
-        "n_components": [Interval(numbers.Integral, 2, None, closed="left")],
-        "kappa": [Interval(numbers.Real, 0, None, closed="neither")],
+    variant: str = "point"
+    mean: str = "auto"
+    drift_every: int | str = "auto"
+
+    _parameter_constraints = {
+        **_Hyperboloid._parameter_constraints,
         "variant": [StrOptions(set(_VARIANTS))],
-        "n_inducing": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
-        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
-        "tol": [Interval(numbers.Real, 0, None, closed="left")],
-        "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
-        "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
-        "optimizer": [StrOptions(set(_OPTIMIZERS))],
-        "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
-        "init": [StrOptions({"pca", "random", "sparse"})],
-        "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
-        "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
-        "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
         "mean": [StrOptions({"auto", "zero", "integrated"})],
         "drift_every": [StrOptions({"auto"}), Interval(numbers.Integral, 0, None, closed="left")],
-        "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
-        "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
     }
-
-    def __init__(
-        self,
-        *,
-        n_components=2,
-        kappa=100.0,
-        variant="point",
-        n_inducing="auto",
-        max_iter=10000,
-        tol=5e-6,
-        learning_rate=0.05,
-        hyper_learning_rate=0.05,
-        optimizer="radam",
-        n_samples=5,
-        init="pca",
-        init_scale="auto",
-        fix_variance_iter=50,
-        noise="auto",
-        mean="auto",
-        drift_every="auto",
-        prior_scale=1.0,
-        chunks=None,
-        random_state=None,
-    ):
-        self.n_components = n_components
-        self.kappa = kappa
-        self.variant = variant
-        self.n_inducing = n_inducing
-        self.max_iter = max_iter
-        self.tol = tol
-        self.learning_rate = learning_rate
-        self.hyper_learning_rate = hyper_learning_rate
-        self.optimizer = optimizer
-        self.n_samples = n_samples
-        self.init = init
-        self.init_scale = init_scale
-        self.fix_variance_iter = fix_variance_iter
-        self.noise = noise
-        self.mean = mean
-        self.drift_every = drift_every
-        self.prior_scale = prior_scale
-        self.chunks = chunks
-        self.random_state = random_state
-
-    def _validate(self):
-        self._validate_params()
-        if self.variant == "bayesian" and type(self) is HyperboloidGPLVM:
-            raise ValueError(
-                "variant='bayesian': the Bayesian hyperboloid GP-LVM (eq. 6) has one entry, "
-                "lvmcore.models.BayesianHyperboloidGPLVM (full-batch up to 5,000 points, minibatch "
-                "above; training='full' forces this fit); use it instead of variant='bayesian'"
-            )
-        if self.init == "sparse" and self.variant != "bayesian":
-            raise ValueError(
-                f"init='sparse' (a warm start from the sparse variant) is for the Bayesian model, got "
-                f"variant={self.variant!r}; use init='auto' or 'pca'"
-            )
-        if self.variant != "point" and self.drift_every not in ("auto", 0):
-            raise ValueError(
-                f"drift_every={self.drift_every!r} with variant={self.variant!r}: the drift line search "
-                "is for the point variant (with the sparse one it carried unused inducing inputs "
-                "outward without bound, to NaN); use drift_every='auto' or 0"
-            )
-        nz = self.noise
-        if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
-            raise ValueError(f"noise must be 'auto', 'learn', 'ppca' or a finite number > 0, got {nz!r}")
-
-    def _noise_mode(self):
-        """The noise setting with "auto" resolved: "learn", "ppca" or a number."""
-        if self.noise == "auto":
-            return "learn" if self.variant == "bayesian" else "ppca"
-        return self.noise
-
-    def _restricted(self):
-        """mean with "auto" resolved: True where a constant mean is integrated out (restricted)."""
-        if self.mean == "auto":
-            return _MEAN_AUTO[self.variant] == "integrated"
-        return self.mean == "integrated"
-
-    def _drift_period(self):
-        """drift_every with "auto" resolved (0: no drift line search)."""
-        if self.drift_every == "auto":
-            return _DRIFT_AUTO[self.variant]
-        return int(self.drift_every)
-
-    def _init_scale(self):
-        """init_scale with "auto" resolved: ``_POINT_INIT_SCALE`` for the point variant, 1 otherwise."""
-        if self.init_scale == "auto":
-            return _POINT_INIT_SCALE if self.variant == "point" else 1.0
-        return float(self.init_scale)
-
-    # ------------------------------------------------------------------ helpers
-    def _init_tangent(self, Y, rng):
-        """Initial latent points in the tangent space at the origin (N, Q): :func:`tangent_start`."""
-        return tangent_start(Y, int(self.n_components), self.init, self._init_scale(), rng)
-
-    def _init_inducing(self, P, rng):
-        """k-means centres of the initial latent points (tangent space), M of them, distinct."""
-        from sklearn.cluster import KMeans
-
-        n = P.shape[0]
-        m = _auto_inducing(n) if self.n_inducing == "auto" else min(int(self.n_inducing), n)
-        if m == n:
-            return P.copy()
-        km = KMeans(n_clusters=m, n_init=1, max_iter=50, random_state=int(rng.integers(2**31)))
-        C = km.fit(P).cluster_centers_
-        return C + 1e-6 * rng.standard_normal(C.shape)
-
-    # ------------------------------------------------------------------ fit
-    @x64
-    def fit(self, Y, graph=None, *, callback=None):
-        """Fit the model to Y (N, D); returns self.  ``callback(it, state)``, if given, is called at
-        the end of every window of the convergence rule with the current state (a dict of NumPy
-        arrays: "X" points on the hyperboloid, "hyp" log sigma, log beta, log s^2, "log_S", "Z");
-        it observes the fit and does not change it."""
-        self._validate()
-        self._refuse_graph(graph)
-        Y = check_data(Y)
-        n, d = Y.shape
-        if n < 2:
-            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
-        t_start = time.perf_counter()
-        mean = Y.mean(0)
-        Yc = jnp.asarray(Y - mean)
-        rng = np.random.default_rng(self.random_state)
-        key = jax.random.PRNGKey(int(rng.integers(2**31)))
-        kappa = float(self.kappa)
-        var_y = float(np.sum(np.var(Y, axis=0)) / d) or 1.0
-        noise_var = noise_variance(Y, int(self.n_components), self._noise_mode(), var_y)
-        noise_fixed = noise_var is not None
-        log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
-        prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
-        q = int(self.n_components)
-        variant = self.variant
-        restricted = self._restricted()
-        P = self._init_tangent(Y, rng)
-        X = expmap0(jnp.asarray(P))
-        warm_fit = None
-        if self.init == "sparse":
-            # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
-            own = HyperboloidGPLVM._get_param_names()
-            params = {k: v for k, v in self.get_params().items() if k in own}
-            params.update(variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0)
-            warm_fit = HyperboloidGPLVM(**params).fit(Y)
-            X = jnp.asarray(warm_fit.lorentz_embedding_)
-        state = {
-            "X": X,
-            "hyp": jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(prior0)]),  # log sigma, beta, s^2
-            "mX": jnp.zeros_like(X),
-            "vX": jnp.zeros(n),
-            "mh": jnp.zeros(3),
-            "vh": jnp.zeros(3),
-            "log_S": None,
-            "Z": None,
-        }
-        if warm_fit is not None:
-            state["hyp"] = state["hyp"].at[0].set(np.log(warm_fit.sigma_))
-            Z = jnp.asarray(warm_fit.inducing_)
-            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
-        elif variant != "point":
-            Z = expmap0(jnp.asarray(self._init_inducing(P, rng)))
-            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
-        if variant == "bayesian":
-            log_S = jnp.full((n, q), np.log(1e-2 * self._init_scale() ** 2))
-            state.update(log_S=log_S, mS=jnp.zeros_like(log_S), vS=jnp.zeros_like(log_S))
-        learn_prior = variant == "bayesian" and self.prior_scale == "learn"
-        hmask = jnp.array([1.0, 0.0 if noise_fixed else 1.0, 1.0 if learn_prior else 0.0])
-        H = int(self.n_samples)
-        use_radam = self.optimizer == "radam"
-        lr, hlr, scale = float(self.learning_rate), float(self.hyper_learning_rate), float(n * d)
-        runner = None
-        if variant == "bayesian" and self.chunks is not None:
-            runner = RowChunks(
-                MCStats(kappa),
-                mc_objective(kappa, n, d),
-                (np.asarray(Yc),),
-                int(self.chunks),
-                origin=[(Y, mean)],
-            )
-        drift = self._drift_period()
-        window, patience = _rule_windows(variant, drift)
-        warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
-        trace, means, converged, it = [], [], False, 0
-        moves, acc, prev = [], None, None
-        for it in range(1, int(self.max_iter) + 1):
-            eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
-            upd_S = variant == "bayesian" and it > warm
-            if runner is not None:  # Monte-Carlo psi statistics map-reduced over row chunks
-                local = {"X": state["X"], "log_S": state["log_S"], "eps": jnp.transpose(eps, (1, 0, 2))}
-                f, g_lo, g_gl = runner.value_and_grad(local, {"Z": state["Z"], "hyp": state["hyp"]})
-                grads = {
-                    "X": jnp.asarray(g_lo["X"]),
-                    "log_S": jnp.asarray(g_lo["log_S"]),
-                    "Z": jnp.asarray(g_gl["Z"]),
-                    "hyp": jnp.asarray(g_gl["hyp"]) * hmask,
-                }
-                state = _apply_updates_jit(
-                    state, grads, float(it), upd_S, lr, hlr, scale, variant=variant, use_radam=use_radam
-                )
-            elif variant == "point":  # K^-1 by LAPACK between two compiled halves (linalg.chol_inverse)
-                K, E, dE = _point_kernel_jit(state["X"], state["hyp"][0], state["hyp"][1], kappa)
-                Ki_lower, logdet = chol_inverse_lower(K)
-                if restricted:
-                    Ki_lower, logdet = reml_projection(Ki_lower, logdet)
-                state, f = _point_step(
-                    state, E, dE, Ki_lower, logdet, float(it), Yc, lr, hlr, scale, hmask, use_radam=use_radam
-                )
-            else:
-                state, f = _fit_step(
-                    state, float(it), eps, upd_S, Yc, kappa, lr, hlr, scale, hmask,
-                    variant=variant, use_radam=use_radam, restricted=restricted,
-                )  # fmt: skip
-            f = float(f)
-            if not np.isfinite(f):
-                raise FloatingPointError(
-                    f"hyperboloid GP-LVM objective became {f} at iteration {it}; lower learning_rate"
-                )
-            trace.append(f)
-            if drift:
-                tx, tl = _tangent0(state["X"]), state["hyp"][0]
-                acc = (tx, tl) if acc is None else (acc[0] + tx, acc[1] + tl)
-                if it % drift == 0:
-                    avg = {"X": acc[0] / drift, "ls": acc[1] / drift}
-                    acc = None
-                    if prev is not None:
-                        state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
-                        moves.append((it, a_drift))
-                    prev = avg
-            if it % window == 0:
-                if callback is not None:
-                    callback(it, _snapshot(state))
-                means.append(np.mean(trace[-window:]))
-                checked = self.tol > 0 and it >= warm + 2 * patience * window
-                if checked and plateau(means, patience, self.tol, n * d):
-                    converged = True
-                    break
-        Xf = np.asarray(_renorm(state["X"]))
-        self.n_iter_ = it
-        self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0
-        self.converged_ = converged
-        self.drift_moves_ = moves
-        self.elbo_trace_ = np.asarray(trace)
-        self.elbo_ = float(trace[-1])
-        self.lorentz_embedding_ = Xf
-        self.embedding_ = np.asarray(to_poincare(Xf))
-        self.sigma_ = float(np.exp(state["hyp"][0]))
-        self.beta_ = float(np.exp(state["hyp"][1]))
-        self.prior_scale_ = float(np.exp(0.5 * state["hyp"][2])) if variant == "bayesian" else None
-        self.noise_fixed_ = noise_fixed
-        self.embedding_var_ = np.asarray(jnp.exp(state["log_S"])) if variant == "bayesian" else None
-        self.inducing_ = np.asarray(_renorm(state["Z"])) if variant != "point" else None
-        self.mean_ = mean
-        self.restricted_ = restricted
-        self._Y = np.asarray(Yc)
-        self._key = np.asarray(key)
-        self.fit_time_ = time.perf_counter() - t_start
-        return self
-
-    def fit_transform(self, Y, graph=None):
-        return self.fit(Y, graph).embedding_
-
-    # ------------------------------------------------------------------ transform
-    def transform(self, Y_new, max_iter=None):
-        """Latent positions (n_new, Q) in the Poincare ball of new data, model fixed (see
-        :meth:`transform_lorentz`)."""
-        return np.asarray(to_poincare(self.transform_lorentz(Y_new, max_iter=max_iter)))
-
-    @x64
-    def transform_lorentz(self, Y_new, max_iter=None):
-        """Latent positions (n_new, Q+1) on the hyperboloid of new data; the fitted state is unchanged.
-
-        Initialised at the fitted position of the nearest training point (in data space), then
-        optimised: ``point`` maximises the exact GP predictive density of each new row; ``sparse`` and
-        ``bayesian`` maximise the bound of the training + new data with everything but the new latent
-        points (and, bayesian, their variances) fixed.
-        """
-        Yn, nearest = new_rows(self, Y_new)
-        Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(self._Y), jnp.asarray(self.lorentz_embedding_)
-        X0 = Xtr[nearest]
-        n_new, q = X0.shape[0], int(self.n_components)
-        kappa = float(self.kappa)
-        hyp = jnp.log(jnp.array([self.sigma_, self.beta_, (self.prior_scale_ or 1.0) ** 2]))
-        ntr = Xtr.shape[0]
-        H = int(self.n_samples)
-        if self.variant == "point":
-            sigma, beta = self.sigma_, self.beta_
-            K = point_kernel(Xtr, jnp.log(sigma), jnp.log(beta), kappa)[0]  # eq. 4's K
-            L = jnp.linalg.cholesky(K)
-            if self.restricted_:  # the constant mean's estimate (GLS), taken off both
-                k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
-                m_hat = (k1 @ Ytr) / jnp.sum(k1)
-                Ytr, Yn = Ytr - m_hat, Yn - m_hat
-            alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
-
-            def obj(Xn, log_S, eps):
-                ks = _kern(Xn, Xtr, sigma, kappa)  # (n_new, N)
-                mean = ks @ alpha
-                w = jax.scipy.linalg.solve_triangular(L, ks.T, lower=True)
-                var = jnp.maximum(sigma - jnp.sum(w * w, axis=0) + 1.0 / beta, 1e-12)
-                r = jnp.sum((Yn - mean) ** 2, axis=1)
-                return jnp.sum(-0.5 * Yn.shape[1] * jnp.log(2 * jnp.pi * var) - 0.5 * r / var)
-
-        else:
-            Z = jnp.asarray(self.inducing_)
-            Yall = jnp.concatenate([Ytr, Yn])
-            if self.variant == "sparse":
-
-                def obj(Xn, log_S, eps):
-                    Xall = jnp.concatenate([Xtr, Xn])
-                    return sparse_objective(Xall, Z, hyp[0], hyp[1], Yall, kappa, self.restricted_)
-
-            else:
-                log_S_tr = jnp.log(jnp.asarray(self.embedding_var_))
-
-                def obj(Xn, log_S, eps):
-                    Xall = jnp.concatenate([Xtr, Xn])
-                    Sall = jnp.concatenate([log_S_tr, log_S])
-                    return bayesian_objective(Xall, Sall, Z, hyp[0], hyp[1], Yall, kappa, eps, hyp[2])
-
-        lr = float(self.learning_rate)
-        grad_fn = jax.grad(obj, argnums=(0, 1))
-
-        @jax.jit
-        def step(Xn, log_S, mX, vX, mS, vS, t, eps):
-            gX, gS = grad_fn(Xn, log_S, eps)
-            Xn, mX, vX = adam(Xn, gX, mX, vX, t, lr, Lorentz)
-            log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
-            return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
-
-        Xn = X0
-        log_S = (
-            jnp.full((n_new, q), np.log(np.median(self.embedding_var_)))
-            if self.embedding_var_ is not None
-            else jnp.zeros((n_new, q))
-        )
-        mX, vX = jnp.zeros_like(Xn), jnp.zeros(n_new)
-        mS, vS = jnp.zeros_like(log_S), jnp.zeros_like(log_S)
-        key = jax.random.fold_in(jnp.asarray(self._key), 10**6)
-        n_it = int(max_iter) if max_iter is not None else 200
-        for t in range(1, n_it + 1):
-            eps = (
-                jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q))
-                if self.variant == "bayesian"
-                else None
-            )
-            Xn, log_S, mX, vX, mS, vS = step(Xn, log_S, mX, vX, mS, vS, float(t), eps)
-        return np.asarray(_renorm(Xn))

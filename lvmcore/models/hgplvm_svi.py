@@ -46,7 +46,7 @@ q(X)) and the centred data; everything else is O(chunk_size H M + M^2), nothing 
 
 :class:`BayesianHyperboloidGPLVM` is the Bayesian hyperboloid GP-LVM's one entry (the sweep's
 ``hgplvm_bayesian``): ``training="auto"`` fits up to ``FULL_BATCH_MAX_N`` points by the full-batch
-loop of :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (of which it is a subclass) and above that
+loop shared with :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (``hgplvm._Hyperboloid``) and above that
 on minibatches; ``training_`` says which, and the store's ``minibatch``
 output (1 or 0) records it per grid point.
 """
@@ -56,6 +56,7 @@ from __future__ import annotations
 import functools
 import numbers
 import time
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -69,11 +70,10 @@ from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_j
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models.hgplvm import (
     _PATIENCE_BAYES,
-    HyperboloidGPLVM,
+    _Hyperboloid,
     _renorm,
+    kmeans_start,
     new_rows,
-    noise_variance,
-    tangent_start,
 )
 from lvmcore.optim import Lorentz, adam, plateau
 from lvmcore.precision import jit64, x64
@@ -252,12 +252,13 @@ def _chunks(n, size):
 _FULL_ONLY = {"chunks": None, "optimizer": "radam"}
 
 
-class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
+@dataclass(kw_only=True, eq=False, repr=False)
+class BayesianHyperboloidGPLVM(_Hyperboloid):
     """The Bayesian hyperboloid GP-LVM (paper 002, eq. 6): the one entry of this model (the sweep's
     ``hgplvm_bayesian``) and its one set of defaults, fitted full-batch or on minibatches by N.
 
     ``training``: "auto" (default) fits N <= ``FULL_BATCH_MAX_N`` points full-batch (the
-    collapsed bound, every point every step: :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM`'s loop
+    collapsed bound, every point every step: the loop it shares with ``HyperboloidGPLVM``
     with the Bayesian bound, run on this object) and larger N on minibatches (the three phases of
     the module docstring); "full" and "minibatch" force one. ``training_`` ("full" / "minibatch")
     and ``minibatch_`` (0.0 / 1.0, stored by the sweep) say which ran. Shared parameters mean the
@@ -282,16 +283,22 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
     most 2,400 iterations, so the budget does not bind there; at N = 10^5 the minibatch fit runs
     to it (bench/README.md, "hGP-LVM minibatch")."""
 
-    variant = "bayesian"  # HyperboloidGPLVM's loop runs eq. 6; not a parameter of this model
+    variant = "bayesian"  # the shared loop runs eq. 6; not a parameter of this model
     mean = "auto"  # the centred data (eq. 6 as written)
     drift_every = "auto"  # no drift line search (a Monte-Carlo bound is too noisy for trial moves)
 
-    _parameter_constraints: dict = {
-        **{
-            k: v
-            for k, v in HyperboloidGPLVM._parameter_constraints.items()
-            if k not in ("variant", "mean", "drift_every")
-        },
+    training: str = "auto"
+    max_iter: int = 3000
+    init_scale: float = 1.0
+    batch_size: int = 1000
+    local_iter: int = 50
+    ng_step: float = 0.5
+    local_samples: int = 1
+    eval_samples: int = 10
+    chunk_size: int = 5000
+
+    _parameter_constraints = {
+        **_Hyperboloid._parameter_constraints,
         "training": [StrOptions({"auto", "full", "minibatch"})],
         "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "local_iter": [Interval(numbers.Integral, 0, None, closed="left")],
@@ -300,57 +307,6 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         "eval_samples": [Interval(numbers.Integral, 2, None, closed="left")],
         "chunk_size": [Interval(numbers.Integral, 1, None, closed="left")],
     }
-
-    def __init__(
-        self,
-        *,
-        n_components=2,
-        kappa=100.0,
-        training="auto",
-        n_inducing="auto",
-        max_iter=3000,
-        tol=5e-6,
-        learning_rate=0.05,
-        hyper_learning_rate=0.05,
-        optimizer="radam",
-        n_samples=5,
-        init="pca",
-        init_scale=1.0,
-        fix_variance_iter=50,
-        noise="auto",
-        prior_scale=1.0,
-        chunks=None,
-        batch_size=1000,
-        local_iter=50,
-        ng_step=0.5,
-        local_samples=1,
-        eval_samples=10,
-        chunk_size=5000,
-        random_state=None,
-    ):
-        self.n_components = n_components
-        self.kappa = kappa
-        self.training = training
-        self.n_inducing = n_inducing
-        self.max_iter = max_iter
-        self.tol = tol
-        self.learning_rate = learning_rate
-        self.hyper_learning_rate = hyper_learning_rate
-        self.optimizer = optimizer
-        self.n_samples = n_samples
-        self.init = init
-        self.init_scale = init_scale
-        self.fix_variance_iter = fix_variance_iter
-        self.noise = noise
-        self.prior_scale = prior_scale
-        self.chunks = chunks
-        self.batch_size = batch_size
-        self.local_iter = local_iter
-        self.ng_step = ng_step
-        self.local_samples = local_samples
-        self.eval_samples = eval_samples
-        self.chunk_size = chunk_size
-        self.random_state = random_state
 
     def resolve_training(self, n: int) -> str:
         """ "full" or "minibatch" for N = n points (the rule of the class docstring)."""
@@ -389,7 +345,7 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
 
     def fit(self, Y, graph=None, *, callback=None):
         """Fit to Y (N, D) by the chosen training; returns self. ``callback``: the full-batch fit's
-        (:meth:`HyperboloidGPLVM.fit`); the minibatch fit takes none."""
+        (see ``HyperboloidGPLVM.fit``); the minibatch fit takes none."""
         self._refuse_graph(graph)
         Y = check_data(Y)
         self._validate()  # the parameter rules (``training`` among them) before it picks a fit
@@ -428,24 +384,15 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
 
     # ------------------------------------------------------------------ minibatch training
     def _minibatch_start(self, Yc, rng):
-        """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`), Z
-        (k-means centres of at most 20,000 of them), and the noise mode's beta."""
-        from sklearn.cluster import KMeans
-
-        n, d = Yc.shape
-        q = int(self.n_components)
-        P = tangent_start(Yc, q, self.init, self._init_scale(), rng)
+        """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`) and Z
+        (k-means centres of at most 20,000 of them)."""
+        n = Yc.shape[0]
+        P = self._init_tangent(Yc, rng)
         m = auto_inducing(n) if self.n_inducing == "auto" else int(self.n_inducing)
         sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
         if m >= sub.shape[0]:
-            C = sub[:m].copy()
-        else:
-            km = KMeans(n_clusters=m, n_init=1, max_iter=50, random_state=int(rng.integers(2**31)))
-            C = km.fit(sub).cluster_centers_
-        C = C + 1e-6 * rng.standard_normal(C.shape)
-        var_y = float(np.sum(np.var(Yc, axis=0)) / d) or 1.0
-        noise_var = noise_variance(Yc, q, "learn" if self.noise == "auto" else self.noise, var_y)
-        return P, C, var_y, noise_var
+            return P, sub[:m] + 1e-6 * rng.standard_normal(sub[:m].shape)
+        return P, kmeans_start(sub, m, rng)
 
     @x64
     def _fit_minibatch(self, Y):
@@ -458,16 +405,12 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
         self.mean_ = Y.mean(0)
         Yc = Y - self.mean_
-        P, C, var_y, noise_var = self._minibatch_start(Yc, rng)
-        prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
-        log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
+        P, C = self._minibatch_start(Yc, rng)
+        hyp0, hmask = self._hyper_start(Yc)
         X = np.array(expmap0(jnp.asarray(P)))
         del P
-        log_S = np.full((n, q), np.log(1e-2 * self._init_scale() ** 2))
-        glob = {
-            "Z": expmap0(jnp.asarray(C)),
-            "hyp": jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(prior0)]),
-        }
+        log_S = np.full((n, q), np.log(1e-2 * float(self._setting("init_scale")) ** 2))
+        glob = {"Z": expmap0(jnp.asarray(C)), "hyp": hyp0}
         M = int(glob["Z"].shape[0])
         gmom = {"mZ": jnp.zeros_like(glob["Z"]), "vZ": jnp.zeros(M), "mh": jnp.zeros(3), "vh": jnp.zeros(3)}
         lmom = {
@@ -477,9 +420,6 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
             "vS": np.zeros_like(log_S),
             "t": np.zeros(n),
         }
-        hmask = jnp.array(
-            [1.0, 0.0 if noise_var is not None else 1.0, 1.0 if self.prior_scale == "learn" else 0.0]
-        )
         qu = {"m": jnp.zeros((M, d)), "P": jnp.eye(M)}
         lr, hlr = float(self.learning_rate), float(self.hyper_learning_rate)
         B = int(self.batch_size)
@@ -524,14 +464,10 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
                         break
         del lmom
         # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
-        key2 = jax.random.fold_in(key, 2**30)
         if int(self.local_iter) > 0:
-            for i, sl in enumerate(_chunks(n, int(self.chunk_size))):
-                lo = _local_pass(
-                    {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yc[sl], jax.random.fold_in(key2, i),
-                    kappa, jitter, lr, hlr, n_steps=int(self.local_iter), H=int(self.local_samples),
-                )  # fmt: skip
-                X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
+            self._local_passes(
+                X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30), jitter, int(self.local_iter)
+            )
         # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
         qu, stats = self._final_qu(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
         self.qu_ = qu
@@ -545,16 +481,19 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         self.n_steps_ = step
         self.extra_jitter_ = jitter
         self.n_inducing_ = M
-        hyp = np.asarray(glob["hyp"])
-        self.sigma_, self.beta_ = float(np.exp(hyp[0])), float(np.exp(hyp[1]))
-        self.prior_scale_ = float(np.exp(0.5 * hyp[2]))
-        self.noise_fixed_ = noise_var is not None
-        self.inducing_ = np.asarray(_renorm(glob["Z"]))
+        self._set_fitted(X, glob["hyp"], np.exp(log_S), glob["Z"], hmask, Yc)
         self.glob_ = {k: np.asarray(v) for k, v in glob.items()}
-        self.lorentz_embedding_ = np.asarray(_renorm(jnp.asarray(X)))
-        self.embedding_ = np.asarray(to_poincare(self.lorentz_embedding_))
-        self.embedding_var_ = np.exp(log_S)
-        self._Y = Yc
+
+    def _local_passes(self, X, log_S, glob, qu, Y, key, jitter, n_steps):
+        """The per-point pass (phase 2) on the rows X, log_S (updated in place) with data Y, chunk
+        by chunk, with the globals and q(v) fixed."""
+        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
+            lo = _local_pass(
+                {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Y[sl], jax.random.fold_in(key, i),
+                float(self.kappa), jitter, float(self.learning_rate), float(self.hyper_learning_rate),
+                n_steps=n_steps, H=int(self.local_samples),
+            )  # fmt: skip
+            X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
 
     def _draws(self, key, i, H, sl):
         """H standard normal draws per row of the chunk ``sl`` (the i-th) for the wrapped normals."""
@@ -590,11 +529,5 @@ class BayesianHyperboloidGPLVM(HyperboloidGPLVM):
         glob = {k: jnp.asarray(v) for k, v in self.glob_.items()}
         qu = {k: jnp.asarray(v) for k, v in self.qu_.items()}
         key = jax.random.PRNGKey(int(np.random.default_rng(self.random_state).integers(2**31)) + 1)
-        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
-            lo = _local_pass(
-                {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Yn[sl], jax.random.fold_in(key, i),
-                float(self.kappa), self.extra_jitter_, float(self.learning_rate),
-                float(self.hyper_learning_rate), n_steps=steps, H=int(self.local_samples),
-            )  # fmt: skip
-            X[sl] = np.asarray(lo["X"])
+        self._local_passes(X, log_S, glob, qu, Yn, key, self.extra_jitter_, steps)
         return np.asarray(to_poincare(_renorm(jnp.asarray(X))))
