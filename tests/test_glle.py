@@ -247,13 +247,27 @@ def test_direct_covariance_is_the_evidence_maximising_posterior():
 
 @pytest.mark.parametrize("method", ["em", "direct"])
 def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
+    """Chunked on a 2-worker cluster: the per-point work and, for several draws at once, the
+    generations' eigenproblems run as tasks on both workers; every result equals the in-process fit's."""
     Y, _ = S.swiss_roll(3000, seed=2)
+    from distributed import get_task_stream
+
     plain = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5).fit(Y)
-    chunked = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5, chunks=700).fit(Y)
+    with get_task_stream(cluster_client) as stream:
+        chunked = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5, chunks=700).fit(Y)
+        generations = chunked.sample(2, random_state=9)
     assert chunked.n_iter_ == plain.n_iter_
     np.testing.assert_array_equal(chunked.weights_, plain.weights_)
     np.testing.assert_array_equal(chunked.elbo_trace_, plain.elbo_trace_)
-    np.testing.assert_array_equal(chunked.sample(2, random_state=9), plain.sample(2, random_state=9))
+    np.testing.assert_array_equal(chunked.lle_embedding_, plain.lle_embedding_)
+    np.testing.assert_array_equal(chunked.embedding_, plain.embedding_)
+    np.testing.assert_array_equal(generations, plain.sample(2, random_state=9))
+    solved_on = [t["worker"] for t in stream.data if "_embed_draw" in str(t["key"])]
+    assert len(solved_on) == (4 if method == "em" else 2) and len(set(solved_on)) == 2, solved_on
+    scales = (0.1, 1.0, 10.0)
+    study = chunked.sample(1, random_state=9, cov_scale=scales)
+    for j, a in enumerate(scales):
+        np.testing.assert_array_equal(study[j], plain.sample(1, random_state=9, cov_scale=a))
 
 
 def test_chunked_equals_unchunked_without_a_cluster():

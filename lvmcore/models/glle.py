@@ -330,7 +330,13 @@ class GLLE(LatentModel):
         self.weights_ = mean_w
         W = weight_matrix(mean_w, idx)
         self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
-        self.lle_embedding_, _ = embed(W, q, solver=self.eigen_solver, random_state=seed, order=self._order)
+        if self.method == "em":  # the kept generation's draw needs no LLE embedding: both solved at once
+            (s0,) = _seeds(self.random_state, 1)
+            draws = np.stack([mean_w, self._draw_weights(s0, None)])
+            self.lle_embedding_, kept = self._embed_all(draws, [seed, s0])
+            self.embedding_ = match_axes(self.lle_embedding_, kept)
+        else:
+            (self.lle_embedding_,) = self._embed_all(mean_w[None], [seed])
         if self.method == "direct":
             L, logdet_P = map_points(
                 direct_point_stats,
@@ -347,7 +353,8 @@ class GLLE(LatentModel):
         self.converged_ = stalled(trace, self.tol) if self.method == "em" else True
         self.elbo_ = float(trace[-1])
         self.embedding_var_ = None
-        self.embedding_ = self._generations(1, self.random_state, None)[0]
+        if self.method == "direct":
+            self.embedding_ = self._generations(1, self.random_state, None)[0]
         return self
 
     def sample_weights(self, random_state=None, cov_scale=None) -> np.ndarray:
@@ -374,17 +381,65 @@ class GLLE(LatentModel):
     def sample(self, n_generations: int, random_state=None, cov_scale=None) -> np.ndarray:
         """``n_generations`` embeddings (G, N, Q) from one fit: each draws all weights and solves the
         embedding eigenproblem; each has its axes matched to ``lle_embedding_``. The same ``random_state``
-        gives the same generations; ``cov_scale`` overrides the constructor's a."""
+        gives the same generations; ``cov_scale`` overrides the constructor's a.
+
+        ``cov_scale`` may also be a sequence of scales (the covariance-scale study of section VI-C):
+        then (S, G, N, Q), the generations of every scale drawn from the same random numbers (the
+        draws of one seed differ only by a), each block equal to ``sample(G, random_state, a)``.
+        With ``chunks`` on a Dask cluster the eigenproblems of one call are solved as tasks at once,
+        one per draw, on whichever workers have a thread free."""
         self._check_fitted()
-        return self._generations(check_positive_int(n_generations, "n_generations"), random_state, cov_scale)
+        n = check_positive_int(n_generations, "n_generations")
+        if cov_scale is None or np.ndim(cov_scale) == 0:
+            return self._generations(n, random_state, cov_scale)
+        scales = [check_positive(a, "cov_scale") for a in cov_scale]
+        return self._generations(n, random_state, scales).reshape(len(scales), n, *self.lle_embedding_.shape)
 
     def _generations(self, n_generations, random_state, cov_scale):
-        rng = np.random.default_rng(random_state)
-        seeds = rng.integers(2**63 - 1, size=n_generations)
-        q = self.lle_embedding_.shape[1]
-        out = np.empty((n_generations, *self.lle_embedding_.shape))
-        for g, s in enumerate(seeds):
-            W = weight_matrix(self._draw_weights(s, cov_scale), self.graph_)
-            emb, _ = embed(W, q, solver=self.eigen_solver, random_state=s, order=self._order)
-            out[g] = match_axes(self.lle_embedding_, emb)
-        return out
+        """(G, N, Q) for one scale, or (S * G, N, Q) scale-major for a list of scales."""
+        seeds = _seeds(random_state, n_generations)
+        scales = cov_scale if isinstance(cov_scale, list) else [cov_scale]
+        draws = [(s, a) for a in scales for s in seeds]
+        W = np.stack([self._draw_weights(s, a) for s, a in draws])
+        embeddings = self._embed_all(W, [s for s, _ in draws])
+        return np.stack([match_axes(self.lle_embedding_, e) for e in embeddings])
+
+    def _embed_all(self, weights, seeds) -> list:
+        """The embedding of each weight draw in ``weights`` (G, N, k) (``lvmcore.lle.embed``, its
+        start seeded by ``seeds``). In process one after the other; with ``chunks`` and a Dask
+        client, one task per draw: the draws are dealt over the workers (a scattered list goes
+        round the workers) and solved at once, each task holding one eigenproblem, so a worker's
+        memory holds one factor as in process. Identical results either way."""
+        from lvmcore.chunks import dask_client
+
+        q = self.n_components
+        client = dask_client() if self.chunks is not None and len(weights) > 1 else None
+        if client is None:
+            return [
+                _embed_draw(self.graph_, self._order, w, q=q, solver=self.eigen_solver, seed=s)
+                for w, s in zip(weights, seeds, strict=True)
+            ]
+        from lvmcore.rows import source_of
+
+        graph = source_of(self.graph_) or client.scatter(self.graph_, broadcast=True, hash=False)
+        order = client.scatter(self._order, broadcast=True, hash=False) if self._order is not None else None
+        parts = client.scatter(list(weights), hash=False)
+        futures = [
+            client.submit(_embed_draw, graph, order, w, q=q, solver=self.eigen_solver, seed=s, pure=False)
+            for w, s in zip(parts, seeds, strict=True)
+        ]
+        return client.gather(futures)
+
+
+def _seeds(random_state, n: int) -> np.ndarray:
+    """The per-generation seeds of ``random_state`` (generation g of ``sample(G, r)`` uses the
+    g-th: the first G of any longer call's)."""
+    return np.random.default_rng(random_state).integers(2**63 - 1, size=n)
+
+
+def _embed_draw(graph, order, w, *, q, solver, seed):
+    """One generation's eigenproblem (a Dask task, or a plain call): the embedding of the weights
+    ``w`` (N, k) on ``graph`` (an array, or a row source read here)."""
+    from lvmcore.rows import resolve
+
+    return embed(weight_matrix(w, resolve(graph)), q, solver=solver, random_state=seed, order=order)[0]
