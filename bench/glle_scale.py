@@ -45,6 +45,13 @@
    weights and generations at a = 0.1 and 1.
 
        python bench/glle_scale.py basis 10000 100000 [roll3|roll50] [--graph-dir D]
+6. The sweep's GLLE point on a 2-worker ``distributed.LocalCluster`` (``parallel``): the fit with
+   ``chunks``, ``sample(3)`` and the five-scale study, its eigenproblems solved one after the other
+   in the calling process (as before: ``GLLE._embed_all`` forced to its in-process loop) against at
+   once as tasks (one per draw), the two arms alternating; wall and the calling process's CPU per
+   arm, and whether the two arms' arrays are identical.
+
+       python bench/glle_scale.py parallel 100000 [roll50] [--graph-dir D] [--rounds 2]
 """
 
 import json
@@ -448,6 +455,42 @@ def basis(ns, kind="roll3", graph_dir=None):
                 print(kind, n, name, label, count[0], f"{cpu:.2f}", f"{angle:.1e}", flush=True)
 
 
+# --------------------------------------------------------------------------- eigenproblems at once
+def parallel(n, kind="roll50", graph_dir=None, rounds=2):
+    from distributed import Client, LocalCluster
+
+    import lvmcore.models.glle as G
+
+    Y, _ = roll(kind, n)
+    idx, _ = neighbours(kind, Y, graph_dir)
+
+    def one_by_one(self, weights, seeds):
+        return [
+            G._embed_draw(self.graph_, self._order, w, q=self.n_components, solver=self.eigen_solver, seed=s)
+            for w, s in zip(weights, seeds, strict=True)
+        ]
+
+    def point():
+        m = GLLE(method="em", n_neighbors=10, n_components=2, random_state=0, chunks=max(n // 8, 1))
+        m.fit(Y, idx)
+        return m.embedding_, m.sample(3, random_state=0), m.sample(1, random_state=0, cov_scale=SCALES)
+
+    at_once = G.GLLE._embed_all
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    with cluster, Client(cluster):
+        print("arm round wall_s cpu_s_caller", flush=True)
+        got = {}
+        for r in range(rounds):
+            for arm in ("one_by_one", "at_once"):
+                G.GLLE._embed_all = one_by_one if arm == "one_by_one" else at_once
+                t0, c0 = time.perf_counter(), time.process_time()
+                got[arm] = point()
+                print(arm, r, f"{time.perf_counter() - t0:.1f} {time.process_time() - c0:.1f}", flush=True)
+        G.GLLE._embed_all = at_once
+        same = all(np.array_equal(a, b) for a, b in zip(got["one_by_one"], got["at_once"], strict=True))
+        print("identical:", same, flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_solve":
         _solve(*sys.argv[2:5])
@@ -475,6 +518,12 @@ if __name__ == "__main__":
         gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
         kind = "roll50" if "roll50" in args else "roll3"
         basis([int(a) for a in args if a.isdigit()], kind, gdir)
+    elif len(sys.argv) > 1 and sys.argv[1] == "parallel":
+        args = sys.argv[2:]
+        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
+        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 2
+        kind = "roll3" if "roll3" in args else "roll50"
+        parallel(int(args[0]), kind, gdir, rounds)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS
