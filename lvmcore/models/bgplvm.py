@@ -16,6 +16,7 @@ signal-to-noise start), so the fit cannot begin by explaining all variance as no
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -183,19 +184,25 @@ def _principal_scores(views, r: int) -> np.ndarray:
     return pca_start(Ys, r, whiten=True, overwrite=True)
 
 
+#: the parameter rules of the Bayesian GP-LVM's two fits (L-BFGS: with MRD; minibatch: bgplvm_svi)
+RULES = {
+    "n_components": [Interval(Integral, 1, None, closed="left")],
+    "n_inducing": [Interval(Integral, 1, None, closed="left")],
+    "kernel": [StrOptions(set(_KERNELS))],
+    "max_iter": [Interval(Integral, 1, None, closed="left")],
+    "snr": [Interval(Real, 0, None, closed="neither")],
+    "tol": [Interval(Real, 0, None, closed="left")],
+    "random_state": [Interval(Integral, 0, None, closed="left"), None],
+}
+
+
 class _CollapsedGPLVM(LatentModel):
     """Shared implementation of BayesianGPLVM (one view) and MRD (several)."""
 
-    _parameter_constraints: dict = {
-        "n_components": [Interval(Integral, 1, None, closed="left")],
-        "n_inducing": [Interval(Integral, 1, None, closed="left")],
-        "kernel": [StrOptions(set(_KERNELS))],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
+    _parameter_constraints = {
+        **RULES,
         "init_iters": [Interval(Integral, 0, None, closed="left")],
-        "snr": [Interval(Real, 0, None, closed="neither")],
-        "tol": [Interval(Real, 0, None, closed="left")],
         "chunks": [Interval(Integral, 1, None, closed="left"), None],
-        "random_state": [Interval(Integral, 0, None, closed="left"), None],
     }
     #: one set of inducing inputs for all views (MRD's parameter; a single view has one set anyway)
     shared_inducing = True
@@ -240,6 +247,32 @@ class _CollapsedGPLVM(LatentModel):
         log_beta = np.array([np.log(self.snr / max(float(np.var(Y)), 1e-300)) for Y in views])
         return {"mu": mu, "logS": logS}, {"Z": Z, "kern": kern, "log_beta": log_beta}
 
+    def _start(self, views, kinds, q, m):
+        """Centred views (a tuple), their means, each view's K_mm jitter (:func:`kmm_jitters`) and
+        the start of q(X) and of the globals (:meth:`_init_params`), from checked views."""
+        self.kinds_ = kinds
+        self.view_means_ = [Y.mean(0) for Y in views]
+        Yc = tuple(Y - mu for Y, mu in zip(views, self.view_means_, strict=True))
+        self.kmm_jitter_ = kmm_jitters(Yc)
+        return Yc, *self._init_params(Yc, kinds, q, m)
+
+    def _set_fitted(self, local, glob, elbo, trace, converged, jitter, Yc):
+        """The fitted state both fits (L-BFGS, minibatch) set: q(X) and the globals as NumPy, the
+        bound and its trace, the relative jitter added to K_mm (on top of ``kmm_jitter_``) and the
+        centred views."""
+        import jax
+
+        self.local_ = {k: np.asarray(v) for k, v in local.items()}
+        self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
+        self.elbo_ = elbo
+        self.elbo_trace_ = np.asarray(trace, dtype=np.float64)
+        self.n_iter_ = len(self.elbo_trace_)
+        self.converged_ = converged
+        self.extra_jitter_ = jitter
+        self.Y_train_ = Yc
+        self.embedding_ = self.local_["mu"]
+        self.embedding_var_ = np.exp(self.local_["logS"])
+
     # ------------------------------------------------------------------ fit
     @x64
     def _fit_views(self, views, times=None, sequences=None):
@@ -257,13 +290,9 @@ class _CollapsedGPLVM(LatentModel):
         from lvmcore.linalg import NumericalError
 
         views, kinds, q, m = self._check_views(views)
-        self.kinds_ = kinds
-        self.view_means_ = [Y.mean(0) for Y in views]
-        Yc = tuple(Y - mu for Y, mu in zip(views, self.view_means_, strict=True))
+        Yc, local, glob = self._start(views, kinds, q, m)
         N = Yc[0].shape[0]
         dims = tuple(Y.shape[1] for Y in Yc)
-        local, glob = self._init_params(Yc, kinds, q, m)
-        self.kmm_jitter_ = kmm_jitters(Yc)
         kj = self.kmm_jitter_
         temporal = times is not None
         if temporal:
@@ -303,7 +332,7 @@ class _CollapsedGPLVM(LatentModel):
         )
         x0, unravel = ravel_pytree((local, glob))
         x0 = np.asarray(x0)
-        state = {"jitter": 0.0, "trace": [], "last": None, "rejected": 0}
+        state = {"jitter": 0.0, "trace": [], "last": None}
 
         def evaluate(lo, gl, jitter):
             if not temporal:
@@ -333,7 +362,6 @@ class _CollapsedGPLVM(LatentModel):
                     )
                 if not np.isfinite(val):
                     # a trial point of the line search left the valid region (overflow): reject it
-                    state["rejected"] += 1
                     return np.inf, np.zeros_like(x)
             g, _ = ravel_pytree((g_lo, g_gl))
             state["last"] = val
@@ -359,24 +387,13 @@ class _CollapsedGPLVM(LatentModel):
         # L-BFGS-B's relative-reduction test also fires on one short line-search step after the
         # noise is released, with a stale curvature memory (lvmcore.optim.lbfgs)
         r = lbfgs(fg, x, n_values=n_values, max_iter=int(self.max_iter), tol=self.tol, callback=cb)
-        converged = r.converged
         lo, gl = unravel(r.x)
         if temporal:
             self.temporal_params_ = jax.tree_util.tree_map(np.asarray, lo)
             lo = transform(lo, gl["log_tl"])[0]
-        self.local_, self.glob_ = (
-            {k: np.asarray(v) for k, v in lo.items()},
-            jax.tree_util.tree_map(np.asarray, gl),
-        )
-        self.elbo_ = float(-fg(r.x)[0])
-        # one entry per L-BFGS iteration (both phases); the bound at the returned point is elbo_
-        self.elbo_trace_ = np.asarray(state["trace"], dtype=np.float64)
-        self.n_iter_ = len(self.elbo_trace_)
-        self.converged_ = converged
-        self.extra_jitter_ = state["jitter"]  # relative to K_mm's mean diagonal, on top of KMM_JITTER
-        self.Y_train_ = Yc
-        self.embedding_ = self.local_["mu"]
-        self.embedding_var_ = np.exp(self.local_["logS"])
+        elbo = float(-fg(r.x)[0])
+        # one trace entry per L-BFGS iteration (both phases); the bound at the returned point is elbo_
+        self._set_fitted(lo, gl, elbo, state["trace"], r.converged, state["jitter"], Yc)
         self._train_stats = runner.stats(self.local_, self.glob_)
         return self
 
@@ -489,6 +506,7 @@ class _CollapsedGPLVM(LatentModel):
         return mean + self.view_means_[view], var
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class BayesianGPLVM(_CollapsedGPLVM):
     """Bayesian GP-LVM (one view). ``fit(Y)``; ``ard_weights_`` (Q,) are the kernel's input
     sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances).
@@ -498,28 +516,15 @@ class BayesianGPLVM(_CollapsedGPLVM):
     gain per data value at which a fit stops, :func:`lvmcore.optim.lbfgs`), ``chunks`` (rows per
     chunk of the psi statistics; None: in process), ``random_state``."""
 
-    def __init__(
-        self,
-        *,
-        n_components: int = 5,
-        n_inducing: int = 30,
-        kernel: str = "rbf",
-        max_iter: int = 500,
-        init_iters: int = 100,
-        snr: float = 100.0,
-        tol: float = 1e-9,
-        chunks: int | None = None,
-        random_state: int | None = None,
-    ):
-        self.n_components = n_components
-        self.n_inducing = n_inducing
-        self.kernel = kernel
-        self.max_iter = max_iter
-        self.init_iters = init_iters
-        self.snr = snr
-        self.tol = tol
-        self.chunks = chunks
-        self.random_state = random_state
+    n_components: int = 5
+    n_inducing: int = 30
+    kernel: str = "rbf"
+    max_iter: int = 500
+    init_iters: int = 100
+    snr: float = 100.0
+    tol: float = 1e-9
+    chunks: int | None = None
+    random_state: int | None = None
 
     def fit(self, Y, graph=None, *, times=None, sequences=None):
         """``times`` (N,) switches on the temporal prior (paper 004 section 4.3): X's columns are GP

@@ -35,15 +35,16 @@ BayesianGPLVM's own (``_CollapsedGPLVM``).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 
 from lvmcore import uncollapsed
-from lvmcore.kernels.euclidean import KERNELS, get_kernel
+from lvmcore.kernels.euclidean import get_kernel
 from lvmcore.linalg import KMM_JITTER, MAX_JITTER, jitter_escalation
-from lvmcore.models.bgplvm import BayesianGPLVM, _CollapsedGPLVM, kmm, kmm_jitters
+from lvmcore.models.bgplvm import RULES, BayesianGPLVM, _CollapsedGPLVM, kmm
 from lvmcore.optim import adam, stalled
 from lvmcore.precision import x64
 
@@ -117,40 +118,8 @@ def _batch_step(kind: str):
     return jit64(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
 
 
-class _Adam:
-    """Adam (Kingma and Ba) ascent on a pytree of numpy arrays; ``rows`` restricts a step to some
-    rows of every leaf (then each row keeps its own step count in ``t``, of shape (N,))."""
-
-    def __init__(self, params, lr, n_rows=None, b1=0.9, b2=0.999, eps=1e-8):
-        import jax
-
-        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
-        self.m = jax.tree_util.tree_map(np.zeros_like, params)
-        self.v = jax.tree_util.tree_map(np.zeros_like, params)
-        self.t = np.zeros(n_rows) if n_rows is not None else 0
-
-    def step(self, params, grads, rows=None, mask=None):
-        import jax
-
-        if rows is None:
-            self.t += 1
-            t = self.t
-        else:
-            self.t[rows] += 1
-            t = self.t[rows][:, None]
-        sel = ... if rows is None else rows
-
-        def upd(p, g, m, v, mk):  # lvmcore.optim.adam on the selected rows, in place
-            p[sel], m[sel], v[sel] = adam(
-                p[sel], np.asarray(g) * mk, m[sel], v[sel], t, self.lr, b1=self.b1, b2=self.b2, eps=self.eps
-            )
-
-        if mask is None:
-            mask = jax.tree_util.tree_map(lambda _: 1.0, params)
-        jax.tree_util.tree_map(upd, params, grads, self.m, self.v, mask)
-
-
 # --------------------------------------------------------------------------- estimator
+@dataclass(kw_only=True, eq=False, repr=False)
 class StochasticBayesianGPLVM(_CollapsedGPLVM):
     """Bayesian GP-LVM (one view) trained by stochastic variational inference on minibatches of
     points (module docstring). ``embedding_`` / ``embedding_var_`` are q(X)'s means and variances;
@@ -167,50 +136,27 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
     per data value, after ``init_epochs``: :func:`lvmcore.optim.stalled`; 0: run all epochs),
     ``random_state``."""
 
-    _parameter_constraints: dict = {
-        "n_components": [Interval(Integral, 1, None, closed="left")],
-        "n_inducing": [Interval(Integral, 1, None, closed="left")],
-        "kernel": [StrOptions(set(KERNELS))],
+    _parameter_constraints = {
+        **RULES,
         "batch_size": [Interval(Integral, 1, None, closed="left")],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
         "init_epochs": [Interval(Integral, 0, None, closed="left")],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
         "local_learning_rate": [Interval(Real, 0, None, closed="neither")],
         "ng_step": [Interval(Real, 0, 1, closed="right")],
-        "snr": [Interval(Real, 0, None, closed="neither")],
-        "tol": [Interval(Real, 0, None, closed="left")],
-        "random_state": [Interval(Integral, 0, None, closed="left"), None],
     }
-    shared_inducing = True
 
-    def __init__(
-        self,
-        *,
-        n_components: int = 5,
-        n_inducing: int = 30,
-        kernel: str = "rbf",
-        batch_size: int = 1000,
-        max_iter: int = 100,
-        init_epochs: int = 2,
-        learning_rate: float = 0.05,
-        local_learning_rate: float = 0.1,
-        ng_step: float = 0.5,
-        snr: float = 100.0,
-        tol: float = 0.0,
-        random_state: int | None = None,
-    ):
-        self.n_components = n_components
-        self.n_inducing = n_inducing
-        self.kernel = kernel
-        self.batch_size = batch_size
-        self.max_iter = max_iter
-        self.init_epochs = init_epochs
-        self.learning_rate = learning_rate
-        self.local_learning_rate = local_learning_rate
-        self.ng_step = ng_step
-        self.snr = snr
-        self.tol = tol
-        self.random_state = random_state
+    n_components: int = 5
+    n_inducing: int = 30
+    kernel: str = "rbf"
+    batch_size: int = 1000
+    max_iter: int = 100
+    init_epochs: int = 2
+    learning_rate: float = 0.05
+    local_learning_rate: float = 0.1
+    ng_step: float = 0.5
+    snr: float = 100.0
+    tol: float = 0.0
+    random_state: int | None = None
 
     # ------------------------------------------------------------------ fit
     def fit(self, Y, graph=None):
@@ -229,25 +175,27 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
     @x64
     def _fit(self, Y, q, m):
         import jax
+        from jax.flatten_util import ravel_pytree
 
         from lvmcore.linalg import NumericalError
         from lvmcore.psi.closed_form import kl_diag_gaussian
 
         kind = self.kernel
-        self.kinds_ = (kind,)
-        self.view_means_ = [Y.mean(0)]
-        Yc = Y - self.view_means_[0]
+        (Yc,), local, glob = self._start([Y], (kind,), q, m)  # the collapsed model's start
         N = Yc.shape[0]
-        local, glob = self._init_params([Yc], (kind,), q, m)  # the collapsed model's start
-        glob = jax.tree_util.tree_map(lambda a: np.array(a, dtype=np.float64), glob)
         step = _batch_step(kind)
         rng = np.random.default_rng(self.random_state)
-        adam_g = _Adam(glob, self.learning_rate)
-        adam_l = _Adam(local, self.local_learning_rate, n_rows=N)
-        hold_beta = jax.tree_util.tree_map(lambda _: 1.0, glob)
-        hold_beta["log_beta"] = 0.0
+        # Adam state: the globals as one vector (hold_beta zeroes log beta's gradient), and per row
+        # of q(X), each row with its own step count
+        xg, unravel = ravel_pytree(glob)
+        xg, tg, tl = np.asarray(xg), 0, np.zeros(N)
+        mg, vg = np.zeros_like(xg), np.zeros_like(xg)
+        ml, vl = ({k: np.zeros_like(v) for k, v in local.items()} for _ in range(2))
+        hold = jax.tree_util.tree_map(np.ones_like, glob)
+        hold["log_beta"] = np.zeros_like(glob["log_beta"])
+        hold_beta = np.asarray(ravel_pytree(hold)[0])
         nb = max(1, int(round(N / self.batch_size)))
-        kj = float(kmm_jitters([Yc])[0])  # K_mm's jitter in the data's units: the fit is scale-free
+        kj = float(self.kmm_jitter_[0])  # K_mm's jitter in the data's units: the fit is scale-free
         qu, jitter, trace, converged = None, 0.0, [], False
         for epoch in range(int(self.max_iter)):
             est = 0.0
@@ -294,9 +242,16 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 qu = {"m": np.linalg.solve(P, eta), "P": P}
                 # Adam on the globals (beta held during the first epochs) and the batch's q(x_n):
                 # d F / d local_B is the full bound's gradient for those points times N / B
-                adam_g.step(glob, g_gl, mask=hold_beta if epoch < self.init_epochs else None)
-                g_lo = jax.tree_util.tree_map(lambda g, s=scale: np.asarray(g) / s, g_lo)
-                adam_l.step(local, g_lo, rows=rows)
+                tg += 1
+                gg = np.asarray(ravel_pytree(g_gl)[0]) * (hold_beta if epoch < self.init_epochs else 1.0)
+                xg, mg, vg = adam(xg, gg, mg, vg, tg, self.learning_rate)
+                glob = unravel(xg)
+                tl[rows] += 1
+                for k, p in local.items():
+                    g = np.asarray(g_lo[k]) / scale  # the full bound's gradient for these rows
+                    p[rows], ml[k][rows], vl[k][rows] = adam(
+                        p[rows], g, ml[k][rows], vl[k][rows], tl[rows][:, None], self.local_learning_rate
+                    )
             trace.append(est)
             if (
                 self.tol > 0
@@ -316,21 +271,12 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
         kl_x = float(kl_diag_gaussian(local["mu"], S_all))
         self.elbo_uncollapsed_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter, kj)) - kl_x
         qu = optimal_qu(kind, stats, glob, 1.0, jitter, kj)
-        self.elbo_ = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter, kj)) - kl_x
+        elbo = float(uncollapsed_bound(kind, stats, glob, qu, N, 1.0, jitter, kj)) - kl_x
         self.qu_ = qu
-        self.local_ = local
-        self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
         # the final full pass counts as an iteration: the trace ends at the exact bound, as every
         # estimator's does (the sweep stores elbo_ and its trace side by side)
-        self.elbo_trace_ = np.asarray([*trace, self.elbo_], dtype=np.float64)
-        self.n_iter_ = len(self.elbo_trace_)
-        self.converged_ = converged
-        self.extra_jitter_ = jitter
-        self.kmm_jitter_ = np.array([kj])
-        self.Y_train_ = [Yc]
+        self._set_fitted(local, glob, elbo, [*trace, elbo], converged, jitter, (Yc,))
         self._train_stats = {"views": [stats], "kl": kl_x}
-        self.embedding_ = local["mu"]
-        self.embedding_var_ = S_all
 
     # one view, the same fitted state as BayesianGPLVM's: its out-of-sample methods serve as they are
     transform = BayesianGPLVM.transform

@@ -69,9 +69,9 @@ from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models.hgplvm import (
-    _PATIENCE_BAYES,
     _Hyperboloid,
     _renorm,
+    _rule_windows,
     kmeans_start,
     new_rows,
 )
@@ -97,7 +97,6 @@ FULL_BATCH_MAX_N = 5000
 #: every N >= 2,560, and the per-point pass costs H M^2 per point and step
 SVI_MAX_INDUCING = 64
 _LOG2PI = float(np.log(2.0 * np.pi))
-_WINDOW = 50  # steps per window of the plateau rule (the full-batch Bayesian fit's)
 
 
 def auto_inducing(n: int) -> int:
@@ -425,6 +424,7 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
         B = int(self.batch_size)
         nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
         jitter, trace, means, converged = KERNEL_JITTER, [], [], False
+        window, pat = _rule_windows("bayesian", 0)  # the full-batch Bayesian fit's plateau rule
         batches = iter(())
         step = 0
         for step in range(1, int(self.max_iter) + 1):
@@ -455,10 +455,9 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
             for k in lmom:
                 lmom[k][rows] = np.asarray(lm[k])
             trace.append(float(F))
-            if step % _WINDOW == 0:
-                means.append(np.mean(trace[-_WINDOW:]))
-                pat = _PATIENCE_BAYES
-                if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * _WINDOW:
+            if step % window == 0:
+                means.append(np.mean(trace[-window:]))
+                if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * window:
                     if plateau(means, pat, self.tol, n * d):
                         converged = True
                         break

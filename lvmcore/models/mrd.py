@@ -5,6 +5,8 @@ and cross-view prediction (the paper's Algorithm 1)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from sklearn.utils._param_validation import StrOptions
 
@@ -12,6 +14,7 @@ from lvmcore.graph import knn_query
 from lvmcore.models.bgplvm import _KERNELS, _CollapsedGPLVM
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class MRD(_CollapsedGPLVM):
     """MRD(n_components=8, n_inducing=30, kernel="rbf" | "linear" | one per view).fit([Y1, Y2, ...])
 
@@ -20,36 +23,22 @@ class MRD(_CollapsedGPLVM):
     posterior means, ``embedding_var_`` (N, Q), ``ard_weights_`` (V, Q), ``elbo_``,
     ``elbo_trace_``, ``n_iter_``."""
 
-    _parameter_constraints: dict = {
+    _parameter_constraints = {
         **_CollapsedGPLVM._parameter_constraints,
         "kernel": [StrOptions(set(_KERNELS)), list, tuple],
         "shared_inducing": ["boolean"],
     }
 
-    def __init__(
-        self,
-        *,
-        n_components: int = 8,
-        n_inducing: int = 30,
-        kernel="rbf",
-        shared_inducing: bool = True,
-        max_iter: int = 500,
-        init_iters: int = 100,
-        snr: float = 100.0,
-        tol: float = 1e-9,
-        chunks: int | None = None,
-        random_state: int | None = None,
-    ):
-        self.n_components = n_components
-        self.n_inducing = n_inducing
-        self.kernel = kernel
-        self.shared_inducing = shared_inducing
-        self.max_iter = max_iter
-        self.init_iters = init_iters
-        self.snr = snr
-        self.tol = tol
-        self.chunks = chunks
-        self.random_state = random_state
+    n_components: int = 8
+    n_inducing: int = 30
+    kernel: str | list | tuple = "rbf"
+    shared_inducing: bool = True
+    max_iter: int = 500
+    init_iters: int = 100
+    snr: float = 100.0
+    tol: float = 1e-9
+    chunks: int | None = None
+    random_state: int | None = None
 
     def fit(self, views, graph=None, *, times=None, sequences=None):
         """``views``: a list of (N, D_v) arrays. ``times`` / ``sequences``: optional temporal prior
