@@ -168,17 +168,25 @@ def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
     return f + 0.5 * jnp.sum(m1d * m1d) / m11 - 0.5 * d * jnp.log(m11) + 0.5 * d * _LOG2PI
 
 
+def mc_statistics(X, log_S, Z, hyp, Y, eps, kappa):
+    """The statistics of rows Y (n, D) under q(x_i) = N^w(X_i, diag exp(log_S_i)) at the draws eps
+    (H, n, Q), (psi0, Psi1^T Y, Psi2, tr(Y^T Y)), and the sum of their KL(q(x_i) || p(x_i))
+    (eqs. 15-20: the HE kernel's expectations), with hyp = (log sigma, log beta, log s^2). The
+    full-batch bound, its row chunks and the minibatch bound all take them from here."""
+    kp = {"log_var": hyp[0]}
+    *psi, kl = expectations(
+        HyperboloidExponential(kappa), X, jnp.exp(log_S), Z, kp, Y, eps=eps, prior_log_var=hyp[2]
+    )
+    return (*psi, jnp.sum(Y * Y)), kl
+
+
 @x64
 def bayesian_objective(mu, log_S, Z, log_sigma, log_beta, Y, kappa, eps, prior_log_var=0.0):
     """Bayesian GP-LVM bound (eq. 6) with MC psi statistics; eps (H, N, Q) fixes the samples;
     prior N^w(mu0, s^2 I) with log s^2 = prior_log_var (0: the paper's)."""
-    n, d = Y.shape
-    kern = HyperboloidExponential(kappa)
-    stats = expectations(
-        kern, mu, jnp.exp(log_S), Z, {"log_var": log_sigma}, Y, eps=eps, prior_log_var=prior_log_var
-    )
-    psi0, psi1ty, psi2, kl = stats
-    return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa) - kl
+    hyp = (log_sigma, log_beta, prior_log_var)
+    (psi0, psi1ty, psi2, tryy), kl = mc_statistics(mu, log_S, Z, hyp, Y, eps, kappa)
+    return _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, tryy, *Y.shape, kappa) - kl
 
 
 def _renorm(X):
@@ -319,17 +327,12 @@ class MCStats(JitStats):
         return (self.kappa,)
 
     def build(self):
-        kern = HyperboloidExponential(self.kappa)
-
         def f(local, glob, data):
-            Y = data[0]
             eps = jnp.transpose(local["eps"], (1, 0, 2))
-            Z = glob["Z"]
-            kp = {"log_var": glob["hyp"][0]}
-            psi0, psi1ty, psi2, kl = expectations(
-                kern, local["X"], jnp.exp(local["log_S"]), Z, kp, Y, eps=eps, prior_log_var=glob["hyp"][2]
+            stats, kl = mc_statistics(
+                local["X"], local["log_S"], glob["Z"], glob["hyp"], data[0], eps, self.kappa
             )
-            return {"psi": (psi0, psi1ty, psi2), "kl": kl, "trYY": jnp.sum(Y * Y)}
+            return {"psi": stats[:3], "kl": kl, "trYY": stats[3]}
 
         return f
 

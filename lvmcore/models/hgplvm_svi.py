@@ -73,11 +73,12 @@ from lvmcore.models.hgplvm import (
     _renorm,
     _rule_windows,
     kmeans_start,
+    mc_statistics,
     new_rows,
 )
 from lvmcore.optim import Lorentz, adam, plateau
 from lvmcore.precision import jit64, x64
-from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped, wrapped_log_density_origin
+from lvmcore.psi.monte_carlo import log_sinhc, sample_wrapped, wrapped_log_density_origin
 from lvmcore.uncollapsed import kl_qu
 
 __all__ = [
@@ -109,23 +110,13 @@ def _kmm(glob, kappa):
     return he_kernel(glob["Z"], glob["Z"], jnp.exp(glob["hyp"][0]), kappa)
 
 
-def _statistics(local, glob, Y, eps, kappa):
-    """The rows' statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) at draws eps (eqs. 15-20) and the sum
-    of their KL(q(x_n) || p(x_n))."""
-    hyp = glob["hyp"]
-    psi0, p1y, p2, kl = mc_psi_chunk(
-        local["X"], jnp.exp(local["log_S"]), eps, Y, glob["Z"], jnp.exp(hyp[0]), kappa, hyp[2]
-    )
-    return (psi0, p1y, p2, jnp.sum(Y * Y)), kl
-
-
 @x64
 def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=KERNEL_JITTER):
     """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
     tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)}, data Y (B, D), draws eps
     (H, B, Q), globals {"Z": (M, Q+1), "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D),
     "P": (M, M) precision}; ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
-    stats, kl = _statistics(local, glob, Y, eps, kappa)
+    stats, kl = mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)
     F = uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, scale, rel_jitter) - scale * kl
     return F, stats
 
@@ -229,7 +220,7 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
 @jit64
 def _stats_chunk(local, glob, Y, eps, kappa):
     """Statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a chunk of rows at draws eps."""
-    return _statistics(local, glob, Y, eps, kappa)[0]
+    return mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)[0]
 
 
 @jit64
