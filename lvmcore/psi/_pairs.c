@@ -15,7 +15,8 @@
    Rows go in tiles of NB, transposed into a workspace so that the vector lanes run over rows; a
    tile's exponentials of one pair row (m, m..M-1) are kept in an L1-sized buffer for the three
    contractions of the backward pass. All arrays are C-contiguous float64. Portable C: GCC/Clang
-   vector extensions (4 doubles: one AVX2 register, two NEON/SSE registers). Single-threaded and
+   vector extensions of VW doubles (8 where the build targets AVX-512, one register; else 4: one
+   AVX2 register, two NEON/SSE registers). Single-threaded and
    reentrant (the workspace is allocated per call). Returns 0, or -1 if the workspace could not
    be allocated. */
 
@@ -23,17 +24,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef double v4d __attribute__((vector_size(32)));
-typedef int64_t v4i __attribute__((vector_size(32)));
-typedef double v4du __attribute__((vector_size(32), aligned(8))); /* for the caller's store: any alignment */
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define VW 8 /* doubles per vector: one AVX-512 register */
+#else
+#define VW 4 /* one AVX2 register, two NEON/SSE registers */
+#endif
+typedef double vd __attribute__((vector_size(8 * VW)));
+typedef int64_t vi __attribute__((vector_size(8 * VW)));
+typedef double vdu __attribute__((vector_size(8 * VW), aligned(8))); /* for the caller's store: any alignment */
 
 #define NB 64          /* rows per tile */
-#define NV (NB / 4)    /* vectors per tile row */
+#define NV (NB / VW)   /* vectors per tile row */
 #define PAD_U -1000.0  /* U of a padding row: its exponentials are exactly 0 */
 
-static inline v4d splat(double x) { return (v4d){x, x, x, x}; }
-static inline double hsum(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
-static inline v4d blend(v4i mask, v4d yes, v4d no) { return (v4d)(((v4i)yes & mask) | ((v4i)no & ~mask)); }
+static inline vd splat(double x) { return (vd){} + x; }
+static inline double hsum(vd v) {
+#if VW == 8 /* the two halves first, then as the 4-wide sum */
+    typedef double h4 __attribute__((vector_size(32)));
+    union {
+        vd v;
+        h4 h[2];
+    } u = {v};
+    h4 h = u.h[0] + u.h[1];
+    return (h[0] + h[1]) + (h[2] + h[3]);
+#else
+    return (v[0] + v[1]) + (v[2] + v[3]);
+#endif
+}
+static inline vd blend(vi mask, vd yes, vd no) { return (vd)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 /* exp(x) to about 1 ulp, in place on XB vectors at once (independent instruction chains, which
    the out-of-order core overlaps: about 15% faster than one vector at a time here): x = k ln2 + r
@@ -45,29 +64,59 @@ static const double EXP_TAYLOR[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 /
                                       1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
                                       1.0 / 6.0, 0.5, 1.0, 1.0};
 
-static inline __attribute__((always_inline)) void vexp_batch(v4d *x) {
-    const v4d lo = splat(-708.0), hi = splat(709.0);
-    const v4d magic = splat(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
-    v4i under[XB], over[XB], ki[XB];
-    v4d r[XB], p[XB];
+#ifdef __AVX512F__ /* the same operations, bit for bit, on AVX-512's mask registers (GCC's generic form
+                       spends more instructions on the masks) */
+static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
+    const __m512d lo = _mm512_set1_pd(-708.0), hi = _mm512_set1_pd(709.0);
+    const __m512d magic = _mm512_set1_pd(6755399441055744.0);
+    __mmask8 under[XB], over[XB];
+    __m512i ki[XB];
+    __m512d r[XB], p[XB];
+    for (int k = 0; k < XB; k++) {
+        __m512d xv = (__m512d)x[k];
+        under[k] = _mm512_cmp_pd_mask(xv, lo, _CMP_LT_OQ);
+        over[k] = _mm512_cmp_pd_mask(xv, hi, _CMP_GT_OQ);
+        __m512d xk = _mm512_mask_mov_pd(_mm512_mask_mov_pd(xv, under[k], lo), over[k], hi);
+        __m512d t = _mm512_fmadd_pd(xk, _mm512_set1_pd(1.4426950408889634), magic);
+        __m512d kd = _mm512_sub_pd(t, magic);
+        ki[k] = _mm512_sub_epi64(_mm512_castpd_si512(t), _mm512_castpd_si512(magic));
+        r[k] = _mm512_fnmadd_pd(kd, _mm512_set1_pd(1.90821492927058770002e-10),
+                                _mm512_fnmadd_pd(kd, _mm512_set1_pd(6.93147180369123816490e-01), xk));
+        p[k] = _mm512_set1_pd(EXP_TAYLOR[0]);
+    }
+    for (int i = 1; i < 13; i++)
+        for (int k = 0; k < XB; k++) p[k] = _mm512_fmadd_pd(p[k], r[k], _mm512_set1_pd(EXP_TAYLOR[i]));
+    for (int k = 0; k < XB; k++) {
+        __m512i e = _mm512_slli_epi64(_mm512_add_epi64(ki[k], _mm512_set1_epi64(1023)), 52);
+        __m512d y = _mm512_maskz_mov_pd((__mmask8)~under[k], _mm512_mul_pd(p[k], _mm512_castsi512_pd(e)));
+        x[k] = (vd)_mm512_mask_mov_pd(y, over[k], _mm512_set1_pd(__builtin_inf()));
+    }
+}
+#else
+static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
+    const vd lo = splat(-708.0), hi = splat(709.0);
+    const vd magic = splat(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
+    vi under[XB], over[XB], ki[XB];
+    vd r[XB], p[XB];
     for (int k = 0; k < XB; k++) {
         under[k] = x[k] < lo;
         over[k] = x[k] > hi;
-        v4d xk = blend(over[k], hi, blend(under[k], lo, x[k]));
-        v4d t = xk * splat(1.4426950408889634) + magic;
-        v4d kd = t - magic;
-        ki[k] = (v4i)t - (v4i)magic;
+        vd xk = blend(over[k], hi, blend(under[k], lo, x[k]));
+        vd t = xk * splat(1.4426950408889634) + magic;
+        vd kd = t - magic;
+        ki[k] = (vi)t - (vi)magic;
         r[k] = (xk - kd * splat(6.93147180369123816490e-01)) - kd * splat(1.90821492927058770002e-10);
         p[k] = splat(EXP_TAYLOR[0]);
     }
     for (int i = 1; i < 13; i++)
         for (int k = 0; k < XB; k++) p[k] = p[k] * r[k] + splat(EXP_TAYLOR[i]);
     for (int k = 0; k < XB; k++) {
-        v4d y = p[k] * (v4d)((ki[k] + 1023) << 52);
-        y = (v4d)((v4i)y & ~under[k]);
+        vd y = p[k] * (vd)((ki[k] + 1023) << 52);
+        y = (vd)((vi)y & ~under[k]);
         x[k] = blend(over[k], splat(__builtin_inf()), y);
     }
 }
+#endif
 
 /* length of the forward pass's store of the exponentials: whole tiles of NB rows */
 long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
@@ -84,15 +133,15 @@ static void load_tile(int n0, int nb, int M, int Q, const double *U, const doubl
    e[j] = exp(um[j] + um2[j] + sum_q AT[q][j] zc[q]), j < NV; returns their sum (a vector). The
    exponent is accumulated q by q over the whole tile (NV independent chains), then exponentiated
    XB vectors at a time. */
-static inline __attribute__((always_inline)) v4d pair_exps(const v4d *restrict um, const v4d *restrict um2,
-                                                          const v4d *restrict AT, const double *zc, const int Q,
-                                                          v4d *restrict e) {
+static inline __attribute__((always_inline)) vd pair_exps(const vd *restrict um, const vd *restrict um2,
+                                                          const vd *restrict AT, const double *zc, const int Q,
+                                                          vd *restrict e) {
     for (int j = 0; j < NV; j++) e[j] = um[j] + um2[j];
     for (int q = 0; q < Q; q++) {
-        const v4d z = splat(zc[q]);
+        const vd z = splat(zc[q]);
         for (int j = 0; j < NV; j++) e[j] += AT[q * NV + j] * z;
     }
-    v4d s = splat(0.0);
+    vd s = splat(0.0);
     for (int j = 0; j < NV; j += XB) {
         vexp_batch(e + j);
         for (int k = 0; k < XB; k++) s += e[j + k];
@@ -104,22 +153,22 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
                                                           const double *A, const double *Zc, double *acc,
                                                           double *Es) {
     const int P = M * (M + 1) / 2;
-    v4d *UT = aligned_alloc(32, sizeof(v4d) * (size_t)(M + Q) * NV);
+    vd *UT = aligned_alloc(8 * VW, sizeof(vd) * (size_t)(M + Q) * NV);
     if (!UT) return -1;
-    v4d *AT = UT + (size_t)M * NV;
+    vd *AT = UT + (size_t)M * NV;
     memset(acc, 0, sizeof(double) * P);
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
         load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
         int p = 0;
         for (int m = 0; m < M; m++) {
-            const v4d *restrict um = UT + (size_t)m * NV;
+            const vd *restrict um = UT + (size_t)m * NV;
             for (int m2 = m; m2 < M; m2++, p++) {
-                const v4d *restrict um2 = UT + (size_t)m2 * NV;
-                v4d e[NV];
+                const vd *restrict um2 = UT + (size_t)m2 * NV;
+                vd e[NV];
                 acc[p] += hsum(pair_exps(um, um2, AT, Zc + (size_t)p * Q, Q, e));
                 if (Es) {
-                    v4du *restrict es = (v4du *)Es + ((size_t)(n0 / NB) * P + p) * NV;
+                    vdu *restrict es = (vdu *)Es + ((size_t)(n0 / NB) * P + p) * NV;
                     for (int j = 0; j < NV; j++) es[j] = e[j];
                 }
             }
@@ -135,42 +184,42 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
                                                           double *acc) {
     const int P = M * (M + 1) / 2;
     /* UT, T, E: M x NV each; AT, K: Q x NV; cz: M x Q doubles */
-    size_t nvec = (size_t)(3 * M + 2 * Q) * NV + ((size_t)M * Q + 3) / 4;
-    v4d *UT = aligned_alloc(32, sizeof(v4d) * nvec);
+    size_t nvec = (size_t)(3 * M + 2 * Q) * NV + ((size_t)M * Q + VW - 1) / VW;
+    vd *UT = aligned_alloc(8 * VW, sizeof(vd) * nvec);
     if (!UT) return -1;
-    v4d *T = UT + (size_t)M * NV, *Ebuf = T + (size_t)M * NV, *AT = Ebuf + (size_t)M * NV, *K = AT + (size_t)Q * NV;
+    vd *T = UT + (size_t)M * NV, *Ebuf = T + (size_t)M * NV, *AT = Ebuf + (size_t)M * NV, *K = AT + (size_t)Q * NV;
     double *cz = (double *)(K + (size_t)Q * NV);
     memset(gZc, 0, sizeof(double) * P * Q);
     if (acc) memset(acc, 0, sizeof(double) * P);
     if (Es) acc = NULL; /* the sums come with the store's forward pass */
-    const size_t nstore = (size_t)pairs_store_len(N, M) / 4; /* vectors in the store */
+    const size_t nstore = (size_t)pairs_store_len(N, M) / VW; /* vectors in the store */
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
         load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
-        memset(T, 0, sizeof(v4d) * (size_t)M * NV);
-        memset(K, 0, sizeof(v4d) * (size_t)Q * NV);
+        memset(T, 0, sizeof(vd) * (size_t)M * NV);
+        memset(K, 0, sizeof(vd) * (size_t)Q * NV);
         int p0 = 0;
         for (int m = 0; m < M; m++) {
-            const v4d *restrict um = UT + (size_t)m * NV;
+            const vd *restrict um = UT + (size_t)m * NV;
             const int np = M - m;
             for (int i = 0; i < np; i++)
                 for (int q = 0; q < Q; q++) cz[i * Q + q] = c[p0 + i] * Zc[(size_t)(p0 + i) * Q + q];
             /* the exponentials of the pairs (m, m + i), i < np, for the tile's rows: from the forward
                pass's store, or computed into the buffer E */
-            const v4du *E = Es ? (const v4du *)Es + ((size_t)(n0 / NB) * P + p0) * NV : (const v4du *)Ebuf;
+            const vdu *E = Es ? (const vdu *)Es + ((size_t)(n0 / NB) * P + p0) * NV : (const vdu *)Ebuf;
             for (int i = 0; i < np && !Es; i++) {
                 const int p = p0 + i;
-                v4d s = pair_exps(um, UT + (size_t)(m + i) * NV, AT, Zc + (size_t)p * Q, Q, Ebuf + (size_t)i * NV);
+                vd s = pair_exps(um, UT + (size_t)(m + i) * NV, AT, Zc + (size_t)p * Q, Q, Ebuf + (size_t)i * NV);
                 if (acc) acc[p] += hsum(s);
             }
             /* gU (rows m and m + i) and gA: contractions over the pairs */
             for (int j = 0; j < NV; j++) {
-                v4d k[Q];
+                vd k[Q];
                 for (int q = 0; q < Q; q++) k[q] = splat(0.0);
-                v4d tm = splat(0.0);
+                vd tm = splat(0.0);
                 for (int i = 0; i < np; i++) {
-                    v4d ej = E[(size_t)i * NV + j];
-                    v4d w = ej * c[p0 + i];
+                    vd ej = E[(size_t)i * NV + j];
+                    vd w = ej * c[p0 + i];
                     tm += w;
                     T[(size_t)(m + i) * NV + j] += w;
                     for (int q = 0; q < Q; q++) k[q] += ej * cz[i * Q + q];
@@ -184,11 +233,11 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
                    while this one is used (the bwd pass from the store: 40% faster here) */
                 const size_t next = ((size_t)(n0 / NB) * P + p0 + np + i) * NV;
                 if (Es && next < nstore)
-                    for (int l = 0; l < NV * 4; l += 8) __builtin_prefetch(Es + next * 4 + l);
-                v4d r[Q];
+                    for (int l = 0; l < NV * VW; l += 8) __builtin_prefetch(Es + next * VW + l);
+                vd r[Q];
                 for (int q = 0; q < Q; q++) r[q] = splat(0.0);
                 for (int j = 0; j < NV; j++) {
-                    v4d ej = E[(size_t)i * NV + j];
+                    vd ej = E[(size_t)i * NV + j];
                     for (int q = 0; q < Q; q++) r[q] += ej * AT[q * NV + j];
                 }
                 double *gz = gZc + (size_t)(p0 + i) * Q;
@@ -237,11 +286,11 @@ int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const doubl
 
 /* the vectorised exp alone, for the tests: y[i] = exp(x[i]) */
 void vexp_array(int n, const double *x, double *y) {
-    for (int i = 0; i < n; i += 4 * XB) {
-        v4d b[XB];
+    for (int i = 0; i < n; i += VW * XB) {
+        vd b[XB];
         double *d = (double *)b;
-        for (int l = 0; l < 4 * XB; l++) d[l] = i + l < n ? x[i + l] : 0.0;
+        for (int l = 0; l < VW * XB; l++) d[l] = i + l < n ? x[i + l] : 0.0;
         vexp_batch(b);
-        for (int l = 0; l < 4 * XB && i + l < n; l++) y[i + l] = d[l];
+        for (int l = 0; l < VW * XB && i + l < n; l++) y[i + l] = d[l];
     }
 }
