@@ -5,6 +5,7 @@ central finite differences, and additivity over row chunks / row blocks.
 """
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -101,9 +102,11 @@ def _rel_close(a, b, rtol):
 
 
 def _rbf_all(c, block_size=cf.DEFAULT_BLOCK, sl=slice(None)):
+    """The XLA path (the default, the native kernel, is checked against it in test_psi_native.py)."""
     return cf.rbf_psi(
-        c["mu"][sl], c["S"][sl], c["Z"], c["variance"], c["lengthscale"], c["Y"][sl], block_size=block_size
-    )
+        c["mu"][sl], c["S"][sl], c["Z"], c["variance"], c["lengthscale"], c["Y"][sl], block_size=block_size,
+        impl="xla",
+    )  # fmt: skip
 
 
 def _lin_all(c, sl=slice(None)):
@@ -357,7 +360,7 @@ def test_linear_chunk_sums(case):
 
 def test_jit_and_dtype(case):
     c = case
-    jf = jax.jit(cf.rbf_psi, static_argnames="block_size")
+    jf = jax.jit(partial(cf.rbf_psi, impl="xla"), static_argnames="block_size")
     out = jf(c["mu"], c["S"], c["Z"], c["variance"], c["lengthscale"], c["Y"], block_size=3)
     ref = _rbf_all(c)
     for a, b in zip(out, ref):

@@ -126,11 +126,12 @@ def test_rbf_psi_native_equals_xla(monkeypatch, store_mb):
 
 
 def test_rbf_psi_implementation_names(monkeypatch):
-    """The XLA path by default; the native kernel when EMBED_SWEEP_NATIVE=1 opts in, or by name."""
+    """The native kernel by default where it builds; the XLA path when EMBED_SWEEP_NATIVE=0 turns
+    it off; either by name."""
     with pytest.raises(ValueError, match="unknown psi implementation 'gpu'"):
         cf.rbf_psi(*_case(), impl="gpu")
     monkeypatch.delenv(native.ENV_SWITCH, raising=False)
-    assert cf.resolve_impl(None) == "xla" and cf.resolve_impl("native") == "native"
+    assert cf.resolve_impl(None) == "native" and cf.resolve_impl("xla") == "xla"
     monkeypatch.setenv(native.ENV_SWITCH, "1")
     assert cf.resolve_impl(None) == "native"
     monkeypatch.setenv(native.ENV_SWITCH, "0")
@@ -212,6 +213,7 @@ def test_store_slots_generations_and_cap(monkeypatch):
     oldest evicted first, within the byte cap; a slot read by its backward pass is free again). A
     backward call whose forward pass was evicted since recomputes; either way the gradients are the
     recomputing pass's, bit for bit."""
+    monkeypatch.setenv(native.ENV_STORE, "64")  # the store is opt-in
     native.release_store()
     assert native.store_bytes() == 0
     cases = [_pair_case(s) for s in range(6)]

@@ -84,14 +84,16 @@ __all__ = [
 
 DEFAULT_BLOCK = 256
 #: entries of the largest (rows, M (M + 1) / 2) intermediate of the RBF psi2 per row block: small
-#: blocks keep each block's exponentials in cache (they are recomputed, not stored, for the gradient)
-PSI_BLOCK_ENTRIES = 327_680
+#: blocks keep each block's exponentials in cache (they are recomputed, not stored, for the gradient);
+#: 1.25 MiB, so that the backward pass's exponent block and its exponentials fit in a 2 MiB L2 together
+PSI_BLOCK_ENTRIES = 163_840
 
 
 def psi_block(M: int) -> int:
-    """Rows per block of the RBF psi statistics (256 at M = 50): a multiple of 16 in [16, 1024]."""
+    """Rows per block of the RBF psi statistics (128 at M = 50): a multiple of 16 in [16, 1024]."""
     rows = PSI_BLOCK_ENTRIES // (M * (M + 1) // 2)
     return int(np.clip(rows // 16 * 16, 16, 1024))
+
 
 #: (rows, M) entries per row block of Psi1 on the native path (1,310 rows at M = 50; bench/README.md)
 PSI1_BLOCK_ENTRIES = 1 << 16
@@ -298,7 +300,7 @@ def _pair_inputs(mu, S, l2, Z):
     log_pair), i.e. the module docstring's expansion with zbar = (z_m + z_m') / 2 split over m, m'."""
     a = 1.0 / (l2 + 2.0 * S)
     r = -0.5 * jnp.log1p(2.0 * S / l2).sum(1) - (a * mu * mu).sum(1)
-    U = (a * mu) @ Z.T - 0.25 * (a @ (Z * Z).T) + 0.5 * r[:, None]
+    U = jnp.concatenate([a * mu, a], 1) @ jnp.concatenate([Z, -0.25 * Z * Z], 1).T + 0.5 * r[:, None]
     iu, ju = np.triu_indices(Z.shape[0])
     return U, a, -0.5 * Z[iu] * Z[ju]
 
@@ -341,8 +343,8 @@ IMPLS = ("native", "xla")
 
 
 def resolve_impl(impl):
-    """'native' (the C pair kernel), 'xla' (pure jax) or None: the XLA path, or the native kernel
-    where ``EMBED_SWEEP_NATIVE=1`` opts in and it builds (``lvmcore.psi.native``)."""
+    """'native' (the C pair kernel), 'xla' (pure jax) or None: the native kernel where it builds,
+    unless ``EMBED_SWEEP_NATIVE=0`` turns it off, else the XLA path (``lvmcore.psi.native``)."""
     from lvmcore.psi import native
 
     if impl is None:

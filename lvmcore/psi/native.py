@@ -1,7 +1,8 @@
-"""Native (C) kernel for the pair sums of the RBF psi2 statistic: opt-in (``EMBED_SWEEP_NATIVE=1``
-or ``rbf_psi(impl="native")``), built on first use. The default is the XLA path: at the sizes the
-sweep fits, the kernel was no faster, and at some several times slower (bench/README.md, "native
-kernel vs XLA"); it stays for the sizes where it gains, tested against the XLA path.
+"""Native (C) kernel for the pair sums of the RBF psi2 statistic: the default path of
+``rbf_psi`` wherever it builds (``EMBED_SWEEP_NATIVE=0`` turns it off; ``rbf_psi(impl=...)``
+picks one by name), built on first use. The XLA path remains the fallback and the reference it
+is tested against; the kernel is the faster of the two at every size measured (bench/README.md,
+"native kernel vs XLA").
 
 Why: the bound of the Bayesian GP-LVM spends most of its time on the N x P pair exponentials of
 Psi2 (P = M (M + 1) / 2): one exp per (row, pair) in the forward pass, and in the backward pass
@@ -17,11 +18,11 @@ cross term of depth Q:
 (x is the log of Psi2_n[m, m'] / (variance^2 exp(-sum_q (z_mq - z_m'q)^2 / (4 l2_q))), as in
 ``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) and, for a
 cotangent c of acc, the gradients with respect to U (N, M), a (N, Q) and Zc (P, Q): contractions
-of depth Q instead of 2Q, over row tiles whose exponentials stay in L1. In a differentiated call
-the forward pass's exponentials are kept, up to :func:`store_max_bytes`, in a store the library
-holds between calls (an XLA output of that size would be page-faulted afresh at every call), and
-the backward pass reads them instead of recomputing, prefetching ahead. The small maps
-(mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff. Its exp is a vectorised
+of depth Q instead of 2Q, over row tiles whose exponentials stay in L1; the backward pass
+recomputes them per tile. Opt-in (:func:`store_max_bytes`), a differentiated call's forward pass
+keeps them instead in a store the library holds between calls (an XLA output of that size would be
+page-faulted afresh at every call), which the backward pass reads, prefetching ahead. The small
+maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff. Its exp is a vectorised
 polynomial (about 1 ulp; checked against numpy at load).
 jax calls the kernel as an XLA custom call (``jax.ffi``): on XLA's thread, on XLA's buffers, no
 Python in between (a ``jax.pure_callback`` deadlocked on a one-core worker: its arguments are
@@ -30,9 +31,9 @@ device_put back to the CPU device from inside XLA's only thread).
 Build: on the first use in a process the C kernel and its C++ FFI handlers (against the headers
 jaxlib ships) are compiled with the system compilers (``CC`` / ``CXX``, else cc / c++) into
 ``$EMBED_SWEEP_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/embed-sweep/native``, ``~/.cache/...``),
-keyed by a hash of the sources, the compilers' versions, the flags (AVX2 + FMA where the CPU has
-them) and jax's version; the library is built in a temporary folder and renamed into place, so
-concurrent workers never load a half-written file. Without compilers, or if the build or the self
+keyed by a hash of the sources, the compilers' versions, the flags (AVX2 + FMA, and AVX-512, where
+the CPU has them) and jax's version; the library is built in a temporary folder and renamed into
+place, so concurrent workers never load a half-written file. Without compilers, or if the build or the self
 check fails, :func:`available` is False, one warning says why, and ``closed_form.rbf_psi`` takes
 its pure-XLA path (same values to ~1e-14).
 """
@@ -40,7 +41,6 @@ its pure-XLA path (same values to ~1e-14).
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import platform
@@ -75,8 +75,9 @@ def cache_dir() -> Path:
 
 
 def _cpu_flags() -> list[str]:
-    """-mavx2 -mfma on an x86-64 CPU that has both (read from /proc/cpuinfo), else nothing (the
-    vector code then compiles to the baseline SSE2 / NEON instructions)."""
+    """-mavx2 -mfma on an x86-64 CPU that has both (read from /proc/cpuinfo), plus -mavx512f where
+    it has that too (the kernel's vectors are then 8 doubles wide), else nothing (the vector code
+    then compiles to the baseline SSE2 / NEON instructions)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return []
     try:
@@ -86,7 +87,9 @@ def _cpu_flags() -> list[str]:
     for line in text.splitlines():
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
-            return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= flags else []
+            if not {"avx2", "fma"} <= flags:
+                return []
+            return ["-mavx2", "-mfma"] + (["-mavx512f"] if "avx512f" in flags else [])
     return []
 
 
@@ -207,29 +210,19 @@ ENV_STORE = "EMBED_SWEEP_PSI_STORE_MB"
 def store_max_bytes() -> int:
     """Largest store of the forward pass's pair exponentials (``store_len`` float64, about
     N x M (M + 1) / 2) that a differentiated bound keeps for its backward pass instead of
-    recomputing them: ``EMBED_SWEEP_PSI_STORE_MB`` (0 always recomputes), default 1 GiB or an
-    eighth of the machine's memory, whichever is less, over all the store's slots. The store lives
-    in the library (a few slots per process, reused across evaluations; ``release_store`` frees
-    it, as the end of a fit does). Decided when the bound is traced, per chunk shape; the
-    Dask-chunked evaluation never stores (its backward call recomputes). Gains: bench/README.md."""
-    if os.environ.get(ENV_STORE):
-        return int(float(os.environ[ENV_STORE]) * (1 << 20))
-    return min(1 << 30, _physical_memory_bytes() // 8)
-
-
-@functools.cache
-def _physical_memory_bytes(default: int = 8 << 30) -> int:
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return default
+    recomputing them, over all the store's slots: ``EMBED_SWEEP_PSI_STORE_MB``, default 0 (always
+    recompute: recomputing the exponentials measured faster than reading them back from memory,
+    with the 4- and the 8-wide build alike; bench/README.md). The store lives in the library
+    (a few slots per process, reused across evaluations; ``release_store`` frees it, as the end
+    of a fit does). Decided when the bound is traced, per chunk shape; the Dask-chunked evaluation
+    never stores (its backward call recomputes)."""
+    return int(float(os.environ.get(ENV_STORE) or 0) * (1 << 20))
 
 
 def enabled() -> bool:
-    """Whether the default path (``rbf_psi(impl=None)``) uses the kernel: opt-in,
-    ``EMBED_SWEEP_NATIVE=1`` (measured slower than the XLA path at most of the sweep's sizes,
-    bench/README.md)."""
-    return os.environ.get(ENV_SWITCH, "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether the default path (``rbf_psi(impl=None)``) uses the kernel: yes unless
+    ``EMBED_SWEEP_NATIVE`` is 0 / false / no / off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def available() -> bool:
