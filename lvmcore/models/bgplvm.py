@@ -284,6 +284,7 @@ class _CollapsedGPLVM(LatentModel):
             native.release_store()  # the pair exponentials kept between forward and backward passes
 
     def _optimise_views(self, views, times=None, sequences=None):
+        import jax
         from jax.flatten_util import ravel_pytree
 
         from lvmcore.chunks import RowChunks
@@ -296,8 +297,6 @@ class _CollapsedGPLVM(LatentModel):
         kj = self.kmm_jitter_
         temporal = times is not None
         if temporal:
-            import jax
-
             times = np.asarray(times, dtype=np.float64).ravel()
             if times.shape[0] != N or not np.all(np.isfinite(times)):
                 raise ValueError(
@@ -330,8 +329,8 @@ class _CollapsedGPLVM(LatentModel):
             self.chunks,
             origin=list(zip(views, self.view_means_, strict=True)),  # stored views: read on the workers
         )
-        x0, unravel = ravel_pytree((local, glob))
-        x0 = np.asarray(x0)
+        x, unravel = ravel_pytree((local, glob))
+        x = np.asarray(x)
         state = {"jitter": 0.0, "trace": [], "last": None}
 
         def evaluate(lo, gl, jitter):
@@ -371,14 +370,10 @@ class _CollapsedGPLVM(LatentModel):
             state["trace"].append(state["last"])
 
         # locate log_beta entries robustly: flatten a tree with a marker only in log_beta
-        import jax
-
         zeros = jax.tree_util.tree_map(np.zeros_like, (local, glob))
         zeros[1]["log_beta"] = np.ones_like(glob["log_beta"])
-        marker = ravel_pytree(zeros)[0]
-        beta_mask = np.asarray(marker) == 1.0
+        beta_mask = np.asarray(ravel_pytree(zeros)[0]) == 1.0
         n_values = N * sum(dims)
-        x = x0
         if self.init_iters > 0:  # the noise held at snr: its bounds pin log_beta
             bounds = [(xi, xi) if b else (None, None) for xi, b in zip(x, beta_mask, strict=True)]
             x = lbfgs(fg, x, n_values=n_values, max_iter=int(self.init_iters), tol=0.0, gtol=0.0,

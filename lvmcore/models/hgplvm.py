@@ -544,9 +544,9 @@ class _Hyperboloid(LatentModel):
         if warm_fit is not None:
             state["hyp"] = state["hyp"].at[0].set(np.log(warm_fit.sigma_))
             Z = jnp.asarray(warm_fit.inducing_)
-            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
         elif variant != "point":
             Z = expmap0(jnp.asarray(self._init_inducing(P, rng)))
+        if variant != "point":
             state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
         if variant == "bayesian":
             log_S = jnp.full((n, q), np.log(1e-2 * float(self._setting("init_scale")) ** 2))

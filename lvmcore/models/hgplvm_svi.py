@@ -459,7 +459,7 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
                 X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30), jitter, int(self.local_iter)
             )
         # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
-        qu, stats = self._final_qu(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
+        qu = self._final_qu(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
         self.qu_ = qu
         F, se = self._evaluate(X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30 + 2), kappa, jitter)
         if not np.isfinite(F):
@@ -495,7 +495,7 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
             lo = {"X": X[sl], "log_S": log_S[sl]}
             s = _stats_chunk(lo, glob, Yc[sl], self._draws(key, i, H, sl), kappa)
             stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
-        return optimal_qu(stats, glob, kappa, 1.0, jitter), stats
+        return optimal_qu(stats, glob, kappa, 1.0, jitter)
 
     def _evaluate(self, X, log_S, glob, qu, Yc, key, kappa, jitter):
         """(F, standard error): the full bound over all points with ``eval_samples`` fresh draws."""
