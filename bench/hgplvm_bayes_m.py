@@ -51,7 +51,8 @@ def bound_parts(m, Y, H=50, seed=0):
     import jax.numpy as jnp
 
     from lvmcore import collapsed
-    from lvmcore.models.hgplvm import _JITTER, _kern
+    from lvmcore.linalg import KERNEL_JITTER
+    from lvmcore.models.hgplvm import _kern
     from lvmcore.psi.monte_carlo import mc_psi_chunk
 
     with jax.enable_x64(True):
@@ -64,7 +65,7 @@ def bound_parts(m, Y, H=50, seed=0):
         plv = 2.0 * np.log(m.prior_scale_)
         psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, S, eps, Yc, Z, m.sigma_, m.kappa, plv)
         Kmm = _kern(Z, Z, m.sigma_, m.kappa)
-        t = collapsed.terms(Kmm, psi1ty, psi2, m.beta_, _JITTER)
+        t = collapsed.terms(Kmm, psi1ty, psi2, m.beta_, KERNEL_JITTER)
         lb = jnp.log(m.beta_)
         b = collapsed.bound(t, psi0, jnp.sum(Yc * Yc), lb, n, d)
         trace = 0.5 * m.beta_ * d * (psi0 - jnp.trace(t.C))
