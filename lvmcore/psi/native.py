@@ -41,6 +41,7 @@ its pure-XLA path (same values to ~1e-14).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -143,11 +144,16 @@ def _build() -> Path:
         target = out_dir / target.name
         if target.exists():
             return target
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
-        obj, lib = os.path.join(tmp, "pairs.o"), os.path.join(tmp, "pairs.so")
-        _run([cc, *cflags, "-c", str(SOURCE), "-o", obj])
-        _run([cxx, *cxxflags, "-shared", str(FFI_SOURCE), obj, "-o", lib])
-        os.replace(lib, target)  # atomic: a concurrent worker sees no file or a whole one
+    # one build per machine: processes starting together (a cluster's workers) wait for the first
+    with open(out_dir / f".pairs-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+            obj, lib = os.path.join(tmp, "pairs.o"), os.path.join(tmp, "pairs.so")
+            _run([cc, *cflags, "-c", str(SOURCE), "-o", obj])
+            _run([cxx, *cxxflags, "-shared", str(FFI_SOURCE), obj, "-o", lib])
+            os.replace(lib, target)  # atomic: a reader that takes no lock sees no file or a whole one
     return target
 
 
