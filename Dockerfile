@@ -13,7 +13,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     EMBED_SWEEP_HOME=/opt/embed-sweep \
     OMP_NUM_THREADS=1 \
     OPENBLAS_NUM_THREADS=1 \
-    MKL_NUM_THREADS=1
+    MKL_NUM_THREADS=1 \
+    EMBED_SWEEP_NATIVE=0
 
 WORKDIR /opt/embed-sweep
 COPY pyproject.toml requirements.lock README.md ./
@@ -22,7 +23,8 @@ COPY tasks tasks
 COPY flows flows
 COPY deploy deploy
 # the pinned working set of requirements.lock plus dask-kubernetes (resolved against it:
-# 2026.3.0 with kr8s 0.20 and kopf 1.45); no C compiler, so the psi statistics use the XLA path
+# 2026.3.0 with kr8s 0.20 and kopf 1.45); no C compiler, so the psi statistics take the XLA path
+# (EMBED_SWEEP_NATIVE=0 above: no build attempted, no warning per worker)
 RUN pip install -c requirements.lock ".[k8s]" "dask-kubernetes==2026.3.0" \
     && python -c "import lvmcore, tasks, flows.sweep, dask_kubernetes.operator" \
     && useradd --create-home --uid 1000 sweep \
