@@ -335,9 +335,8 @@ class GLLE(LatentModel):
             draws = np.stack([mean_w, self._draw_weights(s0, None)])
             self.lle_embedding_, kept = self._embed_all(draws, [seed, s0])
             self.embedding_ = match_axes(self.lle_embedding_, kept)
-        else:
+        else:  # direct: the sampling covariance needs the LLE embedding, so the kept draw comes after
             (self.lle_embedding_,) = self._embed_all(mean_w[None], [seed])
-        if self.method == "direct":
             L, logdet_P = map_points(
                 direct_point_stats,
                 Y,
@@ -348,13 +347,12 @@ class GLLE(LatentModel):
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
+            self.embedding_ = self._generations(1, self.random_state, [None])[0]
         self.elbo_trace_, self.n_iter_ = trace, it
         # EM: its rule fired (not the budget); direct: a closed form, nothing to converge
         self.converged_ = stalled(trace, self.tol) if self.method == "em" else True
         self.elbo_ = float(trace[-1])
         self.embedding_var_ = None
-        if self.method == "direct":
-            self.embedding_ = self._generations(1, self.random_state, None)[0]
         return self
 
     def sample_weights(self, random_state=None, cov_scale=None) -> np.ndarray:
@@ -391,14 +389,13 @@ class GLLE(LatentModel):
         self._check_fitted()
         n = check_positive_int(n_generations, "n_generations")
         if cov_scale is None or np.ndim(cov_scale) == 0:
-            return self._generations(n, random_state, cov_scale)
+            return self._generations(n, random_state, [cov_scale])
         scales = [check_positive(a, "cov_scale") for a in cov_scale]
         return self._generations(n, random_state, scales).reshape(len(scales), n, *self.lle_embedding_.shape)
 
-    def _generations(self, n_generations, random_state, cov_scale):
-        """(G, N, Q) for one scale, or (S * G, N, Q) scale-major for a list of scales."""
+    def _generations(self, n_generations, random_state, scales: list):
+        """(S * G, N, Q), scale-major: G generations per entry of ``scales`` (None: the constructor's a)."""
         seeds = _seeds(random_state, n_generations)
-        scales = cov_scale if isinstance(cov_scale, list) else [cov_scale]
         draws = [(s, a) for a in scales for s in seeds]
         W = np.stack([self._draw_weights(s, a) for s, a in draws])
         embeddings = self._embed_all(W, [s for s, _ in draws])
