@@ -136,6 +136,11 @@ def test_rbf_psi_implementation_names(monkeypatch):
     assert cf.resolve_impl(None) == "native"
     monkeypatch.setenv(native.ENV_SWITCH, "0")
     assert cf.resolve_impl(None) == "xla"
+    monkeypatch.setenv(native.ENV_SWITCH, "Off")
+    assert cf.resolve_impl(None) == "xla"
+    monkeypatch.setenv(native.ENV_SWITCH, "of")  # misspelt: refused, not read as "on"
+    with pytest.raises(ValueError, match="EMBED_SWEEP_NATIVE='of' is not a switch; set it to 0 or 1"):
+        cf.resolve_impl(None)
 
 
 def _run_python(code, env_extra, timeout=240):

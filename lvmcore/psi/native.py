@@ -227,8 +227,12 @@ def store_max_bytes() -> int:
 
 def enabled() -> bool:
     """Whether the default path (``rbf_psi(impl=None)``) uses the kernel: yes unless
-    ``EMBED_SWEEP_NATIVE`` is 0 / false / no / off."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    ``EMBED_SWEEP_NATIVE`` is 0 / false / no / off; any other value than those and 1 / true / yes /
+    on is refused by name (a misspelt "off" must not leave the kernel on)."""
+    value = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if value not in ("0", "false", "no", "off", "1", "true", "yes", "on"):
+        raise ValueError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r} is not a switch; set it to 0 or 1")
+    return value in ("1", "true", "yes", "on")
 
 
 def available() -> bool:
