@@ -1,6 +1,7 @@
 """Shared test settings: one BLAS thread (the test machine has 2 cores shared by several jobs)."""
 
 import os
+import sys
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
@@ -8,10 +9,9 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # Each test process keeps two 2-worker clusters and a Prefect server alive for the whole run, and
 # most pipeline tests start more; idle, a Dask process spends its CPU on the statistical profiler
 # (a stack sample every 10 ms), the event-loop tick (20 ms), the system monitor (0.5 s) and the
-# nanny's memory poll (0.1 s). Measured on an idle 2-worker LocalCluster (scheduler in process,
-# CPU seconds per minute of its process tree): 9.2 by default, 2.0 with the four below. Nothing in
-# the tests reads the profiles or depends on those intervals; the variables reach every process
-# the tests start (the CLI's and the flows' clusters, Slurm jobs).
+# nanny's memory poll (0.1 s): these four settings cut that (bench/README.md, "Test-suite time").
+# Nothing in the tests reads the profiles or depends on those intervals; the variables reach every
+# process the tests start (the CLI's and the flows' clusters, Slurm jobs).
 _DASK_IDLE = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
     "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
@@ -20,8 +20,10 @@ _DASK_IDLE = {
 }
 for _k, _v in _DASK_IDLE.items():
     os.environ.setdefault(_k, _v)
-if "dask.config" in __import__("sys").modules:  # imported before this file (a plugin): re-read the variables
-    __import__("dask.config").config.refresh()
+if "dask.config" in sys.modules:  # imported before this file (a plugin): re-read the variables
+    import dask.config
+
+    dask.config.refresh()
 
 # the sweep's workers use jax's persistent compilation cache (flows.cluster.compile_cache_env); the
 # tests keep theirs in a fresh folder of this run, not in the user's ~/.cache
