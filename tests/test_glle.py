@@ -290,6 +290,34 @@ def test_generations_repeat_for_a_seed_and_differ_between_seeds():
 
 
 @pytest.mark.parametrize("method", ["em", "direct"])
+def test_the_kept_generation_is_not_solved_again(method, monkeypatch):
+    """``embedding_`` is generation 0 of ``sample(G, random_state)`` at the constructor's a: asked
+    again (as the sweep's generations and its scale study at a = 1 do), it costs no eigensolve,
+    and every generation equals the one solved from scratch."""
+    import copy
+
+    import lvmcore.models.glle as glle_module
+
+    Y, _ = S.s_curve(1200, seed=4)
+    m = GLLE(n_components=2, n_neighbors=10, method=method, random_state=3).fit(Y)
+    cold = copy.deepcopy(m)
+    cold._kept = ((-1, -1.0), None)  # matches no draw: every generation solved
+    solves = []
+    embed = glle_module.embed
+    monkeypatch.setattr(glle_module, "embed", lambda *a, **kw: solves.append(1) or embed(*a, **kw))
+    gens = m.sample(3, random_state=3)
+    assert len(solves) == 2
+    study = m.sample(1, random_state=3, cov_scale=[0.1, 1.0, 10.0])
+    assert len(solves) == 4
+    np.testing.assert_array_equal(gens[0], m.embedding_)
+    np.testing.assert_array_equal(gens, cold.sample(3, random_state=3))
+    np.testing.assert_array_equal(study, cold.sample(1, random_state=3, cov_scale=[0.1, 1.0, 10.0]))
+    assert len(solves) == 4 + 3 + 3
+    m.sample(2, random_state=4)  # another seed: nothing to reuse
+    assert len(solves) == 12
+
+
+@pytest.mark.parametrize("method", ["em", "direct"])
 def test_covariance_scale_controls_the_spread(method):
     """Section VI-C: generations move further from LLE as a grows."""
     Y, _ = S.s_curve(1500, seed=0)

@@ -330,11 +330,10 @@ class GLLE(LatentModel):
         self.weights_ = mean_w
         W = weight_matrix(mean_w, idx)
         self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
+        (s0,) = _seeds(self.random_state, 1)
         if self.method == "em":  # the kept generation's draw needs no LLE embedding: both solved at once
-            (s0,) = _seeds(self.random_state, 1)
             draws = np.stack([mean_w, self._draw_weights(s0, None)])
             self.lle_embedding_, kept = self._embed_all(draws, [seed, s0])
-            self.embedding_ = match_axes(self.lle_embedding_, kept)
         else:  # direct: the sampling covariance needs the LLE embedding, so the kept draw comes after
             (self.lle_embedding_,) = self._embed_all(mean_w[None], [seed])
             L, logdet_P = map_points(
@@ -347,7 +346,11 @@ class GLLE(LatentModel):
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
-            self.embedding_ = self._generations(1, self.random_state, [None])[0]
+            (kept,) = self._embed_all(self._draw_weights(s0, None)[None], [s0])
+        # the kept draw is generation 0 of sample(G, random_state) at the constructor's a: kept to
+        # answer that draw again without a second eigensolve (the sweep asks it twice more)
+        self._kept = ((s0, self.cov_scale), kept)
+        self.embedding_ = match_axes(self.lle_embedding_, kept)
         self.elbo_trace_, self.n_iter_ = trace, it
         # EM: its rule fired (not the budget); direct: a closed form, nothing to converge
         self.converged_ = stalled(trace, self.tol) if self.method == "em" else True
@@ -396,10 +399,14 @@ class GLLE(LatentModel):
     def _generations(self, n_generations, random_state, scales: list):
         """(S * G, N, Q), scale-major: G generations per entry of ``scales`` (None: the constructor's a)."""
         seeds = _seeds(random_state, n_generations)
-        draws = [(s, a) for a in scales for s in seeds]
-        W = np.stack([self._draw_weights(s, a) for s, a in draws])
-        embeddings = self._embed_all(W, [s for s, _ in draws])
-        return np.stack([match_axes(self.lle_embedding_, e) for e in embeddings])
+        draws = [(s, self.cov_scale if a is None else a) for a in scales for s in seeds]
+        kept_draw, kept = self._kept
+        todo = list(dict.fromkeys(d for d in draws if d != kept_draw))
+        solved = {kept_draw: kept}
+        if todo:
+            W = np.stack([self._draw_weights(s, a) for s, a in todo])
+            solved.update(zip(todo, self._embed_all(W, [s for s, _ in todo]), strict=True))
+        return np.stack([match_axes(self.lle_embedding_, solved[d]) for d in draws])
 
     def _embed_all(self, weights, seeds) -> list:
         """The embedding of each weight draw in ``weights`` (G, N, k) (``lvmcore.lle.embed``, its
