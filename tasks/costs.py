@@ -180,7 +180,7 @@ class Prediction:
             f"{self.key}: {fmt_seconds(self.seconds)} per point (fixed {fmt_seconds(self.fixed_s)} + "
             f"{self.budget} iterations x {fmt_seconds(self.iteration_s)}"
             + (
-                f" + {self.generations} generations x {fmt_seconds(self.generation_s)}"
+                f" + {self.generations} generation eigensolves x {fmt_seconds(self.generation_s)}"
                 if self.generations
                 else ""
             )
@@ -207,7 +207,8 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
     spec = MODELS[key]
     params = spec.estimator_class()(**args).get_params()
     speed = speed_factor(costs)
-    gens = (n_generations + len(COV_SCALES)) if "generations" in spec.extras and n_generations > 0 else 0
+    stored = (n_generations + len(COV_SCALES)) if "generations" in spec.extras and n_generations > 0 else 0
+    gens = max(stored - kept_draw_answers(params), 0) if stored else 0  # the eigensolves the point runs
     fixed = evaluate_terms(entry.get("fixed", {}), v) * speed
     per_it = evaluate_terms(entry.get("iteration", {}), v) * speed
     per_gen = evaluate_terms(entry.get("generation", {}), v) * speed
@@ -234,10 +235,22 @@ def predict(key: str, args: dict, n: int, dims: list[int], n_generations: int = 
         generation_s=per_gen,
         generations=gens,
         memory_bytes=memory,
-        store_bytes=store_bytes(spec, v, params, gens),
+        store_bytes=store_bytes(spec, v, params, stored),
         upper_seconds=None if upper_s is None else max(upper_s, seconds),
         upper_memory_bytes=None if upper_mem is None else max(upper_mem, memory),
     )
+
+
+def kept_draw_answers(params: dict) -> int:
+    """How many of a GLLE point's stored generations its fit's kept draw answers without an
+    eigensolve (``GLLE._kept``): generation 0 of the sweep's ``sample(G, seed)`` and the scale
+    study's entry at the constructor's a, when the fit was seeded with the point's seed (the
+    sweep's ``random_state``; unseeded, every draw is new)."""
+    from tasks.registry import COV_SCALES
+
+    if params.get("random_state") is None:
+        return 0
+    return 1 + (params.get("cov_scale") in COV_SCALES)
 
 
 def store_bytes(spec, v: dict, params: dict, generations: int) -> float:

@@ -317,6 +317,29 @@ def test_the_kept_generation_is_not_solved_again(method, monkeypatch):
     assert len(solves) == 12
 
 
+@pytest.mark.parametrize("key", ["glle_em", "glle_direct"])
+@pytest.mark.parametrize("seed", [0, None])
+def test_the_plan_counts_the_eigensolves_the_sweeps_calls_run(key, seed, monkeypatch):
+    """The cost plan's generation count is the eigensolves a sweep point runs (tasks/fit.py's
+    ``sample(G, seed)`` and scale-study calls after the fit), and its store size every generation."""
+    import lvmcore.models.glle as glle_module
+    from tasks.costs import predict
+    from tasks.registry import COV_SCALES, MODELS
+
+    Y, _ = S.s_curve(800, seed=1)
+    spec = MODELS[key]
+    args = spec.constructor_args({"k": 10, "latent_dim": 2, "seed": seed}, {})
+    est = spec.estimator_class()(**args).fit(Y)
+    solves = []
+    embed = glle_module.embed
+    monkeypatch.setattr(glle_module, "embed", lambda *a, **kw: solves.append(1) or embed(*a, **kw))
+    est.sample(3, random_state=0 if seed is None else seed)  # tasks/fit.py: the point's seed, else 0
+    est.sample(1, random_state=0 if seed is None else seed, cov_scale=COV_SCALES)
+    p = predict(key, args, 800, [3], n_generations=3)
+    assert p.generations == len(solves) == (6 if seed is not None else 8)
+    assert p.store_bytes > (1 + 3 + len(COV_SCALES)) * 800 * 2 * 8
+
+
 @pytest.mark.parametrize("method", ["em", "direct"])
 def test_covariance_scale_controls_the_spread(method):
     """Section VI-C: generations move further from LLE as a grows."""
