@@ -178,6 +178,11 @@ def plain_ceiling(big, repeats):
     return alone, pair
 
 
+def _load():
+    """The 1-, 5- and 15-minute load averages (the machine is shared: note them with each number)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", type=int, default=200_000, help="0: skip the chunked run")
@@ -190,11 +195,13 @@ def main():
     if a.native:
         native_vs_xla(a.repeats)
         return
+    print(f"load average at start: {_load()}")
     print("size (N, M, Q, D)        ours_ms   gpy_ms   gpy/ours")
     for N, M, Q, D in ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50)):
         Y, mu, S, Z = problem(N, M, Q, D)
         t_ours, t_gpy = best_of_interleaved([ours_runner(Y, mu, S, Z), gpy_runner(Y, mu, S, Z)], a.repeats)
         print(f"{(N, M, Q, D)!s:24s} {1e3 * t_ours:8.1f} {1e3 * t_gpy:8.1f} {t_gpy / t_ours:9.1f}")
+    print(f"load average at end: {_load()}")
     if a.big <= 0:
         return
     from _cluster import local_client
