@@ -23,7 +23,7 @@ from tasks.store import read_status
 from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASET = {"name": "swiss_roll", "n": 1200, "seed": 2}
+DATASET = {"name": "swiss_roll", "n": 600, "seed": 2}
 MODELS = ["ppca"]
 GRID = {"latent_dim": [1, 2], "seed": list(range(10))}
 N_POINTS = 20
@@ -36,9 +36,11 @@ def env(prefect_api):
         yield env
 
 
-def _sweep(store, **kw):
+def _rerun(store, cluster):
+    """The re-run after the faults, in process on the test process's sweep cluster (what is
+    checked is what it finds left to do and the store it leaves, not its cluster)."""
     return embed_sweep(
-        dataset=DATASET, models=MODELS, grid=GRID, store=str(store), report=False, points_per_task=1, **kw
+        dataset=DATASET, models=MODELS, grid=GRID, store=str(store), report=False, cluster=cluster
     )
 
 
@@ -86,9 +88,13 @@ def _assert_same(store, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(env, tmp_path_factory):
+def reference(env, sweep_cluster, tmp_path_factory):
+    """The uninterrupted run, on the test process's sweep cluster in the flow's own batches: a
+    grid point's result depends on its data and seed only, not on the cluster or its task."""
     store = tmp_path_factory.mktemp("ref") / "ref.zarr"
-    res = _sweep(store)
+    res = embed_sweep(
+        dataset=DATASET, models=MODELS, grid=GRID, store=str(store), report=False, cluster=sweep_cluster
+    )
     assert res["done"] == N_POINTS
     return store
 
@@ -105,7 +111,7 @@ def _worker_processes(pid):
     return out
 
 
-def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, tmp_path):
+def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, sweep_cluster, tmp_path):
     store = tmp_path / "s.zarr"
     proc = _start_flow(store, env)
     try:
@@ -119,7 +125,7 @@ def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, tmp_path)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert killed_at < N_POINTS, "the sweep finished before the worker was killed"
-    res = _sweep(store)  # a re-run finds nothing left to do
+    res = _rerun(store, sweep_cluster)  # a re-run finds nothing left to do
     assert res["ran"] == 0
     _assert_same(store, reference)
 
@@ -160,7 +166,7 @@ def _kill_when(kind, store, proc, rng):
 
 
 @pytest.mark.slow
-def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, tmp_path):
+def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, sweep_cluster, tmp_path):
     """Issue 21: SIGKILL the flow process at ten seeded moments, including during store set-up
     and right at a region write, re-running after each: nine times the flow process alone (its
     Dask workers must end on their own), once its whole process group (the flow and its workers
@@ -194,7 +200,7 @@ def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, tm
                 assert now.get(f) == t, f
             stamps.update(now)
     pending = int((read_status(store, "ppca") == 0).sum()) if store.exists() else N_POINTS
-    res = _sweep(store)
+    res = _rerun(store, sweep_cluster)
     assert res["ran"] == pending and res["failed"] == 0
     assert not list(tmp_path.glob(".s.zarr.setup-*"))
     now = _done_stamps(store)
