@@ -95,7 +95,9 @@ def test_unknown_cluster_type_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "s.zarr").exists()
 
 
-def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(tmp_path, monkeypatch):
+def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(
+    tmp_path, monkeypatch, sweep_cluster
+):
     store = tmp_path / "sweep.zarr"
     grid = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
     plans = []  # the flow and its subflow plan once between them (the data loaded once)
@@ -138,7 +140,10 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(t
     assert json.loads(json.dumps(plan)) == plan  # plain JSON: it travels as a flow parameter
     with pytest.raises(ValueError, match="plan was made for other grid"):  # a plan for other arguments
         embed_sweep(**{**args, "grid": {**grid, "seed": [0]}}, store=str(store), n_generations=2, plan=plan)
-    again = embed_sweep(**args, store=str(store), report=False, n_generations=2, plan=plan)
+    # the resume on the test process's running cluster (the first run started its own)
+    again = embed_sweep(
+        **args, store=str(store), report=False, n_generations=2, plan=plan, cluster=sweep_cluster
+    )
     assert again["ran"] == 0 and again["total"] == 12 and len(plans) == 1  # the caller's plan is used
     assert _tree_digest(store) == before
 
