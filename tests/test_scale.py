@@ -211,11 +211,12 @@ def prefect_env(prefect_api):
 
 
 @pytest.mark.slow  # a Prefect server and a cluster: about 40 s on the shared 2-core machine
-def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
+def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env, shared_cluster):
     """A sweep on a 2-process cluster (a user's .npy file, exact blocked kNN, GLLE chunked over the
     cluster, PPCA): no task the scheduler receives, from the flow or from
-    the fits' and kNN's own computations on the workers, comes near the data's size."""
-    from distributed import LocalCluster
+    the fits' and kNN's own computations on the workers, comes near the data's size. The cluster is
+    the test process's shared one (tests/conftest.py), its scheduler in this process, watched for
+    this sweep only."""
     from distributed.diagnostics.plugin import SchedulerPlugin
 
     from flows.sweep import embed_sweep
@@ -226,11 +227,10 @@ def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
 
     Y, _ = swiss_roll(12000, 0)
     np.save(tmp_path / "roll.npy", Y)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as lc:
-        plugin = Plugin()
-        lc.scheduler.add_plugin(plugin)
+    lc = shared_cluster
+    plugin = Plugin()
+    lc.scheduler.add_plugin(plugin, name="test-graph-sizes")
+    try:
         res = embed_sweep(
             dataset={"path": str(tmp_path / "roll.npy")},
             models=["ppca", "glle_em"],
@@ -244,6 +244,8 @@ def test_sweep_task_graphs_carry_no_data(tmp_path, prefect_env):
             report=False,
             n_generations=0,
         )
+    finally:
+        lc.scheduler.remove_plugin(name="test-graph-sizes")
     assert res["done"] == 2 and res["failed"] == 0
     attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
     assert attrs["eval_points"] == 2000 and attrs["eval_subset"] == "uniform without replacement, seed 0"
