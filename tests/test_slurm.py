@@ -18,7 +18,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from tests.prefect_server import PREFECT
+from tests.prefect_server import PREFECT, pointed_at
 from tests.slurm_local import missing, one_node_slurm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,8 +117,11 @@ def test_slurm_deployment_runs_jobs_in_squeue_and_completes_the_store(slurm, pre
             worker.wait()
         wlog.close()
     wout = (tmp_path / "worker.log").read_text()
-    info = _run([PREFECT, "flow-run", "inspect", run_id], env)
-    assert "COMPLETED" in info, wout[-4000:]
+    from prefect import get_client
+
+    with pointed_at(prefect_api), get_client(sync_client=True) as client:  # not a `prefect` process
+        state = client.read_flow_run(run_id).state
+    assert state.is_completed(), (state, wout[-4000:])
     jobs = {line.split()[0] for line in seen}
     assert len(jobs) >= 2, seen  # the two dask-jobqueue jobs, seen by squeue
     assert any(line.endswith("RUNNING") for line in seen), seen
