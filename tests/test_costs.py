@@ -260,7 +260,7 @@ def test_glles_upper_terms_hold_the_guard_and_the_plan_refuses_on_the_nominal_on
     (a point that runs on a roll of that size is not refused), and the plan prints both."""
     import tasks.inputs
 
-    args = {"n_neighbors": 15, "n_components": 2, "max_iter": 30}
+    args = {"n_neighbors": 15, "n_components": 2, "max_iter": 30, "random_state": 0}  # the point below
     shipped = costs.predict("glle_em", args, 200_000, [50], n_generations=3)
     assert shipped.upper_seconds > shipped.seconds and shipped.upper_memory_bytes >= shipped.memory_bytes
 
