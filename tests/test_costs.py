@@ -291,3 +291,25 @@ def test_glles_upper_terms_hold_the_guard_and_the_plan_refuses_on_the_nominal_on
     costs.check_plan(plan, {"type": "local"}, max_point_hours=hours, out=None)
     with pytest.raises(ValueError, match="glle_em at N = 300 is predicted"):
         costs.check_plan(plan, {"type": "local"}, max_point_hours=0.5 * slow.seconds / 3600, out=None)
+
+
+def test_the_grid_on_several_workers_takes_at_least_its_longest_point():
+    """A grid point runs on one worker: a grid whose one point is most of its time takes that
+    point's time however many workers share the rest (the plan's line and the progress bar's start)."""
+
+    def row(key, seconds, points):
+        p = costs.Prediction(key, key, seconds, seconds, 0.0, 0, 0.0, 0, memory_bytes=1e9, store_bytes=1e6)
+        return {
+            "key": key,
+            "points": points,
+            "slowest": p,
+            "largest": p,
+            "seconds": seconds * points,
+            "store": 1e6,
+        }
+
+    one_long = costs.plan_table([row("glle_em", 1440.0, 1), row("ppca", 60.0, 4)], {"workers": 2})
+    assert f"about {costs.fmt_seconds(1440.0)} on 2 worker(s)" in one_long, one_long
+    many = costs.plan_table([row("ppca", 600.0, 8)], {"workers": 2})
+    assert f"about {costs.fmt_seconds(2400.0)} on 2 worker(s)" in many, many
+    assert costs.grid_seconds(1680.0, 1440.0, 2) == 1440.0 and costs.grid_seconds(4800.0, 600.0, 2) == 2400.0
