@@ -7,7 +7,8 @@
   :func:`lbfgs`) and the minibatch Bayesian GP-LVM (per epoch) stop by it.
 * :func:`plateau` - the hyperboloid GP-LVM's window rule (full-batch and minibatch): the objective
   averaged over windows of steps (robust to Adam's oscillation and to Monte-Carlo noise), its gain
-  the best recent window mean over the best earlier one, judged by :func:`stalled`.
+  the best recent window mean over the best earlier one, judged by :func:`stalled`;
+  :func:`window_plateau` is the check both hGP-LVM loops run after every step.
 * :func:`lbfgs` - scipy's L-BFGS-B on the objective per data value, shifted to 0 at the start
   (so its own relative-reduction test is the same at any data scale), restarted while iterations
   remain and a run stopped by that test still gained more than ``tol`` per value.
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["stalled", "plateau", "lbfgs", "LbfgsResult", "adam", "Euclidean", "Lorentz"]
+from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, inner, proj, project_to_manifold, transp
+
+__all__ = ["stalled", "plateau", "window_plateau", "lbfgs", "LbfgsResult", "adam", "Euclidean", "Lorentz"]
 
 
 def stalled(gain: float, tol: float, n_values: float) -> bool:
@@ -36,6 +41,16 @@ def plateau(means, patience: int, tol: float, n_values: float) -> bool:
     """The window rule: :func:`stalled` on the gain of the best of the last ``patience`` window
     means over the best earlier one (the caller checks it once enough windows exist)."""
     return stalled(max(means[-patience:]) - max(means[:-patience]), tol, n_values)
+
+
+def window_plateau(trace, window: int, patience: int, tol: float, n_values: float, start: int = 0) -> bool:
+    """The window rule after step len(trace) of a fit (one objective value per step): at the end of
+    a window, once ``start`` steps and 2 ``patience`` windows more have run and ``tol`` > 0,
+    :func:`plateau` on the means of the trace's windows of ``window`` steps."""
+    it = len(trace)
+    if tol <= 0 or it % window or it < start + 2 * patience * window:
+        return False
+    return plateau(np.mean(np.reshape(trace, (-1, window)), axis=1), patience, tol, n_values)
 
 
 class LbfgsResult(NamedTuple):
@@ -87,9 +102,6 @@ def lbfgs(fg, x, *, n_values, max_iter, tol, gtol=1e-8, bounds=None, callback=No
 
 def _sqrt(x):
     """sqrt in the array's own library (NumPy arrays stay NumPy; JAX arrays and tracers JAX)."""
-    import jax
-    import jax.numpy as jnp
-
     return jnp.sqrt(x) if isinstance(x, jax.Array) else np.sqrt(x)
 
 
@@ -129,28 +141,18 @@ class Lorentz:
 
     @staticmethod
     def rgrad(x, g):
-        from lvmcore.manifolds.lorentz import egrad2rgrad
-
         return egrad2rgrad(x, g)
 
     @staticmethod
     def sqnorm(x, u, w):
-        import jax.numpy as jnp
-
-        from lvmcore.manifolds.lorentz import inner
-
         return w * jnp.maximum(inner(u, u), 0.0)
 
     @staticmethod
     def per_point(a):
-        import jax.numpy as jnp
-
         return jnp.asarray(a)[..., None]
 
     @staticmethod
     def step(x, u, m):
-        from lvmcore.manifolds.lorentz import expmap, proj, project_to_manifold, transp
-
         xn = project_to_manifold(expmap(x, u))
         return xn, proj(xn, transp(x, xn, m))
 

@@ -17,7 +17,8 @@ B of the N points),
 
 The bound is linear in the statistics, so a scaled batch gives an unbiased estimate. Its optimum
 in q(v) for given statistics is P = I + beta C, m = beta P^-1 c (:func:`optimal_qu`, the
-natural-gradient step of size one), where it equals the collapsed bound.
+natural-gradient step of size one), where it equals the collapsed bound. :func:`jitter_tries` is
+the minibatch fits' retry with a larger jitter on K_mm where a step is not finite.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-from lvmcore.linalg import cholesky_jax
+from lvmcore.linalg import MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
 from lvmcore.precision import x64
 
-__all__ = ["bound", "kl_qu", "optimal_qu"]
+__all__ = ["bound", "kl_qu", "optimal_qu", "jitter_tries"]
 
 
 def _whitened(Kmm, p1y, p2, rel_jitter):
@@ -95,3 +96,11 @@ def optimal_qu(Kmm, stats, log_beta, scale=1.0, rel_jitter=0.0):
     P = jnp.eye(C.shape[0]) + beta * C
     P = 0.5 * (P + P.T)
     return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+
+
+def jitter_tries(current, what, fix=""):
+    """The relative jitters on K_mm a minibatch step tries in turn, :func:`lvmcore.linalg.jitter_escalation`
+    from ``current`` up (the caller breaks at the first that works); asked for one after the last, it
+    raises NumericalError("``what`` even with jitter MAX_JITTER x mean diag(K_mm)``fix``")."""
+    yield from jitter_escalation(current)
+    raise NumericalError(f"{what} even with jitter {MAX_JITTER:g} x mean diag(K_mm){fix}", name="K_mm")

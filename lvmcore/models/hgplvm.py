@@ -88,7 +88,7 @@ from lvmcore.models.hgplvm_point import (
     reml_projection,
     symmetrize_lower,
 )
-from lvmcore.optim import Lorentz, adam, plateau
+from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
 
@@ -100,8 +100,6 @@ __all__ = [
     "bayesian_objective",
 ]
 
-_VARIANTS = ("point", "sparse", "bayesian")
-_OPTIMIZERS = ("rsgd", "radam")
 _LOG2PI = float(np.log(2.0 * np.pi))
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
@@ -123,16 +121,13 @@ def lift(Xs):
     return jnp.concatenate([x0, Xs], axis=-1)
 
 
-_kern = he_kernel
-
-
 @x64
 def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
     """The collapsed bound (eqs. 5, 6 without the KL) from the psi statistics, through
     :mod:`lvmcore.collapsed` (the one collapsed bound of lvmcore: :class:`~lvmcore.collapsed.Terms`,
     then :func:`~lvmcore.collapsed.bound`).  K_mm gets the relative jitter ``linalg.KERNEL_JITTER`` (x sigma,
     its diagonal)."""
-    Kmm = _kern(Z, Z, jnp.exp(log_sigma), kappa)
+    Kmm = he_kernel(Z, Z, jnp.exp(log_sigma), kappa)
     t = collapsed.terms(Kmm, psi1ty, psi2, jnp.exp(log_beta), linalg.KERNEL_JITTER)
     return collapsed.bound(t, psi0, trYY, log_beta, n, d)
 
@@ -143,7 +138,7 @@ def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa, restricted=False):
     ``restricted``: with a constant mean per column integrated out (:func:`_bound_reml`)."""
     n, d = Y.shape
     sigma = jnp.exp(log_sigma)
-    Knm = _kern(X, Z, sigma, kappa)
+    Knm = he_kernel(X, Z, sigma, kappa)
     if restricted:
         return _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa)
     return _bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa)
@@ -159,7 +154,7 @@ def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
     sigma, beta = jnp.exp(log_sigma), jnp.exp(log_beta)
     one = jnp.ones((n, 1), Y.dtype)
     Ya = jnp.concatenate([Y, one], axis=1)
-    Kmm = _kern(Z, Z, sigma, kappa)
+    Kmm = he_kernel(Z, Z, sigma, kappa)
     t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, linalg.KERNEL_JITTER)
     cy, c1 = t.c[:, :d], t.c[:, d]
     f = collapsed.bound(t._replace(c=cy), n * sigma, jnp.sum(Y * Y), log_beta, n, d)
@@ -194,14 +189,9 @@ def _renorm(X):
     return lift(X[..., 1:])
 
 
-def _rsgd_step(X, g, lr):
-    """Ascent step x <- exp_x(lr * rgrad) (Algorithm 1 with -F as the loss)."""
-    return _renorm(expmap(X, lr * egrad2rgrad(X, g)))
-
-
 def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
-    if variant == "point":
-        return point_objective(X, hyp[0], hyp[1], Y, kappa, restricted)
+    """The sparse (eq. 5) or Bayesian (eq. 6) bound; the point variant's step and transform have
+    their own (eq. 4)."""
     if variant == "sparse":
         return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa, restricted)
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2])
@@ -216,7 +206,7 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
         if use_radam:
             s[k], s["m" + k], s["v" + k] = adam(s[k], grads[k], s["m" + k], s["v" + k], t, lr, Lorentz)
         else:
-            s[k] = _rsgd_step(s[k], grads[k] / scale, lr)
+            s[k] = _renorm(expmap(s[k], lr * egrad2rgrad(s[k], grads[k] / scale)))  # RSGD, Algorithm 1
     s["hyp"], s["mh"], s["vh"] = adam(s["hyp"], grads["hyp"], s["mh"], s["vh"], t, hlr)
     if variant == "bayesian":
         Sn, mSn, vSn = adam(s["log_S"], grads["log_S"], s["mS"], s["vS"], t, hlr)
@@ -286,21 +276,16 @@ def _rule_windows(variant, drift):
     return 25, max(_PATIENCE, -(-drift // 25) + 1) if drift else _PATIENCE
 
 
-def _point_value(X, ls, lb, Y, kappa, restricted):
-    """Eq. (4) (restricted or not) at a trial state of the drift search: :func:`point_objective`."""
-    return float(_point_objective_jit(X, ls, lb, Y, kappa, restricted=restricted))
-
-
 def _drift_search(state, avg, prev, Y, kappa, restricted):
     """a = 1, 2, 4, ... times the averaged drift of the points (and of log sigma) from the
     current state while eq. (4) rises; returns (state, a or 0)."""
     lb = state["hyp"][1]
-    f0 = _point_value(state["X"], state["hyp"][0], lb, Y, kappa, restricted)
+    f0 = float(_point_objective_jit(state["X"], state["hyp"][0], lb, Y, kappa, restricted=restricted))
     best, a = None, 1.0
     while a <= 64:
         X = _drift_move(state["X"], avg["X"], prev["X"], a)
         ls = state["hyp"][0] + a * (avg["ls"] - prev["ls"])
-        f = _point_value(X, ls, lb, Y, kappa, restricted)
+        f = float(_point_objective_jit(X, ls, lb, Y, kappa, restricted=restricted))
         if not f > f0:
             break
         f0, best = f, (X, ls, a)
@@ -435,7 +420,7 @@ class _Hyperboloid(LatentModel):
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
         "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
         "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
-        "optimizer": [StrOptions(set(_OPTIMIZERS))],
+        "optimizer": [StrOptions({"rsgd", "radam"})],
         "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
         "init": [StrOptions({"pca", "random", "sparse"})],
         "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
@@ -491,13 +476,6 @@ class _Hyperboloid(LatentModel):
         """Initial latent points in the tangent space at the origin (N, Q): :func:`tangent_start`."""
         return tangent_start(Y, int(self.n_components), self.init, float(self._setting("init_scale")), rng)
 
-    def _init_inducing(self, P, rng):
-        """M inducing inputs (tangent space): k-means centres of the initial latent points, or all
-        of them where M = N."""
-        n = P.shape[0]
-        m = _auto_inducing(n) if self.n_inducing == "auto" else min(int(self.n_inducing), n)
-        return P.copy() if m == n else kmeans_start(P, m, rng)
-
     # ------------------------------------------------------------------ fit
     @x64
     def fit(self, Y, graph=None, *, callback=None):
@@ -523,14 +501,18 @@ class _Hyperboloid(LatentModel):
         restricted = self._setting("mean") == "integrated"
         P = self._init_tangent(Y, rng)
         X = expmap0(jnp.asarray(P))
-        warm_fit = None
+        warm_fit, Z = None, None
         if self.init == "sparse":
             # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
             own = HyperboloidGPLVM._get_param_names()
             params = {k: v for k, v in self.get_params().items() if k in own}
             params.update(variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0)
             warm_fit = HyperboloidGPLVM(**params).fit(Y)
-            X = jnp.asarray(warm_fit.lorentz_embedding_)
+            X, Z = jnp.asarray(warm_fit.lorentz_embedding_), jnp.asarray(warm_fit.inducing_)
+            hyp0 = hyp0.at[0].set(np.log(warm_fit.sigma_))
+        elif variant != "point":  # k-means centres of the initial latent points, or all of them (M = N)
+            m = _auto_inducing(n) if self.n_inducing == "auto" else min(int(self.n_inducing), n)
+            Z = expmap0(jnp.asarray(P.copy() if m == n else kmeans_start(P, m, rng)))
         state = {
             "X": X,
             "hyp": hyp0,
@@ -539,15 +521,10 @@ class _Hyperboloid(LatentModel):
             "mh": jnp.zeros(3),
             "vh": jnp.zeros(3),
             "log_S": None,
-            "Z": None,
+            "Z": Z,
         }
-        if warm_fit is not None:
-            state["hyp"] = state["hyp"].at[0].set(np.log(warm_fit.sigma_))
-            Z = jnp.asarray(warm_fit.inducing_)
-        elif variant != "point":
-            Z = expmap0(jnp.asarray(self._init_inducing(P, rng)))
-        if variant != "point":
-            state.update(Z=Z, mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
+        if Z is not None:
+            state.update(mZ=jnp.zeros_like(Z), vZ=jnp.zeros(Z.shape[0]))
         if variant == "bayesian":
             log_S = jnp.full((n, q), np.log(1e-2 * float(self._setting("init_scale")) ** 2))
             state.update(log_S=log_S, mS=jnp.zeros_like(log_S), vS=jnp.zeros_like(log_S))
@@ -566,7 +543,7 @@ class _Hyperboloid(LatentModel):
         drift = int(self._setting("drift_every"))
         window, patience = _rule_windows(variant, drift)
         warm = int(self.fix_variance_iter) if variant == "bayesian" else 0
-        trace, means, converged, it = [], [], False, 0
+        trace, converged, it = [], False, 0
         moves, acc, prev = [], None, None
         for it in range(1, int(self.max_iter) + 1):
             eps = jax.random.normal(jax.random.fold_in(key, it), (H, n, q)) if variant == "bayesian" else None
@@ -608,33 +585,26 @@ class _Hyperboloid(LatentModel):
                         state, a_drift = _drift_search(state, avg, prev, Yc, kappa, restricted)
                         moves.append((it, a_drift))
                     prev = avg
-            if it % window == 0:
-                if callback is not None:
-                    callback(it, _snapshot(state))
-                means.append(np.mean(trace[-window:]))
-                checked = self.tol > 0 and it >= warm + 2 * patience * window
-                if checked and plateau(means, patience, self.tol, n * d):
-                    converged = True
-                    break
+            if callback is not None and it % window == 0:
+                callback(it, _snapshot(state))
+            if window_plateau(trace, window, patience, self.tol, n * d, warm):
+                converged = True
+                break
         S = None if state["log_S"] is None else np.asarray(jnp.exp(state["log_S"]))
-        self._set_fitted(state["X"], state["hyp"], S, state["Z"], hmask, Yc)
-        self.n_iter_ = it
+        self._set_fitted(state["X"], state["hyp"], S, state["Z"], hmask, Yc, mean, trace, converged)
         self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0
-        self.converged_ = converged
         self.drift_moves_ = moves
-        self.elbo_trace_ = np.asarray(trace)
-        self.elbo_ = float(trace[-1])
-        self.mean_ = mean
         self.restricted_ = restricted
         self._key = np.asarray(key)
         self.fit_time_ = time.perf_counter() - t_start
         return self
 
-    def _set_fitted(self, X, hyp, S, Z, hmask, Yc):
+    def _set_fitted(self, X, hyp, S, Z, hmask, Yc, mean, trace, converged):
         """The fitted state both trainings set: the points (means) X on the hyperboloid and in the
         Poincare ball, their variances S (None: point, sparse), the inducing inputs Z (None:
         point), sigma, beta, s (Bayesian) from hyp (log sigma, log beta, log s^2), whether beta was
-        fixed (``hmask``), and the centred data Yc (for ``transform``)."""
+        fixed (``hmask``), the centred data Yc and the training mean (for ``transform``), the
+        objective's trace (its last entry is ``elbo_``, its length ``n_iter_``) and ``converged``."""
         self.lorentz_embedding_ = np.asarray(_renorm(jnp.asarray(X)))
         self.embedding_ = np.asarray(to_poincare(self.lorentz_embedding_))
         self.embedding_var_ = S
@@ -643,7 +613,10 @@ class _Hyperboloid(LatentModel):
         self.sigma_, self.beta_ = float(np.exp(hyp[0])), float(np.exp(hyp[1]))
         self.prior_scale_ = float(np.exp(0.5 * hyp[2])) if self.variant == "bayesian" else None
         self.noise_fixed_ = bool(hmask[1] == 0.0)
-        self._Y = np.asarray(Yc)
+        self._Y, self.mean_ = np.asarray(Yc), mean
+        self.elbo_trace_ = np.asarray(trace, dtype=np.float64)
+        self.elbo_, self.n_iter_ = float(trace[-1]), len(trace)
+        self.converged_ = converged
 
     def fit_transform(self, Y, graph=None):
         return self.fit(Y, graph).embedding_
@@ -665,12 +638,9 @@ class _Hyperboloid(LatentModel):
         """
         Yn, nearest = new_rows(self, Y_new)
         Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(self._Y), jnp.asarray(self.lorentz_embedding_)
-        X0 = Xtr[nearest]
-        n_new, q = X0.shape[0], int(self.n_components)
-        kappa = float(self.kappa)
+        ntr, n_new, q = Xtr.shape[0], Yn.shape[0], int(self.n_components)
+        kappa, bayes, H = float(self.kappa), self.variant == "bayesian", int(self.n_samples)
         hyp = jnp.log(jnp.array([self.sigma_, self.beta_, (self.prior_scale_ or 1.0) ** 2]))
-        ntr = Xtr.shape[0]
-        H = int(self.n_samples)
         if self.variant == "point":
             sigma, beta = self.sigma_, self.beta_
             K = point_kernel(Xtr, jnp.log(sigma), jnp.log(beta), kappa)[0]  # eq. 4's K
@@ -682,7 +652,7 @@ class _Hyperboloid(LatentModel):
             alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
 
             def obj(Xn, log_S, eps):
-                ks = _kern(Xn, Xtr, sigma, kappa)  # (n_new, N)
+                ks = he_kernel(Xn, Xtr, sigma, kappa)  # (n_new, N)
                 mean = ks @ alpha
                 w = jax.scipy.linalg.solve_triangular(L, ks.T, lower=True)
                 var = jnp.maximum(sigma - jnp.sum(w * w, axis=0) + 1.0 / beta, 1e-12)
@@ -692,7 +662,7 @@ class _Hyperboloid(LatentModel):
         else:  # the bound of training + new rows (sparse: log S unused)
             Z = jnp.asarray(self.inducing_)
             Yall = jnp.concatenate([Ytr, Yn])
-            log_S_tr = jnp.log(jnp.asarray(self.embedding_var_)) if self.variant == "bayesian" else None
+            log_S_tr = jnp.log(jnp.asarray(self.embedding_var_)) if bayes else None
 
             def obj(Xn, log_S, eps):
                 Xall = jnp.concatenate([Xtr, Xn])
@@ -709,22 +679,14 @@ class _Hyperboloid(LatentModel):
             log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
             return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
 
-        Xn = X0
-        log_S = (
-            jnp.full((n_new, q), np.log(np.median(self.embedding_var_)))
-            if self.embedding_var_ is not None
-            else jnp.zeros((n_new, q))
-        )
+        Xn = Xtr[nearest]
+        log_S = jnp.full((n_new, q), np.log(np.median(self.embedding_var_)) if bayes else 0.0)
         mX, vX = jnp.zeros_like(Xn), jnp.zeros(n_new)
         mS, vS = jnp.zeros_like(log_S), jnp.zeros_like(log_S)
         key = jax.random.fold_in(jnp.asarray(self._key), 10**6)
         n_it = int(max_iter) if max_iter is not None else 200
         for t in range(1, n_it + 1):
-            eps = (
-                jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q))
-                if self.variant == "bayesian"
-                else None
-            )
+            eps = jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q)) if bayes else None
             Xn, log_S, mX, vX, mS, vS = step(Xn, log_S, mX, vX, mS, vS, float(t), eps)
         return np.asarray(_renorm(Xn))
 
@@ -804,7 +766,7 @@ class HyperboloidGPLVM(_Hyperboloid):
 
     _parameter_constraints = {
         **_Hyperboloid._parameter_constraints,
-        "variant": [StrOptions(set(_VARIANTS))],
+        "variant": [StrOptions({"point", "sparse", "bayesian"})],
         "mean": [StrOptions({"auto", "zero", "integrated"})],
         "drift_every": [StrOptions({"auto"}), Interval(numbers.Integral, 0, None, closed="left")],
     }

@@ -66,7 +66,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from lvmcore import uncollapsed
 from lvmcore.checks import check_data
 from lvmcore.kernels.hyperbolic import he_kernel
-from lvmcore.linalg import KERNEL_JITTER, MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
+from lvmcore.linalg import KERNEL_JITTER, NumericalError, cholesky_jax
 from lvmcore.manifolds.lorentz import expmap0, to_poincare
 from lvmcore.models.hgplvm import (
     _Hyperboloid,
@@ -76,10 +76,10 @@ from lvmcore.models.hgplvm import (
     mc_statistics,
     new_rows,
 )
-from lvmcore.optim import Lorentz, adam, plateau
+from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.precision import jit64, x64
 from lvmcore.psi.monte_carlo import log_sinhc, sample_wrapped, wrapped_log_density_origin
-from lvmcore.uncollapsed import kl_qu
+from lvmcore.uncollapsed import jitter_tries, kl_qu
 
 __all__ = [
     "BayesianHyperboloidGPLVM",
@@ -234,6 +234,17 @@ def _terms_chunk(local, glob, qu, Y, eps, kappa, jitter):
 def _chunks(n, size):
     """Consecutive row slices of at most about ``size`` rows covering n rows."""
     return [slice(r[0], r[-1] + 1) for r in np.array_split(np.arange(n), max(1, -(-n // size)))]
+
+
+def _chunk_sums(fn, X, log_S, Y, key, H, size):
+    """The sum over chunks of about ``size`` rows (:func:`_chunks`) of fn(q(x) of the rows, their
+    data, H standard normal draws per row (the i-th chunk's from fold_in(key, i)))."""
+    total = None
+    for i, sl in enumerate(_chunks(X.shape[0], size)):
+        eps = jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, log_S.shape[1]))
+        s = fn({"X": X[sl], "log_S": log_S[sl]}, Y[sl], eps)
+        total = s if total is None else tuple(a + b for a, b in zip(total, s, strict=True))
+    return total
 
 
 # --------------------------------------------------------------------------- estimator
@@ -393,8 +404,8 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
         kappa = float(self.kappa)
         rng = np.random.default_rng(self.random_state)
         key = jax.random.PRNGKey(int(rng.integers(2**31)))
-        self.mean_ = Y.mean(0)
-        Yc = Y - self.mean_
+        mean = Y.mean(0)
+        Yc = Y - mean
         P, C = self._minibatch_start(Yc, rng)
         hyp0, hmask = self._hyper_start(Yc)
         X = np.array(expmap0(jnp.asarray(P)))
@@ -414,7 +425,7 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
         lr, hlr = float(self.learning_rate), float(self.hyper_learning_rate)
         B = int(self.batch_size)
         nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
-        jitter, trace, means, converged = KERNEL_JITTER, [], [], False
+        jitter, trace, converged = KERNEL_JITTER, [], False
         window, pat = _rule_windows("bayesian", 0)  # the full-batch Bayesian fit's plateau rule
         batches = iter(())
         step = 0
@@ -427,7 +438,8 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
             lb = {"X": X[rows], "log_S": log_S[rows]}
             lm = {k: v[rows] for k, v in lmom.items()}
             r_ng = 1.0 if step == 1 else float(self.ng_step)
-            for j in jitter_escalation(jitter):
+            what = f"the minibatch bound or q(u) step is not finite at step {step}"
+            for j in jitter_tries(jitter, what, "; lower learning_rate"):
                 out = _svi_step(
                     lb, lm, glob, gmom, qu, Yc[rows], eps, float(n), n / len(rows), kappa, j, float(step),
                     lr, hlr, hmask, step > int(self.fix_variance_iter), r_ng,
@@ -435,43 +447,37 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
                 if bool(out[-1]):
                     jitter = j
                     break
-            else:
-                raise NumericalError(
-                    f"the minibatch bound or q(u) step is not finite at step {step} even with jitter "
-                    f"{MAX_JITTER:g} x mean diag(K_mm); lower learning_rate",
-                    name="K_mm",
-                )
             lb, lm, glob, gmom, qu, F, _ = out
             X[rows], log_S[rows] = np.asarray(lb["X"]), np.asarray(lb["log_S"])
             for k in lmom:
                 lmom[k][rows] = np.asarray(lm[k])
             trace.append(float(F))
-            if step % window == 0:
-                means.append(np.mean(trace[-window:]))
-                if self.tol > 0 and step >= int(self.fix_variance_iter) + 2 * pat * window:
-                    if plateau(means, pat, self.tol, n * d):
-                        converged = True
-                        break
+            if window_plateau(trace, window, pat, self.tol, n * d, int(self.fix_variance_iter)):
+                converged = True
+                break
         del lmom
         # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
         if int(self.local_iter) > 0:
             self._local_passes(
                 X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30), jitter, int(self.local_iter)
             )
-        # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws
-        qu = self._final_qu(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), kappa, jitter, H)
-        self.qu_ = qu
-        F, se = self._evaluate(X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30 + 2), kappa, jitter)
+        # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws (the
+        # sum over points of mean_h l_nh, less KL(q(v)), and its standard error from var_h(l_nh) / H)
+        size = int(self.chunk_size)
+        stats_fn = lambda lo, y, e: _stats_chunk(lo, glob, y, e, kappa)
+        stats = _chunk_sums(stats_fn, X, log_S, Yc, jax.random.fold_in(key, 2**30 + 1), H, size)
+        qu = self.qu_ = optimal_qu(stats, glob, kappa, 1.0, jitter)
+        terms_fn = lambda lo, y, e: _terms_chunk(lo, glob, qu, y, e, kappa, jitter)
+        key_eval, H_eval = jax.random.fold_in(key, 2**30 + 2), int(self.eval_samples)
+        s, v = _chunk_sums(terms_fn, X, log_S, Yc, key_eval, H_eval, max(1, size // 2))
+        F, se = float(s) - float(kl_qu(qu)), float(np.sqrt(float(v)))
         if not np.isfinite(F):
             raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
-        self.elbo_, self.elbo_se_ = F, se
-        self.elbo_trace_ = np.asarray([*trace, F], dtype=np.float64)
-        self.n_iter_ = len(self.elbo_trace_)
-        self.converged_ = converged
+        self.elbo_se_ = se
         self.n_steps_ = step
         self.extra_jitter_ = jitter
         self.n_inducing_ = M
-        self._set_fitted(X, glob["hyp"], np.exp(log_S), glob["Z"], hmask, Yc)
+        self._set_fitted(X, glob["hyp"], np.exp(log_S), glob["Z"], hmask, Yc, mean, [*trace, F], converged)
         self.glob_ = {k: np.asarray(v) for k, v in glob.items()}
 
     def _local_passes(self, X, log_S, glob, qu, Y, key, jitter, n_steps):
@@ -484,28 +490,6 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
                 n_steps=n_steps, H=int(self.local_samples),
             )  # fmt: skip
             X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
-
-    def _draws(self, key, i, H, sl):
-        """H standard normal draws per row of the chunk ``sl`` (the i-th) for the wrapped normals."""
-        return jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, int(self.n_components)))
-
-    def _final_qu(self, X, log_S, glob, Yc, key, kappa, jitter, H):
-        stats = None
-        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
-            lo = {"X": X[sl], "log_S": log_S[sl]}
-            s = _stats_chunk(lo, glob, Yc[sl], self._draws(key, i, H, sl), kappa)
-            stats = s if stats is None else tuple(a + b for a, b in zip(stats, s, strict=True))
-        return optimal_qu(stats, glob, kappa, 1.0, jitter)
-
-    def _evaluate(self, X, log_S, glob, qu, Yc, key, kappa, jitter):
-        """(F, standard error): the full bound over all points with ``eval_samples`` fresh draws."""
-        H = int(self.eval_samples)
-        total, var = 0.0, 0.0
-        for i, sl in enumerate(_chunks(X.shape[0], max(1, int(self.chunk_size) // 2))):
-            lo = {"X": X[sl], "log_S": log_S[sl]}
-            s, v = _terms_chunk(lo, glob, qu, Yc[sl], self._draws(key, i, H, sl), kappa, jitter)
-            total, var = total + float(s), var + float(v)
-        return total - float(kl_qu(qu)), float(np.sqrt(var))
 
     @x64
     def _transform_minibatch(self, Y_new, max_iter=None):
