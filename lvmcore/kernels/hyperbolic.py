@@ -23,6 +23,7 @@ from __future__ import annotations
 import numbers
 
 import jax.numpy as jnp
+import numpy as np
 
 from lvmcore.manifolds.lorentz import pairwise_dist
 from lvmcore.precision import x64
@@ -98,8 +99,6 @@ class HyperboloidExponential:
 
     @staticmethod
     def init(var: float, q: int) -> dict:
-        import numpy as np
-
         return {"log_var": np.log(var)}
 
     @x64

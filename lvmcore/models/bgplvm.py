@@ -19,12 +19,16 @@ import functools
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
+from jax.scipy.linalg import solve_triangular
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore import collapsed
 from lvmcore.checks import check_data
-from lvmcore.chunks import JitStats
+from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.graph import knn_query
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.linalg import (
@@ -32,12 +36,15 @@ from lvmcore.linalg import (
     MAX_JITTER,
     TIME_PRIOR_JITTER,
     TIME_PRIOR_START_RIDGE,
+    NumericalError,
     jitter_escalation,
 )
 from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
 from lvmcore.pca import pca_start
 from lvmcore.precision import x64
+from lvmcore.psi import native
+from lvmcore.psi.closed_form import kl_diag_gaussian, resolve_impl
 
 _KERNELS = tuple(KERNELS)
 
@@ -49,8 +56,6 @@ def kmm(kind, Z, kp, jitter=KMM_JITTER):
     constant ``KMM_JITTER`` by default (the bounds compare with GPy's at unit data scale); a fit
     passes ``KMM_JITTER`` times its view's variance (:func:`kmm_jitters`), so the model does not
     depend on the data's units."""
-    import jax.numpy as jnp
-
     return get_kernel(kind).K(Z, Z, kp) + jitter * jnp.eye(Z.shape[0])
 
 
@@ -62,8 +67,6 @@ def kmm_jitters(views) -> np.ndarray:
 @x64
 def view_bound(stats, Kmm, log_beta, N, D, rel_jitter=0.0):
     """F_v from the summed statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) (``lvmcore.collapsed``)."""
-    import jax.numpy as jnp
-
     psi0, psi1TY, psi2, trYY = stats
     t = collapsed.terms(Kmm, psi1TY, psi2, jnp.exp(log_beta), rel_jitter)
     return collapsed.bound(t, psi0, trYY, log_beta, N, D)
@@ -81,21 +84,11 @@ class ViewStats(JitStats):
         self.impl = impl
 
     def key(self):
-        from lvmcore.psi.closed_form import resolve_impl
-
         return (self.kinds, self.shared, self.with_kl, resolve_impl(self.impl))
 
     def build(self, primal=True):
-        import jax.numpy as jnp
-
-        from lvmcore.psi.closed_form import kl_diag_gaussian
-
-        kernels, shared, with_kl, impl = (
-            [get_kernel(k) for k in self.kinds],
-            self.shared,
-            self.with_kl,
-            self.impl,
-        )
+        kernels = [get_kernel(k) for k in self.kinds]
+        shared, with_kl, impl = self.shared, self.with_kl, self.impl
 
         def f(local, glob, data):
             mu, S = local["mu"], jnp.exp(local["logS"])
@@ -114,13 +107,10 @@ class ViewStats(JitStats):
 
 @functools.lru_cache(maxsize=64)
 def bound_objective(kinds: tuple, shared: bool, N: int, dims: tuple):
-    """objective(stats, glob, rel_jitter, kmm_jitter) -> the total bound, for ``RowChunks``
-    (``kmm_jitter``: one per view, :func:`kmm_jitters`; None: ``KMM_JITTER``)."""
-
-    def obj(stats, glob, rel_jitter=0.0, kmm_jitter=None):
-        return total_bound(kinds, shared, N, dims, stats, glob, rel_jitter, kmm_jitter)
-
-    return obj
+    """objective(stats, glob, rel_jitter, kmm_jitter) -> the total bound (:func:`total_bound` of
+    these views), for ``RowChunks`` (``kmm_jitter``: one per view, :func:`kmm_jitters`; None:
+    ``KMM_JITTER``); one object per setting, so that ``RowChunks`` compiles it once."""
+    return functools.partial(total_bound, kinds, shared, N, dims)
 
 
 @x64
@@ -137,8 +127,6 @@ def total_bound(kinds, shared, N, dims, stats, glob, rel_jitter=0.0, kmm_jitter=
 def temporal_prior(times, sequences, jitter=TIME_PRIOR_JITTER):
     """Returns k(log_lengthscale) -> K_t (N, N): an RBF covariance over time stamps, block-diagonal
     over independent sequences (paper 004 section 4.3), with unit variance plus jitter."""
-    import jax.numpy as jnp
-
     t = np.asarray(times, dtype=np.float64)
     same = np.equal.outer(sequences, sequences).astype(np.float64)
     d2 = np.subtract.outer(t, t) ** 2
@@ -156,10 +144,6 @@ def temporal_posterior(mubar, loglam, Kt):
     of Damianou et al., paper 004 section 4.3). Returns (mu (N, Q), log diag S (N, Q),
     KL(q || prod_q N(0, K))); with B = I + Lam^1/2 K Lam^1/2 = L_B L_B^T, S = K - K Lam^1/2 B^-1
     Lam^1/2 K and KL = (tr(B^-1) + mubar^T K mubar - N + log|B|) / 2."""
-    import jax
-    import jax.numpy as jnp
-    from jax.scipy.linalg import solve_triangular
-
     N = Kt.shape[0]
 
     def one(mb, ll):
@@ -260,8 +244,6 @@ class _CollapsedGPLVM(LatentModel):
         """The fitted state both fits (L-BFGS, minibatch) set: q(X) and the globals as NumPy, the
         bound and its trace, the relative jitter added to K_mm (on top of ``kmm_jitter_``) and the
         centred views."""
-        import jax
-
         self.local_ = {k: np.asarray(v) for k, v in local.items()}
         self.glob_ = jax.tree_util.tree_map(np.asarray, glob)
         self.elbo_ = elbo
@@ -279,17 +261,9 @@ class _CollapsedGPLVM(LatentModel):
         try:
             self._optimise_views(views, times, sequences)
         finally:
-            from lvmcore.psi import native
-
             native.release_store()  # the pair exponentials kept between forward and backward passes
 
     def _optimise_views(self, views, times=None, sequences=None):
-        import jax
-        from jax.flatten_util import ravel_pytree
-
-        from lvmcore.chunks import RowChunks
-        from lvmcore.linalg import NumericalError
-
         views, kinds, q, m = self._check_views(views)
         Yc, local, glob = self._start(views, kinds, q, m)
         N = Yc[0].shape[0]
@@ -345,23 +319,21 @@ class _CollapsedGPLVM(LatentModel):
 
         def fg(x):
             lo, gl = unravel(x)
-            val, g_lo, g_gl = evaluate(lo, gl, state["jitter"])
-            if not np.isfinite(val):
-                # escalate the jitter on K_mm (lvmcore.linalg's schedule, above the one in use)
-                for j in jitter_escalation(state["jitter"])[1:]:
-                    val, g_lo, g_gl = evaluate(lo, gl, j)
-                    if np.isfinite(val):
-                        state["jitter"] = j
-                        break
-                if not np.isfinite(val) and state["last"] is None:
+            # the jitter on K_mm in use, escalated where the bound is not finite (lvmcore.linalg's schedule)
+            for j in jitter_escalation(state["jitter"]):
+                val, g_lo, g_gl = evaluate(lo, gl, j)
+                if np.isfinite(val):
+                    state["jitter"] = j
+                    break
+            else:
+                if state["last"] is None:
                     raise NumericalError(
                         "the bound is not finite at the initial parameters even with jitter "
                         f"{MAX_JITTER:g} x mean diag(K_mm) (K_mm or A not positive definite)",
                         name="K_mm",
                     )
-                if not np.isfinite(val):
-                    # a trial point of the line search left the valid region (overflow): reject it
-                    return np.inf, np.zeros_like(x)
+                # a trial point of the line search left the valid region (overflow): reject it
+                return np.inf, np.zeros_like(x)
             g, _ = ravel_pytree((g_lo, g_gl))
             state["last"] = val
             return -val, -np.asarray(g)
@@ -413,11 +385,7 @@ class _CollapsedGPLVM(LatentModel):
         new rows in one vectorised optimisation). ``observed`` maps view index -> (N*, D_v) array
         (raw units). Returns (mu*, S*)."""
         self._check_fitted()
-        import jax
-        import jax.numpy as jnp
         from scipy.optimize import minimize
-
-        from lvmcore.psi.closed_form import kl_diag_gaussian
 
         if not observed:
             raise ValueError("observed must name at least one view, e.g. {0: Y0_new}")
@@ -481,9 +449,6 @@ class _CollapsedGPLVM(LatentModel):
         """Predictive mean (N*, D_v) and variance (N*, D_v) of view ``view`` at q(x*) = N(mu, diag S)
         (paper 004 appendix C, uncertain inputs), in the data's original units."""
         self._check_fitted()
-        import jax
-        import jax.numpy as jnp
-
         mu, S = jnp.atleast_2d(jnp.asarray(mu, float)), jnp.atleast_2d(jnp.asarray(S, float))
         kind, kp, Z = self.kinds_[view], self.glob_["kern"][view], self._Z(view)
         kern = get_kernel(kind)

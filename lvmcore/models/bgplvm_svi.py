@@ -38,15 +38,20 @@ import functools
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from sklearn.utils._param_validation import Interval
 
 from lvmcore import uncollapsed
 from lvmcore.kernels.euclidean import get_kernel
-from lvmcore.linalg import KMM_JITTER, MAX_JITTER, jitter_escalation
+from lvmcore.linalg import KMM_JITTER
 from lvmcore.models.bgplvm import RULES, BayesianGPLVM, _CollapsedGPLVM, kmm
 from lvmcore.optim import adam, stalled
-from lvmcore.precision import x64
+from lvmcore.precision import jit64, x64
+from lvmcore.psi.closed_form import kl_diag_gaussian
+from lvmcore.uncollapsed import jitter_tries
 
 __all__ = [
     "StochasticBayesianGPLVM",
@@ -72,27 +77,20 @@ def optimal_qu(kind, stats, glob, scale=1.0, rel_jitter=0.0, kmm_jitter=KMM_JITT
     """The q(v) that maximises :func:`uncollapsed_bound` for these statistics: precision
     I + beta C and mean beta (I + beta C)^-1 c, C and c from the statistics scaled by ``scale``
     (the natural-gradient step of size one). Returns {"m", "P"} as numpy arrays."""
-    P, m = _optimal_qu_jit(kind)(stats, glob, scale, rel_jitter, kmm_jitter)
+    P, m = _optimal_qu_jit(kind, stats, glob, scale, rel_jitter, kmm_jitter)
     return {"m": np.asarray(m), "P": np.asarray(P)}
 
 
-@functools.lru_cache(maxsize=16)
-def _optimal_qu_jit(kind: str):
-    """:func:`optimal_qu`'s algebra, jitted once per kernel (it runs once per minibatch)."""
-    from lvmcore.precision import jit64
-
-    def f(stats, glob, scale, rel_jitter, kmm_jitter):
-        Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
-        return uncollapsed.optimal_qu(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
-
-    return jit64(f)
+@jit64(static_argnames=("kind",))
+def _optimal_qu_jit(kind, stats, glob, scale, rel_jitter, kmm_jitter):
+    """:func:`optimal_qu`'s algebra, compiled once per kernel (it runs once per minibatch)."""
+    Kmm = kmm(kind, glob["Z"][0], glob["kern"][0], kmm_jitter)
+    return uncollapsed.optimal_qu(Kmm, stats, glob["log_beta"][0], scale, rel_jitter)
 
 
 @x64
 def batch_statistics(kind, mu, S, Y, glob):
     """(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) summed over the given points (the kernel's psi statistics)."""
-    import jax.numpy as jnp
-
     p0, p1y, p2 = get_kernel(kind).psi(mu, S, glob["Z"][0], glob["kern"][0], Y)
     return (p0, p1y, p2, jnp.sum(jnp.asarray(Y) ** 2))
 
@@ -101,14 +99,8 @@ def batch_statistics(kind, mu, S, Y, glob):
 def _batch_step(kind: str):
     """Jitted (local_B, glob, qu, Y_B, N, scale, rel_jitter) -> ((batch estimate of F, statistics
     of the batch), (d/d local_B, d/d glob)); q(v) is held fixed."""
-    import jax
-
-    from lvmcore.precision import jit64
-    from lvmcore.psi.closed_form import kl_diag_gaussian
 
     def objective(local, glob, qu, Y, N, scale, rel_jitter, kmm_jitter=KMM_JITTER):
-        import jax.numpy as jnp
-
         mu, S = local["mu"], jnp.exp(local["logS"])
         stats = batch_statistics(kind, mu, S, Y, glob)
         F = uncollapsed_bound(kind, stats, glob, qu, N, scale, rel_jitter, kmm_jitter)
@@ -174,12 +166,6 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
 
     @x64
     def _fit(self, Y, q, m):
-        import jax
-        from jax.flatten_util import ravel_pytree
-
-        from lvmcore.linalg import NumericalError
-        from lvmcore.psi.closed_form import kl_diag_gaussian
-
         kind = self.kernel
         (Yc,), local, glob = self._start([Y], (kind,), q, m)  # the collapsed model's start
         N = Yc.shape[0]
@@ -203,7 +189,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                 rows = np.sort(rows)
                 lb = {"mu": local["mu"][rows], "logS": local["logS"][rows]}
                 scale = N / len(rows)
-                for j in jitter_escalation(jitter):
+                for j in jitter_tries(jitter, f"the minibatch bound is not finite (epoch {epoch})"):
                     if qu is None:  # start q(u) at the first batch's optimum
                         S = np.exp(lb["logS"])
                         stats = batch_statistics(kind, lb["mu"], S, Yc[rows], glob)
@@ -215,27 +201,16 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                     if np.isfinite(float(F)):
                         jitter = j
                         break
-                else:
-                    raise NumericalError(
-                        f"the minibatch bound is not finite (epoch {epoch}) even with jitter "
-                        f"{MAX_JITTER:g} x mean diag(K_mm)",
-                        name="K_mm",
-                    )
                 est += float(F) / nb
                 # natural-gradient step on q(u) toward the batch's optimum
                 # (its precision I + beta (N / B) C_B can lose definiteness to K_mm's conditioning
                 # when N / B is large: escalate the jitter as for the bound)
-                for j in jitter_escalation(jitter):
+                what = f"the optimal q(u) of a minibatch is not finite (epoch {epoch})"
+                for j in jitter_tries(jitter, what):
                     target = optimal_qu(kind, stats, glob, scale, j, kj)
                     if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
                         jitter = j
                         break
-                else:
-                    raise NumericalError(
-                        f"the optimal q(u) of a minibatch is not finite (epoch {epoch}) even with "
-                        f"jitter {MAX_JITTER:g} x mean diag(K_mm)",
-                        name="K_mm",
-                    )
                 r = self.ng_step
                 eta = (1 - r) * (qu["P"] @ qu["m"]) + r * (target["P"] @ target["m"])
                 P = (1 - r) * qu["P"] + r * target["P"]

@@ -114,15 +114,6 @@ def _as64(*arrays):
 # ---------------------------------------------------------------------------------------------
 
 
-def _rbf_psi1_block(mu, S, Z, variance, l2):
-    """Psi1 for a block of rows, (B, M), via one (B, 2Q) x (2Q, M) GEMM."""
-    b = 1.0 / (l2 + S)  # (B, Q)
-    row = -0.5 * jnp.log1p(S / l2).sum(1) - 0.5 * (b * mu * mu).sum(1)  # (B,)
-    A = jnp.concatenate([b * mu, b], axis=1)  # (B, 2Q)
-    Bm = jnp.concatenate([Z, -0.5 * Z * Z], axis=1).T  # (2Q, M)
-    return variance * jnp.exp(row[:, None] + A @ Bm)
-
-
 def _row_terms(muT, ST, l2c, two):
     """Row-block terms in transposed layout (q along axis 0, rows along axis 1) for psi1 (two = 1)
     or psi2 (two = 2): w = 1 / (l2 + two S) (Q, B), the GEMM's factor [w mu; w] (2Q, B) and the
@@ -181,11 +172,6 @@ def _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block):
     return _over_row_blocks(body, init, (mu, S, Y), block)[0]
 
 
-def _rbf_outputs(variance, log_pair, e1Y, acc):
-    """(Psi1^T Y, Psi2's pairs) from the row sums of :func:`_rbf_sums_impl`."""
-    return variance * e1Y, variance * variance * jnp.exp(log_pair) * acc
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(8, 9))
 def _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal):
     """(Psi1^T Y (M, D), sum_n Psi2_n per pair m <= m' (P,)), ``log_pair`` the pairs' log factor
@@ -197,9 +183,7 @@ def _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal):
     accumulates the row sums itself (the variance and pair-factor gradients need them), so the
     vector-Jacobian product is unchanged. That is for a ``jax.vjp`` whose outputs are discarded:
     XLA does not remove an unused forward loop from a jitted ``jax.vjp``."""
-    if not primal:
-        return _zero_sums(Y, Z, zbar)
-    return _rbf_outputs(variance, log_pair, *_rbf_sums_impl(mu, S, Y, l2, Z, zbar, block))
+    return _rbf_stats_fwd(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal)[0]
 
 
 def _zero_sums(Y, Z, zbar):
@@ -210,7 +194,8 @@ def _rbf_stats_fwd(mu, S, Y, l2, Z, zbar, variance, log_pair, block, primal):
     if not primal:
         return _zero_sums(Y, Z, zbar), (mu, S, Y, l2, Z, zbar, variance, log_pair, None)
     sums = _rbf_sums_impl(mu, S, Y, l2, Z, zbar, block)
-    return _rbf_outputs(variance, log_pair, *sums), (mu, S, Y, l2, Z, zbar, variance, log_pair, sums)
+    out = variance * sums[0], variance * variance * jnp.exp(log_pair) * sums[1]  # Psi1^T Y, Psi2's pairs
+    return out, (mu, S, Y, l2, Z, zbar, variance, log_pair, sums)
 
 
 def _rbf_stats_bwd(block, primal, res, cot):
@@ -288,10 +273,15 @@ _rbf_stats.defvjp(_rbf_stats_fwd, _rbf_stats_bwd)
 
 @jit64
 def rbf_psi1(mu, S, Z, variance, lengthscale):
-    """Psi1[n, m] = E_q[k_rbf(x_n, z_m)], shape (N, M), row by row (prediction at uncertain inputs)."""
+    """Psi1[n, m] = E_q[k_rbf(x_n, z_m)], shape (N, M), row by row (prediction at uncertain inputs),
+    via one (N, 2Q) x (2Q, M) GEMM."""
     mu, S, Z = _as64(mu, S, Z)
     l2 = _lengthscale_sq(lengthscale, mu.shape[1])
-    return _rbf_psi1_block(mu, S, Z, jnp.asarray(variance, dtype=jnp.float64), l2)
+    b = 1.0 / (l2 + S)  # (N, Q)
+    row = -0.5 * jnp.log1p(S / l2).sum(1) - 0.5 * (b * mu * mu).sum(1)  # (N,)
+    A = jnp.concatenate([b * mu, b], axis=1)  # (N, 2Q)
+    Bm = jnp.concatenate([Z, -0.5 * Z * Z], axis=1).T  # (2Q, M)
+    return jnp.asarray(variance, dtype=jnp.float64) * jnp.exp(row[:, None] + A @ Bm)
 
 
 def _pair_inputs(mu, S, l2, Z):
