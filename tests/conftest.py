@@ -49,14 +49,18 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def shared_cluster(_local_cluster):
-    """The test process's one real 2-process Dask LocalCluster (one thread per worker; the
-    ``LocalCluster`` object, its scheduler in this process), without a client. It is the cluster
-    the sweeps use (``sweep_cluster``): one start and one set of worker imports and compilations
-    per process, and no second idle cluster beside it. A test connects with
+def shared_cluster():
+    """One real 2-process Dask LocalCluster (one thread per worker) per test process (``.ci/test``
+    runs two, pytest-xdist), without a client: its start and each worker's imports and
+    compilations are paid once, not per module or test. A test connects with
     ``Client(shared_cluster)`` for as long as it needs one (the client is Dask's default only
     while it is open). Tests that kill workers or need other worker settings start their own."""
-    return _local_cluster[1]
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as lc:
+        yield lc
 
 
 @pytest.fixture(scope="module")
@@ -82,24 +86,18 @@ def prefect_api(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def _local_cluster(prefect_api):
+def sweep_cluster(prefect_api):
     """The flow's own default local cluster (``flows.cluster.start_cluster``: two worker
-    processes, one thread each), started once per test process: ``(address, LocalCluster)``. Its
-    workers point at the test run's Prefect server."""
+    processes), started once per test process for every module whose sweeps are not about the
+    cluster; they reach it by address, as a user's scheduler, instead of each starting and
+    stopping one (5-20 s and two workers' imports and compilations each). Its workers point at
+    the test run's Prefect server."""
     from flows.cluster import normalise_cluster, start_cluster
     from tests.prefect_server import pointed_at
 
     with pointed_at(prefect_api, keys=("PREFECT_API_URL",)):
-        with start_cluster(normalise_cluster(None)) as (address, _, cluster):
-            yield address, cluster
-
-
-@pytest.fixture(scope="session")
-def sweep_cluster(_local_cluster):
-    """The scheduler address of the test process's local cluster, for every module whose sweeps
-    are not about the cluster; they reach it by address, as a user's scheduler, instead of each
-    starting and stopping one (5-20 s and two workers' imports and compilations each)."""
-    return _local_cluster[0]
+        with start_cluster(normalise_cluster(None)) as (address, _, _):
+            yield address
 
 
 # The longest modules first (measured: bench/README.md, "Lead, session 5"): .ci/test runs two
