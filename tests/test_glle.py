@@ -289,22 +289,28 @@ def test_generations_repeat_for_a_seed_and_differ_between_seeds():
     assert not np.allclose(a, m.sample(3, random_state=12))
 
 
+@pytest.fixture
+def solves(monkeypatch):
+    """The eigenproblems GLLE solves from here on: one entry per ``lle.embed`` call (in process)."""
+    import lvmcore.models.glle as glle_module
+
+    calls, embed = [], glle_module.embed
+    monkeypatch.setattr(glle_module, "embed", lambda *a, **kw: calls.append(1) or embed(*a, **kw))
+    return calls
+
+
 @pytest.mark.parametrize("method", ["em", "direct"])
-def test_the_kept_generation_is_not_solved_again(method, monkeypatch):
+def test_the_kept_generation_is_not_solved_again(method, solves):
     """``embedding_`` is generation 0 of ``sample(G, random_state)`` at the constructor's a: asked
     again (as the sweep's generations and its scale study at a = 1 do), it costs no eigensolve,
     and every generation equals the one solved from scratch."""
     import copy
 
-    import lvmcore.models.glle as glle_module
-
     Y, _ = S.s_curve(1200, seed=4)
     m = GLLE(n_components=2, n_neighbors=10, method=method, random_state=3).fit(Y)
     cold = copy.deepcopy(m)
     cold._kept = ((-1, -1.0), None)  # matches no draw: every generation solved
-    solves = []
-    embed = glle_module.embed
-    monkeypatch.setattr(glle_module, "embed", lambda *a, **kw: solves.append(1) or embed(*a, **kw))
+    solves.clear()  # the fit's own two
     gens = m.sample(3, random_state=3)
     assert len(solves) == 2
     study = m.sample(1, random_state=3, cov_scale=[0.1, 1.0, 10.0])
@@ -319,10 +325,9 @@ def test_the_kept_generation_is_not_solved_again(method, monkeypatch):
 
 @pytest.mark.parametrize("key", ["glle_em", "glle_direct"])
 @pytest.mark.parametrize("seed", [0, None])
-def test_the_plan_counts_the_eigensolves_the_sweeps_calls_run(key, seed, monkeypatch):
+def test_the_plan_counts_the_eigensolves_the_sweeps_calls_run(key, seed, solves):
     """The cost plan's generation count is the eigensolves a sweep point runs (tasks/fit.py's
     ``sample(G, seed)`` and scale-study calls after the fit), and its store size every generation."""
-    import lvmcore.models.glle as glle_module
     from tasks.costs import predict
     from tasks.registry import COV_SCALES, MODELS
 
@@ -330,9 +335,7 @@ def test_the_plan_counts_the_eigensolves_the_sweeps_calls_run(key, seed, monkeyp
     spec = MODELS[key]
     args = spec.constructor_args({"k": 10, "latent_dim": 2, "seed": seed}, {})
     est = spec.estimator_class()(**args).fit(Y)
-    solves = []
-    embed = glle_module.embed
-    monkeypatch.setattr(glle_module, "embed", lambda *a, **kw: solves.append(1) or embed(*a, **kw))
+    solves.clear()  # the fit's own two
     est.sample(3, random_state=0 if seed is None else seed)  # tasks/fit.py: the point's seed, else 0
     est.sample(1, random_state=0 if seed is None else seed, cov_scale=COV_SCALES)
     p = predict(key, args, 800, [3], n_generations=3)
