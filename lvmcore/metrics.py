@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.spatial.distance import pdist, squareform
-from scipy.stats import pearsonr, rankdata, spearmanr
 
 __all__ = [
     "trustworthiness",
@@ -240,15 +239,19 @@ def _upper(D):
 
 def pearson_distance_correlation(A, B, metric_a="euclidean", metric_b="euclidean") -> float:
     """Pearson correlation of pairwise distances over pairs i < j (paper 002's Table 2 score)."""
+    from scipy import stats  # imported here: scipy.stats costs 0.4 s in every process that imports metrics
+
     return float(
-        pearsonr(_upper(pairwise_distances(A, metric_a)), _upper(pairwise_distances(B, metric_b)))[0]
+        stats.pearsonr(_upper(pairwise_distances(A, metric_a)), _upper(pairwise_distances(B, metric_b)))[0]
     )
 
 
 def shepard_goodness(Y, X, metric_y="euclidean", metric_x="euclidean") -> float:
     """Shepard goodness: Spearman correlation of pairwise distances in data and embedding."""
+    from scipy import stats
+
     return float(
-        spearmanr(_upper(pairwise_distances(Y, metric_y)), _upper(pairwise_distances(X, metric_x)))[0]
+        stats.spearmanr(_upper(pairwise_distances(Y, metric_y)), _upper(pairwise_distances(X, metric_x)))[0]
     )
 
 
@@ -298,12 +301,14 @@ def unfolding(X, t, n_angles: int = 720, rotate: bool = True) -> float:
         raise ValueError("t contains NaN or inf; unfolding needs a finite manifold parameter")
     if int(n_angles) != n_angles or n_angles < 1:
         raise ValueError(f"n_angles must be a positive integer, got {n_angles!r}")
-    r = rankdata(t)
+    from scipy import stats
+
+    r = stats.rankdata(t)
     r -= r.mean()
     nr = np.linalg.norm(r)
 
     def best(V):  # largest |Spearman| of t with the columns of V
-        R = rankdata(V, axis=0)
+        R = stats.rankdata(V, axis=0)
         R -= R.mean(axis=0)
         den = np.linalg.norm(R, axis=0) * nr
         if not np.all(den > 0):
