@@ -4,7 +4,10 @@ tree: the servers, clusters and commands it started). On the 2-core machine the 
 is bounded below by its CPU seconds / 2, so this, not ``--durations``, says what to cut.
 
     rm -f /tmp/cpu.jsonl; EMBED_SWEEP_TEST_CPU=/tmp/cpu.jsonl CI=true bash .ci/test
-    .venv/bin/python bench/suite_cpu.py /tmp/cpu.jsonl [--tests 30]
+    .venv/bin/python bench/suite_cpu.py /tmp/cpu.jsonl [--tests 30] [--write-durations tests/durations.json]
+
+``--write-durations`` records each file's summed wall seconds, the order tests/conftest.py hands
+whole files to the two pytest processes in (longest first).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--tests", type=int, default=30, help="how many of the costliest tests to list")
+    ap.add_argument("--write-durations", metavar="JSON", help="write each file's wall seconds here")
     a = ap.parse_args()
     rows = [json.loads(line) for line in open(a.file) if line.strip()]
     cpu, wall = collections.Counter(), collections.Counter()
@@ -31,6 +35,10 @@ def main() -> None:
     print(f"{'CPU s':>8} {'share':>6} {'wall s':>8}  file")
     for f, c in cpu.most_common():
         print(f"{c:8.1f} {c / total:6.1%} {wall[f]:8.1f}  {f}")
+    if a.write_durations:
+        with open(a.write_durations, "w") as f:
+            json.dump({k.split("/")[-1]: round(v, 1) for k, v in wall.most_common()}, f, indent=1)
+            f.write("\n")
     print(f"\n{'CPU s':>8} {'wall s':>8}  test")
     for r in sorted(rows, key=lambda r: -r["cpu"])[: a.tests]:
         print(f"{r['cpu']:8.1f} {r['wall']:8.1f}  {r['test']}")

@@ -100,22 +100,18 @@ def sweep_cluster(prefect_api):
             yield address
 
 
-# The longest modules first (measured: bench/README.md, "Lead, session 5"): .ci/test runs two
-# processes that take whole files in collection order, and a long file collected late left one
-# process running it alone at the end (test_faults' ten kills, ~150 s, after everything else).
-_LONG_FIRST = (
-    "test_faults.py",
-    "test_lifecycle.py",
-    "test_multinode.py",
-    "test_slurm.py",
-    "test_deploy.py",
-    "test_pipeline.py",
-)
-
-
+# The longest modules first (longest-processing-time order): .ci/test runs two processes that take
+# whole files in collection order (xdist's own reorder, by test count, is switched off there), and a
+# long file taken late leaves one process running it alone at the end. tests/durations.json holds
+# each file's measured wall seconds (bench/suite_cpu.py --write-durations refreshes it); a file
+# it does not know yet goes first.
 def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: modules stay whole
+    import json
+
+    path = os.path.join(os.path.dirname(__file__), "durations.json")
+    with open(path) as f:
+        seconds = json.load(f)
+    items.sort(key=lambda item: -seconds.get(item.path.name, float("inf")))  # stable: modules stay whole
 
 
 def _tree_cpu() -> dict:
