@@ -182,8 +182,12 @@ PLAN = {
         iteration=["1", "N^2*D", "N^3"],
         memory=["1", "N^2"],
     ),
-    "hgplvm_sparse": dict(
+    # the sparse hGP-LVM's full-batch fit (training="auto" takes it up to 5,000 points; the sizes
+    # above force it); its rows before the minibatch fit existed are entry "hgplvm_sparse" (``was``)
+    "hgplvm_sparse/full": dict(
         key="hgplvm_sparse",
+        opts={"training": "full"},
+        was="hgplvm_sparse",
         iters=(10, 30),
         fit=[(500, 3), (1000, 3), (2000, 3), (1000, 30), (1000, 50)],
         validate=[(4000, 3)],
@@ -192,6 +196,25 @@ PLAN = {
         # fixed M = 64 and 256: time linear in N M, not N M^2)
         iteration=["1", "N*M", "N*M^2", "N*M*D", "M^3"],
         memory=["1", "N*M"],
+    ),
+    # its minibatch fit (point latents, lvmcore.models.hgplvm_svi): the fixed part holds the PCA
+    # start, the per-point pass (local_iter steps over every row: N M^2, N M D) and the final pass;
+    # a step is one batch. 100 steps for the per-step difference (milliseconds each)
+    "hgplvm_sparse/minibatch": dict(
+        key="hgplvm_sparse",
+        iters=(5, 105),
+        fit=[
+            (2000, 3, {"training": "minibatch"}),
+            (6000, 3),
+            (12000, 3),
+            (6000, 50),
+            (20000, 50),
+            (6000, 3, {"batch_size": 500}),
+        ],
+        validate=[(30000, 50)],
+        fixed=["1", "N*M^2", "N*M*D"],
+        iteration=["1", "B*M^2", "B*M*D"],
+        memory=["1", "N*M", "N*D"],
     ),
     "hgplvm_bayesian/full": dict(
         key="hgplvm_bayesian",
@@ -226,7 +249,7 @@ ROUND2 = {
     "hgplvm_point": dict(iters=(3, 8), fit=[], validate=[(1000, 3)]),
     "lllvm/factorised": dict(iters=(1, 2), fit=[], validate=[(6000, 3)]),
     "bgplvm_rbf": dict(iters=(3, 8), fit=[], validate=[(4000, 3)]),
-    "hgplvm_sparse": dict(iters=(3, 8), fit=[(2000, 3)], validate=[(3000, 3)]),
+    "hgplvm_sparse/full": dict(iters=(3, 8), fit=[(2000, 3)], validate=[(3000, 3)]),
     "glle_direct": dict(iters=(3, 8), fit=[], validate=[(20000, 3)]),
 }
 #: a third round (``COSTS_ROUND=3``): one larger size each, so the memory terms are set by more than
@@ -250,7 +273,7 @@ ROUND4 = {
     # the sparse hGP-LVM's M grows with N (N / 10 in [64, 256]) at every earlier size, so N M^2 and
     # M^3 could not be told apart: the table's 10^4 x 50 point ran 3x its prediction. Sizes at a
     # fixed M separate them; validated at the table's point
-    "hgplvm_sparse": dict(
+    "hgplvm_sparse/full": dict(
         fit=[
             (5000, 3, {"n_inducing": 64}),
             (10000, 3, {"n_inducing": 64}),
@@ -496,7 +519,10 @@ def _default_budget(entry: str, e: dict) -> int:
     return sum(int(params[name].default) for name in e.get("budget", []) if name in params)
 
 
-def fit(raw: Path, out: Path) -> None:
+def fit(raw: Path, out: Path, entries=None) -> None:
+    """Fit every entry of ``PLAN`` (``entries`` None) and write ``out`` anew; or refit only the
+    named ``entries`` into the existing ``out``, at its reference probe (the other entries, and
+    the machine speed they are in units of, unchanged)."""
     import numpy as np
 
     from tasks.costs import evaluate_terms
@@ -504,15 +530,19 @@ def fit(raw: Path, out: Path) -> None:
     paths = [Path(p) for p in str(raw).split(",") if Path(p).exists()]
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines()]
     good = [r for r in rows if "error" not in r]
-    ref = float(np.median([r["probe_s"] for r in good]))
     old = json.loads(out.read_text()) if out.exists() else {}
-    costs = {
-        "about": "cost data per model (CPU seconds, bytes), from bench/costs.py, read by tasks/costs.py",
-        "probe_seconds": ref,
-        "process_bytes": float(np.median([r["rss0_bytes"] for r in good])),
-        "overrun": old.get("overrun", {"factor": 4.0, "min_seconds": 300.0}),
-        "models": {},
-    }
+    if entries is not None:
+        costs = old
+        ref = float(old["probe_seconds"])
+    else:
+        ref = float(np.median([r["probe_s"] for r in good]))
+        costs = {
+            "about": "cost data per model (CPU seconds, bytes), from bench/costs.py, read by tasks/costs.py",
+            "probe_seconds": ref,
+            "process_bytes": float(np.median([r["rss0_bytes"] for r in good])),
+            "overrun": old.get("overrun", {"factor": 4.0, "min_seconds": 300.0}),
+            "models": {},
+        }
     print(f"reference probe {ref:.4f} CPU s (median of {len(good)} measurements)")
     print(
         "per size: CPU s per iteration and of the fixed part, measured / predicted; 'budget': the fit at "
@@ -521,7 +551,9 @@ def fit(raw: Path, out: Path) -> None:
     head = f"{'entry':26s} {'N':>8s} {'D':>3s} {'role':8s} {'s/it':>19s} {'fixed':>19s} {'budget':>6s}"
     print(head + f" {'MB':>11s}")
     for entry, plan in PLAN.items():
-        mine = [r for r in good if r["entry"] == entry]
+        if entries is not None and entry not in entries:
+            continue
+        mine = [r for r in good if r["entry"] in (entry, plan.get("was"))]
         if not mine:
             print(f"{entry}: no measurements")
             continue
@@ -781,7 +813,7 @@ def main(argv=None):
         only_d = {int(x) for x in a.only_d.split(",") if x}
         measure(entries, Path(raw), a.timeout, a.validate_only, only_d=only_d)
     else:
-        fit(Path(raw), Path(a.out))
+        fit(Path(raw), Path(a.out), None if a.models == "all" else entries)
 
 
 if __name__ == "__main__":

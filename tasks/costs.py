@@ -108,14 +108,15 @@ def evaluate_terms(terms: dict, v: dict) -> float:
 # --------------------------------------------------------------------------- a point's sizes
 def regime(key: str, args: dict, n: int) -> str:
     """The cost entry of model ``key`` with constructor ``args`` at n points: the key, or the key
-    and the path its ``auto`` setting takes there (``lllvm/dense``, ``hgplvm_bayesian/minibatch``)."""
+    and the path its ``auto`` setting takes there (``lllvm/dense``, ``hgplvm_bayesian/minibatch``,
+    ``hgplvm_sparse/full``)."""
     from tasks.registry import MODELS
 
     est = MODELS[key].estimator_class()(**args)
     if key == "lllvm":
         return f"lllvm/{est._resolve_solver(n)}"
-    if key == "hgplvm_bayesian":
-        return f"hgplvm_bayesian/{est.resolve_training(n)}"
+    if key in ("hgplvm_bayesian", "hgplvm_sparse"):
+        return f"{key}/{est.resolve_training(n)}"
     return key
 
 
@@ -123,7 +124,7 @@ def _inducing(key: str, entry: str, args: dict, n: int) -> int:
     m = args.get("n_inducing", "auto")
     if m != "auto":
         return min(int(m), n)
-    if entry == "hgplvm_bayesian/minibatch":
+    if entry.endswith("/minibatch"):  # the hyperboloid GP-LVMs' minibatch fit (hgplvm_svi)
         from lvmcore.models.hgplvm_svi import auto_inducing
 
         return auto_inducing(n)

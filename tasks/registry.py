@@ -164,9 +164,16 @@ MODELS: dict[str, ModelSpec] = {
             "hgplvm",
             "lvmcore.models.hgplvm:HyperboloidGPLVM",
             ("kappa", "latent_dim", "seed"),
+            # training="auto": full batch up to lvmcore.models.hgplvm.FULL_BATCH_MAX_N points,
+            # minibatch above (point latents, lvmcore.models.hgplvm_svi); the extra output says which ran
             fixed={"variant": "sparse"},
             hyperbolic=True,
-            description="hyperboloid GP-LVM, sparse, learned inducing inputs (paper 002, eq. 5)",
+            extras={"minibatch": ()},
+            description=(
+                "hyperboloid GP-LVM, sparse, learned inducing inputs (paper 002, eq. 5); full-batch fit "
+                "up to 5,000 points, minibatch (uncollapsed bound, point latents) above: output "
+                "'minibatch' is 1 where the minibatch fit ran"
+            ),
         ),
         _spec(
             "hgplvm_bayesian",

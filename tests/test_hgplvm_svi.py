@@ -13,7 +13,7 @@ import pytest
 
 from lvmcore.data import synthetic as S
 from lvmcore.manifolds.lorentz import expmap0
-from lvmcore.models.hgplvm import bayesian_objective
+from lvmcore.models.hgplvm import bayesian_objective, sparse_objective
 from lvmcore.models.hgplvm_svi import (
     FULL_BATCH_MAX_N,
     BayesianHyperboloidGPLVM,
@@ -212,3 +212,175 @@ def test_the_registry_states_the_rule_it_runs():
 
     spec = MODELS["hgplvm_bayesian"]
     assert spec.estimator_class() is BayesianHyperboloidGPLVM and "minibatch" in spec.extras
+
+
+# ------------------------------------------------------------------ the sparse variant (point latents)
+def _point_problem(seed):
+    """The problem of :func:`_problem` with point latents: q(x_n) = delta(x_n - mu_n), no draws."""
+    local, glob, qu, Y, _ = _problem(seed=seed)
+    return {"X": local["X"]}, glob, qu, Y
+
+
+def test_point_latents_batch_estimates_average_to_the_bound_and_its_optimum_is_the_sparse_bound():
+    """With point latents the statistics are exact (no draws): the scaled batch estimates average
+    to the full uncollapsed bound, and at q(v)'s optimum that bound is the collapsed Titsias bound
+    of hgplvm.sparse_objective (eq. 5), which the full-batch sparse fit maximises."""
+    local, glob, qu, Y = _point_problem(seed=4)
+    n = Y.shape[0]
+    full, stats = minibatch_bound(local, glob, qu, Y, None, n, 1.0, KAPPA)
+    ests = [
+        minibatch_bound(_rows(local, sl), glob, qu, Y[sl], None, n, n / 6, KAPPA)[0]
+        for sl in (slice(i, i + 6) for i in range(0, n, 6))
+    ]
+    np.testing.assert_allclose(np.mean(ests), float(full), rtol=1e-11)
+    assert abs(float(ests[0]) - float(full)) > 1e-3 * abs(float(full))  # one batch is not the bound
+    best = optimal_qu(stats, glob, KAPPA)
+    F_opt, _ = minibatch_bound(local, glob, best, Y, None, n, 1.0, KAPPA)
+    h = glob["hyp"]
+    with jax.enable_x64(True):
+        collapsed = sparse_objective(local["X"], glob["Z"], h[0], h[1], Y, KAPPA)
+    np.testing.assert_allclose(float(F_opt), float(collapsed), rtol=1e-8)
+    assert float(full) < float(F_opt)  # a q(v) off its optimum is lower
+    # and the point-latent statistics are the Bayesian ones' limit of vanishing variances
+    lo = {"X": local["X"], "log_S": jnp.full((n, 2), np.log(1e-12))}
+    eps = jnp.asarray(np.random.default_rng(0).normal(size=(2, n, 2)))
+    _, mc = minibatch_bound(lo, glob, qu, Y, eps, n, 1.0, KAPPA)
+    for a, b in zip(mc, stats, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)
+
+
+def test_point_latent_gradient_matches_central_differences():
+    local, glob, qu, Y = _point_problem(seed=5)
+
+    def f(X, hyp):
+        return minibatch_bound({"X": X}, {"Z": glob["Z"], "hyp": hyp}, qu, Y[:8], None, 40.0, 5.0, KAPPA)[0]
+
+    f = jit64(f)
+    X = local["X"][:8]
+    with jax.enable_x64(True):
+        gX, gh = jit64(jax.grad(f, argnums=(0, 1)))(X, glob["hyp"])
+        h = 1e-6
+        e = jnp.zeros(3).at[0].set(h)
+        fd = (f(X, glob["hyp"] + e) - f(X, glob["hyp"] - e)) / (2 * h)
+        np.testing.assert_allclose(float(gh[0]), float(fd), rtol=1e-5, atol=1e-6)
+        for i, j in ((2, 1), (5, 2)):  # ambient coordinates of the points (the kernel's arguments)
+            e = jnp.zeros_like(X).at[i, j].set(h)
+            fd = (f(X + e, glob["hyp"]) - f(X - e, glob["hyp"])) / (2 * h)
+            np.testing.assert_allclose(float(gX[i, j]), float(fd), rtol=1e-5, atol=1e-6)
+
+
+#: the sparse fits on the tree: one shape, so the compiled steps are shared
+SPARSE = dict(n_components=2, kappa=100.0, n_inducing=20, random_state=0)
+SPARSE_MB = dict(SPARSE, variant="sparse", training="minibatch", batch_size=50, max_iter=600, tol=0.0)
+
+
+@pytest.fixture(scope="module")
+def tree():
+    from scipy.spatial.distance import cdist
+
+    from lvmcore.data.synthetic import binary_tree
+
+    Y, node, codes, _ = binary_tree(4, n_per_node=10, seed=0)
+    return Y, cdist(codes[node], codes[node], "cityblock")
+
+
+@pytest.fixture(scope="module")
+def sparse_fits(tree):
+    from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    Y, _ = tree
+    return {
+        "full": HyperboloidGPLVM(variant="sparse", max_iter=600, tol=0.0, **SPARSE).fit(Y),
+        "minibatch": HyperboloidGPLVM(**SPARSE_MB).fit(Y),
+        "no_pass": HyperboloidGPLVM(**dict(SPARSE_MB, local_iter=0)).fit(Y),
+    }
+
+
+def _tree_score(m, Dh):
+    from lvmcore.manifolds.lorentz import pairwise_dist
+    from lvmcore.metrics import pearson_distance_correlation
+
+    Dl = np.asarray(pairwise_dist(m.lorentz_embedding_, m.lorentz_embedding_))
+    return pearson_distance_correlation(Dl, Dh, "precomputed", "precomputed")
+
+
+@pytest.mark.slow
+def test_sparse_minibatch_fit_reaches_the_full_batch_fit(tree, sparse_fits):
+    """HyperboloidGPLVM(variant="sparse") on minibatches of 50 of the depth-4 tree's 150 points
+    against its full-batch fit (same M, the same 600 steps): its final bound is the exact collapsed
+    bound (eq. 5) at its state, within 1% of the full-batch fit's, and its tree score (Pearson of
+    hyperbolic against tree distances, test_hgplvm's) within 0.03 of it; noise fixed at the PPCA
+    level in both (the sparse variant's "auto")."""
+    Y, Dh = tree
+    full, mb = sparse_fits["full"], sparse_fits["minibatch"]
+    assert full.training_ == "full" and full.minibatch_ == 0.0
+    assert mb.training_ == "minibatch" and mb.minibatch_ == 1.0 and mb.embedding_var_ is None
+    assert mb.noise_fixed_ and mb.beta_ == pytest.approx(full.beta_, rel=1e-12)
+    assert mb.n_iter_ == len(mb.elbo_trace_) == 601 and mb.elbo_trace_[-1] == mb.elbo_
+    ls, lb = np.log(mb.sigma_), np.log(mb.beta_)
+    with jax.enable_x64(True):
+        exact = sparse_objective(mb.lorentz_embedding_, mb.inducing_, ls, lb, jnp.asarray(mb._Y), mb.kappa)
+    assert float(exact) == pytest.approx(mb.elbo_, rel=1e-8)
+    assert abs(mb.elbo_ - full.elbo_) < 0.01 * abs(full.elbo_), (mb.elbo_, full.elbo_)
+    s_full, s_mb = _tree_score(full, Dh), _tree_score(mb, Dh)
+    assert s_mb > s_full - 0.03 and s_mb > 0.85, (s_mb, s_full)
+    new = mb.transform(Y[:5])
+    assert new.shape == (5, 2) and np.all(np.linalg.norm(new, axis=1) < 1)
+
+
+@pytest.mark.slow
+def test_sparse_per_point_pass_moves_every_point_and_raises_the_bound(sparse_fits):
+    """The same minibatch fit with and without the per-point pass (local_iter 50 / 0): the pass
+    moves every one of the 150 points and raises the exact final bound."""
+    a, b = sparse_fits["no_pass"], sparse_fits["minibatch"]
+    moved = np.linalg.norm(b.lorentz_embedding_ - a.lorentz_embedding_, axis=1)
+    assert np.all(moved > 1e-6), np.sort(moved)[:5]
+    assert b.elbo_ > a.elbo_
+    np.testing.assert_array_equal(a.inducing_, b.inducing_)  # the globals come from the same steps
+
+
+def test_sparse_training_is_chosen_by_n_and_what_it_cannot_honour_is_refused(roll):
+    from lvmcore.models.hgplvm import HyperboloidGPLVM
+
+    est = HyperboloidGPLVM(variant="sparse")
+    assert est.resolve_training(FULL_BATCH_MAX_N) == "full"
+    assert est.resolve_training(FULL_BATCH_MAX_N + 1) == "minibatch"
+    assert HyperboloidGPLVM(variant="point").resolve_training(10**6) == "full"
+    big = np.zeros((FULL_BATCH_MAX_N + 1, 3)) + np.arange(3)
+    with pytest.raises(ValueError, match=r"optimizer='rsgd' .*full-batch.*N = 5,001 > 5,000.*'full'"):
+        HyperboloidGPLVM(variant="sparse", optimizer="rsgd").fit(big)
+    with pytest.raises(ValueError, match=r"mean='integrated' .*full-batch.*training='minibatch'.*'zero'"):
+        HyperboloidGPLVM(variant="sparse", mean="integrated", training="minibatch").fit(roll)
+    with pytest.raises(ValueError, match=r"training='minibatch' with variant='point'.*variant='sparse'"):
+        HyperboloidGPLVM(variant="point", training="minibatch").fit(roll)
+    with pytest.raises(ValueError, match=r"batch_size \(1000\) exceeds the number of points \(300\)"):
+        HyperboloidGPLVM(variant="sparse", training="minibatch").fit(roll)
+    with pytest.raises(ValueError, match=r"callback .*full-batch.*training='full'"):
+        HyperboloidGPLVM(variant="sparse", training="minibatch", batch_size=10).fit(
+            roll, callback=lambda it, state: None
+        )
+    with pytest.raises(ValueError, match="training"):
+        HyperboloidGPLVM(variant="sparse", training="sgd").fit(roll)
+
+
+def test_the_sweeps_sparse_model_goes_through_auto_and_stores_which_training_ran(tmp_path):
+    """hgplvm_sparse is HyperboloidGPLVM(variant="sparse") with training "auto": the cost plan
+    resolves its entry by N, and the sweep's fit records the ``minibatch`` output."""
+    from tasks.costs import regime
+    from tasks.fit import fit_point
+    from tasks.ingest import ingest_dataset
+    from tasks.registry import MODELS
+
+    spec = MODELS["hgplvm_sparse"]
+    assert "minibatch" in spec.extras and spec.fixed == {"variant": "sparse"}
+    assert "training" not in spec.fixed  # "auto", the constructor's default
+    args = spec.constructor_args({"kappa": 100.0, "latent_dim": 2, "seed": 0}, {})
+    assert regime("hgplvm_sparse", args, FULL_BATCH_MAX_N) == "hgplvm_sparse/full"
+    assert regime("hgplvm_sparse", args, FULL_BATCH_MAX_N + 1) == "hgplvm_sparse/minibatch"
+    path = str(tmp_path / "tree.zarr")
+    ingest_dataset({"name": "binary_tree", "depth": 3, "n_per_node": 6, "seed": 0}, path)
+    point = {"kappa": 100.0, "latent_dim": 2, "seed": 0}
+    opts = dict(training="minibatch", max_iter=10, n_inducing=8, batch_size=20, local_iter=2)
+    res = fit_point("hgplvm_sparse", opts, path, None, (0, 0, 0), point)  # (full: test_hgplvm's sweep test)
+    assert res.status == "done", res.error
+    assert float(res.extras["minibatch"]) == 1.0 and res.n_iter == 11

@@ -97,10 +97,17 @@ __all__ = [
     "lift",
     "point_objective",
     "sparse_objective",
+    "point_statistics",
     "bayesian_objective",
 ]
 
 _LOG2PI = float(np.log(2.0 * np.pi))
+#: ``training="auto"`` (sparse and Bayesian variants): the full-batch fit up to this many points,
+#: the minibatch fit (``lvmcore.models.hgplvm_svi``) above (bench/README.md, "hGP-LVM Bayesian at
+#: scale": the crossover measurement)
+FULL_BATCH_MAX_N = 5000
+#: settings of the full-batch fit alone, refused (before any work) when minibatch training is chosen
+_FULL_ONLY = {"chunks": None, "optimizer": "radam"}
 _PATIENCE = 6  # windows without progress before the convergence rule stops a fit (point, sparse)
 _PATIENCE_BAYES = 2  # the Bayesian fit's (a longer wait lowered its score, see HyperboloidGPLVM)
 _POINT_INIT_SCALE = 0.2  # the point variant's PCA start: max tangent radius (init_scale="auto")
@@ -132,16 +139,24 @@ def _bound(psi0, psi1ty, psi2, Z, log_sigma, log_beta, trYY, n, d, kappa):
     return collapsed.bound(t, psi0, trYY, log_beta, n, d)
 
 
+def point_statistics(X, Z, log_sigma, Y, kappa):
+    """The statistics of rows Y (n, D) at point latents X (n, Q+1), i.e. q(x_i) = delta(x_i - X_i):
+    the psi statistics are then exact, (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) = (n sigma, K_nm^T Y,
+    K_nm^T K_nm, tr(Y^T Y)) with K_nm the HE kernel (eq. 10) between X and Z. The sparse bound
+    (eq. 5) and its minibatch form (``hgplvm_svi``) take them from here."""
+    Knm = he_kernel(X, Z, jnp.exp(log_sigma), kappa)
+    return Y.shape[0] * jnp.exp(log_sigma), Knm.T @ Y, Knm.T @ Knm, jnp.sum(Y * Y)
+
+
 @x64
 def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa, restricted=False):
     """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z);
     ``restricted``: with a constant mean per column integrated out (:func:`_bound_reml`)."""
     n, d = Y.shape
-    sigma = jnp.exp(log_sigma)
-    Knm = he_kernel(X, Z, sigma, kappa)
     if restricted:
-        return _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa)
-    return _bound(n * sigma, Knm.T @ Y, Knm.T @ Knm, Z, log_sigma, log_beta, jnp.sum(Y * Y), n, d, kappa)
+        return _bound_reml(he_kernel(X, Z, jnp.exp(log_sigma), kappa), Z, log_sigma, log_beta, Y, kappa)
+    psi0, p1y, p2, tryy = point_statistics(X, Z, log_sigma, Y, kappa)
+    return _bound(psi0, p1y, p2, Z, log_sigma, log_beta, tryy, n, d, kappa)
 
 
 def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
@@ -410,6 +425,11 @@ class _Hyperboloid(LatentModel):
     noise: float | str = "auto"
     prior_scale: float | str = 1.0
     chunks: int | None = None
+    training: str = "auto"
+    batch_size: int = 1000
+    local_iter: int = 50
+    ng_step: float = 0.5
+    chunk_size: int = 5000
     random_state: int | np.random.Generator | None = None
 
     _parameter_constraints = {
@@ -428,6 +448,11 @@ class _Hyperboloid(LatentModel):
         "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
         "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
         "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "training": [StrOptions({"auto", "full", "minibatch"})],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "local_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+        "ng_step": [Interval(numbers.Real, 0, 1, closed="right")],
+        "chunk_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
     }
 
@@ -438,6 +463,12 @@ class _Hyperboloid(LatentModel):
                 "variant='bayesian': the Bayesian hyperboloid GP-LVM (eq. 6) has one entry, "
                 "lvmcore.models.BayesianHyperboloidGPLVM (full-batch up to 5,000 points, minibatch "
                 "above; training='full' forces this fit); use it instead of variant='bayesian'"
+            )
+        if self.variant == "point" and self.training == "minibatch":
+            raise ValueError(
+                "training='minibatch' with variant='point': the exact GP-LVM (eq. 4) couples every pair "
+                "of points and has no minibatch bound; use variant='sparse' (minibatch above "
+                f"{FULL_BATCH_MAX_N:,} points with training='auto') or training='auto'"
             )
         if self.init == "sparse" and self.variant != "bayesian":
             raise ValueError(
@@ -476,16 +507,84 @@ class _Hyperboloid(LatentModel):
         """Initial latent points in the tangent space at the origin (N, Q): :func:`tangent_start`."""
         return tangent_start(Y, int(self.n_components), self.init, float(self._setting("init_scale")), rng)
 
-    # ------------------------------------------------------------------ fit
-    @x64
+    # ------------------------------------------------------------------ training
+    def resolve_training(self, n: int) -> str:
+        """ "full" or "minibatch" for N = n points: the point variant always "full"; otherwise
+        ``training``, where "auto" is "full" up to ``FULL_BATCH_MAX_N`` points and "minibatch" above."""
+        if self.variant == "point":
+            return "full"
+        if self.training != "auto":
+            return self.training
+        return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
+
+    def _check_minibatch(self, n):
+        """Refusals before any minibatch work: the full-batch fit's settings, and the settings that
+        cannot work for N = n points (the parameter rules are checked first, by :meth:`fit`)."""
+        p = self.get_params()
+        why = f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
+        for name, default in _FULL_ONLY.items():
+            if p[name] != default:
+                raise ValueError(
+                    f"{name}={p[name]!r} is a setting of the full-batch fit, but the minibatch fit "
+                    f"was chosen ({why}); drop {name} (default {default!r}) or set training='full'"
+                )
+        if self.init == "sparse":
+            raise ValueError(
+                f"init='sparse' (a warm start from the sparse variant) is a setting of the full-batch "
+                f"fit, but the minibatch fit was chosen ({why}); use init='pca' or 'random', or set "
+                "training='full'"
+            )
+        if self._setting("mean") == "integrated":
+            raise ValueError(
+                f"mean='integrated' (the restricted bound) is a setting of the full-batch fit, but the "
+                f"minibatch fit was chosen ({why}); use mean='auto' or 'zero', or set training='full'"
+            )
+        if n < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
+        if self.batch_size > n:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) exceeds the number of points ({n}); use batch_size <= {n}"
+            )
+        if self.n_inducing != "auto" and int(self.n_inducing) > n:
+            raise ValueError(
+                f"n_inducing ({self.n_inducing}) exceeds the number of points ({n}); use n_inducing <= {n} "
+                "or 'auto'"
+            )
+
     def fit(self, Y, graph=None, *, callback=None):
-        """Fit the model to Y (N, D); returns self.  ``callback(it, state)``, if given, is called at
-        the end of every window of the convergence rule with the current state (a dict of NumPy
-        arrays: "X" points on the hyperboloid, "hyp" log sigma, log beta, log s^2, "log_S", "Z");
-        it observes the fit and does not change it."""
-        self._validate()
+        """Fit the model to Y (N, D) by the training :meth:`resolve_training` picks; returns self.
+        ``callback(it, state)`` (full-batch fits), if given, is called at the end of every window of
+        the convergence rule with the current state (a dict of NumPy arrays: "X" points on the
+        hyperboloid, "hyp" log sigma, log beta, log s^2, "log_S", "Z"); it observes the fit and
+        does not change it. The minibatch fit takes none."""
         self._refuse_graph(graph)
         Y = check_data(Y)
+        self._validate()  # the parameter rules (``training`` among them) before it picks a fit
+        training = self.resolve_training(Y.shape[0])
+        if training == "minibatch":
+            self._check_minibatch(Y.shape[0])
+            if callback is not None:
+                raise ValueError(
+                    "callback observes the full-batch fit, but the minibatch fit was chosen; drop "
+                    "callback or set training='full'"
+                )
+        for k in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
+            delattr(self, k)  # an earlier fit's attributes (the two trainings set different ones)
+        if training == "full":
+            self._fit_full(Y, callback)
+        else:
+            from lvmcore.models.hgplvm_svi import fit_minibatch
+
+            t_start = time.perf_counter()
+            fit_minibatch(self, Y)
+            self.fit_time_ = time.perf_counter() - t_start
+        self.training_ = training
+        self.minibatch_ = float(training == "minibatch")
+        return self
+
+    @x64
+    def _fit_full(self, Y, callback=None):
+        """The full-batch fit (every point every step) of Y (N, D), checked by :meth:`fit`."""
         n, d = Y.shape
         if n < 2:
             raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
@@ -506,7 +605,9 @@ class _Hyperboloid(LatentModel):
             # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
             own = HyperboloidGPLVM._get_param_names()
             params = {k: v for k, v in self.get_params().items() if k in own}
-            params.update(variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0)
+            params.update(
+                variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0, training="full"
+            )
             warm_fit = HyperboloidGPLVM(**params).fit(Y)
             X, Z = jnp.asarray(warm_fit.lorentz_embedding_), jnp.asarray(warm_fit.inducing_)
             hyp0 = hyp0.at[0].set(np.log(warm_fit.sigma_))
@@ -597,7 +698,6 @@ class _Hyperboloid(LatentModel):
         self.restricted_ = restricted
         self._key = np.asarray(key)
         self.fit_time_ = time.perf_counter() - t_start
-        return self
 
     def _set_fitted(self, X, hyp, S, Z, hmask, Yc, mean, trace, converged):
         """The fitted state both trainings set: the points (means) X on the hyperboloid and in the
@@ -636,6 +736,10 @@ class _Hyperboloid(LatentModel):
         ``bayesian`` maximise the bound of the training + new data with everything but the new latent
         points (and, bayesian, their variances) fixed.
         """
+        if getattr(self, "training_", "full") == "minibatch":
+            from lvmcore.models.hgplvm_svi import transform_minibatch
+
+            return transform_minibatch(self, Y_new, max_iter=max_iter)
         Yn, nearest = new_rows(self, Y_new)
         Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(self._Y), jnp.asarray(self.lorentz_embedding_)
         ntr, n_new, q = Xtr.shape[0], Yn.shape[0], int(self.n_components)
@@ -749,6 +853,19 @@ class HyperboloidGPLVM(_Hyperboloid):
         i.e. empirical Bayes).
     chunks : rows per chunk for the Bayesian MC statistics map-reduced over Dask workers
         (:class:`lvmcore.chunks.RowChunks`); None computes them in-process.
+    training : "auto" (default), "full" or "minibatch" (sparse and Bayesian; the point variant
+        is always full-batch and refuses "minibatch"). "auto" fits N <= ``FULL_BATCH_MAX_N``
+        (5,000) points full-batch and larger N on minibatches: the three phases of
+        :mod:`lvmcore.models.hgplvm_svi` (the uncollapsed bound with a whitened q(u), natural-gradient
+        steps on it, Riemannian Adam on Z and the batch's points, a per-point pass, the final bound
+        with q(u) at its optimum: for the sparse variant the collapsed eq. 5 of the fitted state).
+        ``training_`` and ``minibatch_`` (0.0 / 1.0, stored by the sweep) say which ran. There
+        ``max_iter`` counts batches, M = ``n_inducing="auto"`` is min(N, 64), and ``chunks``,
+        ``optimizer="rsgd"``, ``mean="integrated"`` and ``callback`` (full-batch settings) are
+        refused before any work.
+    batch_size, local_iter, ng_step, chunk_size : the minibatch fit's B, steps of its per-point
+        pass, natural-gradient step on q(u), and rows per vectorised chunk of its per-point and
+        final passes.
     random_state : None, int or Generator (k-means start, MC samples, random init).
 
     Attributes after fit: ``lorentz_embedding_`` (N, Q+1) and ``embedding_`` (N, Q) (Poincare ball)
@@ -757,7 +874,9 @@ class HyperboloidGPLVM(_Hyperboloid):
     ``noise_fixed_``, ``elbo_`` (the variant's objective), ``elbo_trace_`` (one value per
     iteration), ``n_iter_`` (``warm_start_n_iter_``: the sparse warm start's, bayesian),
     ``converged_``, ``drift_moves_`` ((iteration, a) per drift search; a = 0: no move),
-    ``inducing_`` (M, Q+1) or None, ``restricted_`` (the mean integrated out), ``fit_time_``.
+    ``inducing_`` (M, Q+1) or None, ``restricted_`` (the mean integrated out), ``fit_time_``,
+    ``training_``, ``minibatch_``; after a minibatch fit (instead of ``drift_moves_``,
+    ``restricted_``): ``qu_``, ``glob_``, ``n_steps_``, ``n_inducing_``, ``extra_jitter_``.
     """
 
     variant: str = "point"

@@ -1,6 +1,7 @@
 """Minibatch (stochastic variational) training of the Bayesian hyperboloid GP-LVM (paper 002,
-eq. 6), so one step costs O(B H M^2) whatever N is; and the sweep's ``hgplvm_bayesian``, which
-picks it above ``FULL_BATCH_MAX_N`` points.
+eq. 6) and of the sparse one (eq. 5, point latents: below), so one step costs O(B H M^2) whatever N
+is; and the sweep's ``hgplvm_bayesian``, which picks it above ``FULL_BATCH_MAX_N`` points (as
+``hgplvm_sparse`` does).
 
 Model. As ``lvmcore.models.hgplvm`` (variant "bayesian"): latent points on the Lorentz model L^Q,
 q(x_n) = N^w(mu_n, diag S_n) (wrapped normal), prior N^w(mu0, s^2 I), HE kernel
@@ -41,6 +42,15 @@ Training, three phases:
    point's expected log-likelihood minus its KL at draw h (a per-point formula, not the psi
    statistics: an independent check of the training's algebra in the tests).
 
+Point latents: the sparse variant (``HyperboloidGPLVM(variant="sparse")``, eq. 5; the sweep's
+``hgplvm_sparse``) runs the same three phases with q(x_n) = delta(x_n - mu_n): ``local`` holds the
+means alone ({"X"}), the statistics are exact (psi0 = n sigma, Psi1^T Y = K_nm^T Y, Psi2 = K_nm^T K_nm,
+``hgplvm.point_statistics``), there are no draws and no KL on X (that variant has no prior on X),
+beta stays fixed at the PPCA level its ``noise="auto"`` sets, and the final bound is exact: at
+q(v)'s optimum it is the collapsed bound ``hgplvm.sparse_objective`` of the fitted state
+(``elbo_se_`` = 0). The training parameters and the choice of training are ``hgplvm._Hyperboloid``'s,
+shared by both models.
+
 Memory: q(X) (N x (Q+1) means, N x Q log S), their Adam moments and step counts (about 2.5 times
 q(X)) and the centred data; everything else is O(chunk_size H M + M^2), nothing N x M.
 
@@ -55,26 +65,26 @@ from __future__ import annotations
 
 import functools
 import numbers
-import time
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils._param_validation import Interval
 
 from lvmcore import uncollapsed
-from lvmcore.checks import check_data
 from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.linalg import KERNEL_JITTER, NumericalError, cholesky_jax
-from lvmcore.manifolds.lorentz import expmap0, to_poincare
+from lvmcore.manifolds.lorentz import expmap0
 from lvmcore.models.hgplvm import (
+    FULL_BATCH_MAX_N,
     _Hyperboloid,
     _renorm,
     _rule_windows,
     kmeans_start,
     mc_statistics,
     new_rows,
+    point_statistics,
 )
 from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.precision import jit64, x64
@@ -84,6 +94,8 @@ from lvmcore.uncollapsed import jitter_tries, kl_qu
 __all__ = [
     "BayesianHyperboloidGPLVM",
     "FULL_BATCH_MAX_N",
+    "fit_minibatch",
+    "transform_minibatch",
     "minibatch_bound",
     "point_terms",
     "kl_qu",
@@ -91,9 +103,6 @@ __all__ = [
     "auto_inducing",
 ]
 
-#: ``training="auto"``: the full-batch fit up to this many points, the minibatch fit above
-#: (bench/README.md, "hGP-LVM Bayesian at scale": the crossover measurement)
-FULL_BATCH_MAX_N = 5000
 #: the minibatch fit's default M: the full-batch rule (N / 10 within [64, 256]) would give 256 at
 #: every N >= 2,560, and the per-point pass costs H M^2 per point and step
 SVI_MAX_INDUCING = 64
@@ -110,13 +119,23 @@ def _kmm(glob, kappa):
     return he_kernel(glob["Z"], glob["Z"], jnp.exp(glob["hyp"][0]), kappa)
 
 
+def _statistics(local, glob, Y, eps, kappa):
+    """(statistics, KL of q(X)) of the rows ``local``: Monte-Carlo at the draws eps (Bayesian:
+    "log_S" in local, ``hgplvm.mc_statistics``), or exact for point latents (sparse: no "log_S",
+    eps unused, ``hgplvm.point_statistics``, and no KL: the sparse variant has no prior on X)."""
+    if "log_S" not in local:
+        return point_statistics(local["X"], glob["Z"], glob["hyp"][0], Y, kappa), 0.0
+    return mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)
+
+
 @x64
 def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=KERNEL_JITTER):
     """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
-    tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)}, data Y (B, D), draws eps
-    (H, B, Q), globals {"Z": (M, Q+1), "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D),
-    "P": (M, M) precision}; ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
-    stats, kl = mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)
+    tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)} (point latents, the sparse
+    variant: {"X"} alone, eps None), data Y (B, D), draws eps (H, B, Q), globals {"Z": (M, Q+1),
+    "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D), "P": (M, M) precision};
+    ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
+    stats, kl = _statistics(local, glob, Y, eps, kappa)
     F = uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, scale, rel_jitter) - scale * kl
     return F, stats
 
@@ -159,6 +178,12 @@ def _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter):
     return uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, rel_jitter)
 
 
+@jit64
+def _bound_of_statistics(stats, glob, qu, N, kappa, rel_jitter):
+    """The uncollapsed bound from the statistics of all N points (point latents: exact, no KL)."""
+    return uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, 1.0, rel_jitter)
+
+
 # --------------------------------------------------------------------------- steps
 @jit64
 def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, lr, hlr, hmask, upd_S, r_ng):
@@ -177,14 +202,16 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
     # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
     tl = lmom["t"] + 1.0
     X, mX, vX = adam(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr, Lorentz)
-    lS, mS, vS = adam(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl[:, None], hlr)
-    lS = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
-    mS, vS = jnp.where(upd_S, mS, lmom["mS"]), jnp.where(upd_S, vS, lmom["vS"])
+    lo, lmo = {"X": X}, {"mX": mX, "vX": vX, "t": tl}
+    if "log_S" in local:  # wrapped-Gaussian q(x_n) (Bayesian); point latents have no variances
+        lS, mS, vS = adam(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl[:, None], hlr)
+        lo["log_S"] = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
+        lmo.update(mS=jnp.where(upd_S, mS, lmom["mS"]), vS=jnp.where(upd_S, vS, lmom["vS"]))
     Z, mZ, vZ = adam(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr, Lorentz)
     hyp, mh, vh = adam(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
     return (
-        {"X": X, "log_S": lS},
-        {"mX": mX, "vX": vX, "mS": mS, "vS": vS, "t": tl},
+        lo,
+        lmo,
         {"Z": Z, "hyp": hyp},
         {"mZ": mZ, "vZ": vZ, "mh": mh, "vh": vh},
         qu_new,
@@ -196,31 +223,38 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
 @functools.partial(jit64, static_argnames=("n_steps", "H"))
 def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
     """Phase 2 on one chunk of rows: ``n_steps`` Riemannian Adam (means) / Adam (log S) steps on
-    the bound with the globals and q(v) fixed (fresh draws every step, moments from zero)."""
-    B, Q = local["log_S"].shape
+    the bound with the globals and q(v) fixed (fresh draws every step, moments from zero; point
+    latents, no "log_S" in ``local``: the means alone, no draws)."""
+    point = "log_S" not in local
+    B, Q = local["X"].shape[0], local["X"].shape[1] - 1
 
     def grad_local(lo, eps):
         return jax.grad(lambda lo_: minibatch_bound(lo_, glob, qu, Y, eps, 1.0, 1.0, kappa, jitter)[0])(lo)
 
     def body(i, carry):
-        X, lS, mX, vX, mS, vS = carry
-        eps = jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
-        g = grad_local({"X": X, "log_S": lS}, eps)
+        lo, mo = carry
+        eps = None if point else jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
+        g = grad_local(lo, eps)
         t = i + 1.0
-        X, mX, vX = adam(X, g["X"], mX, vX, t, lr, Lorentz)
-        lS, mS, vS = adam(lS, g["log_S"], mS, vS, t, hlr)
-        return X, jnp.clip(lS, -20.0, 5.0), mX, vX, mS, vS
+        X, mX, vX = adam(lo["X"], g["X"], mo["mX"], mo["vX"], t, lr, Lorentz)
+        lo_new, mo_new = {"X": X}, {"mX": mX, "vX": vX}
+        if not point:
+            lS, mS, vS = adam(lo["log_S"], g["log_S"], mo["mS"], mo["vS"], t, hlr)
+            lo_new["log_S"] = jnp.clip(lS, -20.0, 5.0)
+            mo_new.update(mS=mS, vS=vS)
+        return lo_new, mo_new
 
-    X, lS = local["X"], local["log_S"]
-    init = (X, lS, jnp.zeros_like(X), jnp.zeros(B), jnp.zeros_like(lS), jnp.zeros_like(lS))
-    X, lS, *_ = jax.lax.fori_loop(0, n_steps, body, init)
-    return {"X": X, "log_S": lS}
+    mom = {"mX": jnp.zeros_like(local["X"]), "vX": jnp.zeros(B)}
+    if not point:
+        mom.update(mS=jnp.zeros_like(local["log_S"]), vS=jnp.zeros_like(local["log_S"]))
+    return jax.lax.fori_loop(0, n_steps, body, (dict(local), mom))[0]
 
 
 @jit64
 def _stats_chunk(local, glob, Y, eps, kappa):
-    """Statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a chunk of rows at draws eps."""
-    return mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)[0]
+    """Statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) of a chunk of rows at draws eps (point
+    latents: exact, eps None)."""
+    return _statistics(local, glob, Y, eps, kappa)[0]
 
 
 @jit64
@@ -236,23 +270,164 @@ def _chunks(n, size):
     return [slice(r[0], r[-1] + 1) for r in np.array_split(np.arange(n), max(1, -(-n // size)))]
 
 
+def _rows(X, log_S, sl):
+    """q(x) of the rows ``sl``: {"X", "log_S"}, or {"X"} for point latents (log_S None)."""
+    return {"X": X[sl]} if log_S is None else {"X": X[sl], "log_S": log_S[sl]}
+
+
 def _chunk_sums(fn, X, log_S, Y, key, H, size):
     """The sum over chunks of about ``size`` rows (:func:`_chunks`) of fn(q(x) of the rows, their
-    data, H standard normal draws per row (the i-th chunk's from fold_in(key, i)))."""
+    data, H standard normal draws per row (the i-th chunk's from fold_in(key, i); None for point
+    latents, log_S None))."""
     total = None
     for i, sl in enumerate(_chunks(X.shape[0], size)):
-        eps = jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, log_S.shape[1]))
-        s = fn({"X": X[sl], "log_S": log_S[sl]}, Y[sl], eps)
+        eps = None
+        if log_S is not None:
+            eps = jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, log_S.shape[1]))
+        s = fn(_rows(X, log_S, sl), Y[sl], eps)
         total = s if total is None else tuple(a + b for a, b in zip(total, s, strict=True))
     return total
 
 
-# --------------------------------------------------------------------------- estimator
+# --------------------------------------------------------------------------- the minibatch fit
+def _minibatch_start(model, Yc, rng):
+    """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`) and Z
+    (k-means centres of at most 20,000 of them)."""
+    n = Yc.shape[0]
+    P = model._init_tangent(Yc, rng)
+    m = auto_inducing(n) if model.n_inducing == "auto" else int(model.n_inducing)
+    sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
+    if m >= sub.shape[0]:
+        return P, sub[:m] + 1e-6 * rng.standard_normal(sub[:m].shape)
+    return P, kmeans_start(sub, m, rng)
+
+
+@x64
+def fit_minibatch(model, Y):
+    """The three phases of the module docstring on Y (N, D), for a hyperboloid GP-LVM ``model``
+    (``hgplvm._Hyperboloid``, whose ``fit`` checked its settings): its ``variant`` "bayesian"
+    (wrapped-Gaussian q(x_n)) or "sparse" (point latents: exact statistics, no draws, no KL, the
+    final bound exact); sets the model's fitted attributes."""
+    n, d = Y.shape
+    q = int(model.n_components)
+    point = model.variant == "sparse"
+    H = 1 if point else int(model.n_samples)
+    warm = 0 if point else int(model.fix_variance_iter)
+    kappa = float(model.kappa)
+    rng = np.random.default_rng(model.random_state)
+    key = jax.random.PRNGKey(int(rng.integers(2**31)))
+    mean = Y.mean(0)
+    Yc = Y - mean
+    P, C = _minibatch_start(model, Yc, rng)
+    hyp0, hmask = model._hyper_start(Yc)
+    X = np.array(expmap0(jnp.asarray(P)))
+    del P
+    log_S = None if point else np.full((n, q), np.log(1e-2 * float(model._setting("init_scale")) ** 2))
+    glob = {"Z": expmap0(jnp.asarray(C)), "hyp": hyp0}
+    M = int(glob["Z"].shape[0])
+    gmom = {"mZ": jnp.zeros_like(glob["Z"]), "vZ": jnp.zeros(M), "mh": jnp.zeros(3), "vh": jnp.zeros(3)}
+    lmom = {"mX": np.zeros_like(X), "vX": np.zeros(n), "t": np.zeros(n)}
+    if not point:
+        lmom.update(mS=np.zeros_like(log_S), vS=np.zeros_like(log_S))
+    qu = {"m": jnp.zeros((M, d)), "P": jnp.eye(M)}
+    lr, hlr = float(model.learning_rate), float(model.hyper_learning_rate)
+    B = int(model.batch_size)
+    nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
+    jitter, trace, converged = KERNEL_JITTER, [], False
+    # the stochastic bound's plateau rule (the full-batch Bayesian fit's windows): batch estimates
+    # are noisy as Monte-Carlo ones are
+    window, pat = _rule_windows("bayesian", 0)
+    batches = iter(())
+    step = 0
+    for step in range(1, int(model.max_iter) + 1):
+        rows = next(batches, None)
+        if rows is None:
+            batches = iter(np.sort(b) for b in np.array_split(rng.permutation(n), nb))
+            rows = next(batches)
+        eps = None if point else jax.random.normal(jax.random.fold_in(key, step), (H, len(rows), q))
+        lb = _rows(X, log_S, rows)
+        lm = {k: v[rows] for k, v in lmom.items()}
+        r_ng = 1.0 if step == 1 else float(model.ng_step)
+        what = f"the minibatch bound or q(u) step is not finite at step {step}"
+        for j in jitter_tries(jitter, what, "; lower learning_rate"):
+            out = _svi_step(
+                lb, lm, glob, gmom, qu, Yc[rows], eps, float(n), n / len(rows), kappa, j, float(step),
+                lr, hlr, hmask, step > warm, r_ng,
+            )  # fmt: skip
+            if bool(out[-1]):
+                jitter = j
+                break
+        lb, lm, glob, gmom, qu, F, _ = out
+        X[rows] = np.asarray(lb["X"])
+        if not point:
+            log_S[rows] = np.asarray(lb["log_S"])
+        for k in lmom:
+            lmom[k][rows] = np.asarray(lm[k])
+        trace.append(float(F))
+        if window_plateau(trace, window, pat, model.tol, n * d, warm):
+            converged = True
+            break
+    del lmom
+    # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
+    if int(model.local_iter) > 0:
+        key_local = jax.random.fold_in(key, 2**30)
+        _local_passes(model, X, log_S, glob, qu, Yc, key_local, jitter, int(model.local_iter))
+    # phase 3: q(v) at its optimum for one pass of (draws of) the statistics, then the bound
+    size = int(model.chunk_size)
+    stats_fn = lambda lo, y, e: _stats_chunk(lo, glob, y, e, kappa)
+    stats = _chunk_sums(stats_fn, X, log_S, Yc, jax.random.fold_in(key, 2**30 + 1), H, size)
+    qu = model.qu_ = optimal_qu(stats, glob, kappa, 1.0, jitter)
+    if point:  # exact statistics: the bound at q(v)'s optimum, i.e. the collapsed bound (eq. 5)
+        F, se = float(_bound_of_statistics(stats, glob, qu, float(n), kappa, jitter)), 0.0
+    else:  # fresh draws: the sum over points of mean_h l_nh, less KL(q(v)), and its standard error
+        terms_fn = lambda lo, y, e: _terms_chunk(lo, glob, qu, y, e, kappa, jitter)
+        key_eval, H_eval = jax.random.fold_in(key, 2**30 + 2), int(model.eval_samples)
+        s, v = _chunk_sums(terms_fn, X, log_S, Yc, key_eval, H_eval, max(1, size // 2))
+        F, se = float(s) - float(kl_qu(qu)), float(np.sqrt(float(v)))
+    if not np.isfinite(F):
+        raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
+    model.elbo_se_ = se
+    model.n_steps_ = step
+    model.extra_jitter_ = jitter
+    model.n_inducing_ = M
+    S = None if point else np.exp(log_S)
+    model._set_fitted(X, glob["hyp"], S, glob["Z"], hmask, Yc, mean, [*trace, F], converged)
+    model.glob_ = {k: np.asarray(v) for k, v in glob.items()}
+
+
+def _local_passes(model, X, log_S, glob, qu, Y, key, jitter, n_steps):
+    """The per-point pass (phase 2) on the rows X, log_S (updated in place; None: point latents)
+    with data Y, chunk by chunk, with the globals and q(v) fixed."""
+    H = 1 if log_S is None else int(model.local_samples)
+    for i, sl in enumerate(_chunks(X.shape[0], int(model.chunk_size))):
+        lo = _local_pass(
+            _rows(X, log_S, sl), glob, qu, Y[sl], jax.random.fold_in(key, i),
+            float(model.kappa), jitter, float(model.learning_rate), float(model.hyper_learning_rate),
+            n_steps=n_steps, H=H,
+        )  # fmt: skip
+        X[sl] = np.asarray(lo["X"])
+        if log_S is not None:
+            log_S[sl] = np.asarray(lo["log_S"])
+
+
+@x64
+def transform_minibatch(model, Y_new, max_iter=None):
+    """Latent positions (n_new, Q+1) on the hyperboloid (means) of new rows after a minibatch fit:
+    q(x) of each started at the fitted mean of its nearest training row (in data space) and fitted
+    by the per-point pass with everything else fixed (``max_iter`` steps, default ``local_iter`` or
+    50)."""
+    Yn, idx = new_rows(model, Y_new)
+    X = model.lorentz_embedding_[idx].copy()
+    log_S = None if model.embedding_var_ is None else np.log(model.embedding_var_[idx])
+    steps = int(max_iter) if max_iter is not None else (int(model.local_iter) or 50)
+    glob = {k: jnp.asarray(v) for k, v in model.glob_.items()}
+    qu = {k: jnp.asarray(v) for k, v in model.qu_.items()}
+    key = jax.random.PRNGKey(int(np.random.default_rng(model.random_state).integers(2**31)) + 1)
+    _local_passes(model, X, log_S, glob, qu, Yn, key, model.extra_jitter_, steps)
+    return np.asarray(_renorm(jnp.asarray(X)))
+
+
 # --------------------------------------------------------------------------- the model's one entry
-#: settings of the full-batch fit alone, refused (before any work) when minibatch training is chosen
-_FULL_ONLY = {"chunks": None, "optimizer": "radam"}
-
-
 @dataclass(kw_only=True, eq=False, repr=False)
 class BayesianHyperboloidGPLVM(_Hyperboloid):
     """The Bayesian hyperboloid GP-LVM (paper 002, eq. 6): the one entry of this model (the sweep's
@@ -273,6 +448,9 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
     ``eval_samples`` draws per point for ``elbo_``; ``chunk_size`` rows per vectorised chunk of the
     per-point and final passes. ``chunks``, ``optimizer`` and ``init="sparse"`` are the full-batch
     fit's, and refused (before any work) when minibatch training is chosen with a non-default value.
+    The training parameters and the choice are ``hgplvm._Hyperboloid``'s, shared with the sparse
+    variant of ``HyperboloidGPLVM`` (whose minibatch fit is the same three phases with point latents);
+    ``local_samples`` and ``eval_samples`` are this model's alone (the sparse one has no draws).
 
     Attributes after a minibatch fit, beside the full-batch fit's: ``elbo_`` is an unbiased MC
     estimate of the bound at the final state over all points (q(u) at its optimum) and
@@ -288,220 +466,13 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
     mean = "auto"  # the centred data (eq. 6 as written)
     drift_every = "auto"  # no drift line search (a Monte-Carlo bound is too noisy for trial moves)
 
-    training: str = "auto"
     max_iter: int = 3000
     init_scale: float = 1.0
-    batch_size: int = 1000
-    local_iter: int = 50
-    ng_step: float = 0.5
     local_samples: int = 1
     eval_samples: int = 10
-    chunk_size: int = 5000
 
     _parameter_constraints = {
         **_Hyperboloid._parameter_constraints,
-        "training": [StrOptions({"auto", "full", "minibatch"})],
-        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
-        "local_iter": [Interval(numbers.Integral, 0, None, closed="left")],
-        "ng_step": [Interval(numbers.Real, 0, 1, closed="right")],
         "local_samples": [Interval(numbers.Integral, 1, None, closed="left")],
         "eval_samples": [Interval(numbers.Integral, 2, None, closed="left")],
-        "chunk_size": [Interval(numbers.Integral, 1, None, closed="left")],
     }
-
-    def resolve_training(self, n: int) -> str:
-        """ "full" or "minibatch" for N = n points (the rule of the class docstring)."""
-        if self.training != "auto":
-            return self.training
-        return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
-
-    def _check_minibatch(self, n):
-        """Refusals before any minibatch work: the full-batch fit's settings, and the settings that
-        cannot work for N = n points (the parameter rules are checked first, by :meth:`fit`)."""
-        p = self.get_params()
-        why = f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
-        for name, default in _FULL_ONLY.items():
-            if p[name] != default:
-                raise ValueError(
-                    f"{name}={p[name]!r} is a setting of the full-batch fit, but the minibatch fit "
-                    f"was chosen ({why}); drop {name} (default {default!r}) or set training='full'"
-                )
-        if self.init == "sparse":
-            raise ValueError(
-                f"init='sparse' (a warm start from the sparse variant) is a setting of the full-batch "
-                f"fit, but the minibatch fit was chosen ({why}); use init='pca' or 'random', or set "
-                "training='full'"
-            )
-        if n < 2:
-            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
-        if self.batch_size > n:
-            raise ValueError(
-                f"batch_size ({self.batch_size}) exceeds the number of points ({n}); use batch_size <= {n}"
-            )
-        if self.n_inducing != "auto" and int(self.n_inducing) > n:
-            raise ValueError(
-                f"n_inducing ({self.n_inducing}) exceeds the number of points ({n}); use n_inducing <= {n} "
-                "or 'auto'"
-            )
-
-    def fit(self, Y, graph=None, *, callback=None):
-        """Fit to Y (N, D) by the chosen training; returns self. ``callback``: the full-batch fit's
-        (see ``HyperboloidGPLVM.fit``); the minibatch fit takes none."""
-        self._refuse_graph(graph)
-        Y = check_data(Y)
-        self._validate()  # the parameter rules (``training`` among them) before it picks a fit
-        training = self.resolve_training(Y.shape[0])
-        if training == "minibatch":
-            self._check_minibatch(Y.shape[0])
-        for k in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
-            delattr(self, k)  # an earlier fit's attributes (the two trainings set different ones)
-        if training == "full":
-            super().fit(Y, callback=callback)
-        else:
-            t_start = time.perf_counter()
-            self._fit_minibatch(Y)
-            self.fit_time_ = time.perf_counter() - t_start
-        self.training_ = training
-        self.minibatch_ = float(training == "minibatch")
-        return self
-
-    def transform(self, Y_new, max_iter=None):
-        """Means (n_new, Q) in the Poincare ball of new rows, by the fitted training's transform."""
-        self._check_fitted()
-        if self.training_ == "minibatch":
-            return self._transform_minibatch(Y_new, max_iter=max_iter)
-        return super().transform(Y_new, max_iter=max_iter)
-
-    def transform_lorentz(self, Y_new, max_iter=None):
-        """Latent positions (n_new, Q+1) on the hyperboloid of new rows (full-batch fits; a minibatch
-        fit's :meth:`transform` gives the Poincare-ball means)."""
-        self._check_fitted()
-        if self.training_ == "minibatch":
-            raise ValueError(
-                "transform_lorentz is the full-batch fit's; this model was fitted on minibatches: use "
-                "transform (Poincare-ball means) or fit with training='full'"
-            )
-        return super().transform_lorentz(Y_new, max_iter=max_iter)
-
-    # ------------------------------------------------------------------ minibatch training
-    def _minibatch_start(self, Yc, rng):
-        """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`) and Z
-        (k-means centres of at most 20,000 of them)."""
-        n = Yc.shape[0]
-        P = self._init_tangent(Yc, rng)
-        m = auto_inducing(n) if self.n_inducing == "auto" else int(self.n_inducing)
-        sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
-        if m >= sub.shape[0]:
-            return P, sub[:m] + 1e-6 * rng.standard_normal(sub[:m].shape)
-        return P, kmeans_start(sub, m, rng)
-
-    @x64
-    def _fit_minibatch(self, Y):
-        """The three phases of the module docstring on Y (N, D)."""
-        n, d = Y.shape
-        q = int(self.n_components)
-        H = int(self.n_samples)
-        kappa = float(self.kappa)
-        rng = np.random.default_rng(self.random_state)
-        key = jax.random.PRNGKey(int(rng.integers(2**31)))
-        mean = Y.mean(0)
-        Yc = Y - mean
-        P, C = self._minibatch_start(Yc, rng)
-        hyp0, hmask = self._hyper_start(Yc)
-        X = np.array(expmap0(jnp.asarray(P)))
-        del P
-        log_S = np.full((n, q), np.log(1e-2 * float(self._setting("init_scale")) ** 2))
-        glob = {"Z": expmap0(jnp.asarray(C)), "hyp": hyp0}
-        M = int(glob["Z"].shape[0])
-        gmom = {"mZ": jnp.zeros_like(glob["Z"]), "vZ": jnp.zeros(M), "mh": jnp.zeros(3), "vh": jnp.zeros(3)}
-        lmom = {
-            "mX": np.zeros_like(X),
-            "vX": np.zeros(n),
-            "mS": np.zeros_like(log_S),
-            "vS": np.zeros_like(log_S),
-            "t": np.zeros(n),
-        }
-        qu = {"m": jnp.zeros((M, d)), "P": jnp.eye(M)}
-        lr, hlr = float(self.learning_rate), float(self.hyper_learning_rate)
-        B = int(self.batch_size)
-        nb = max(1, n // B)  # batches per epoch, each of B or B + 1 points (at most two compiled shapes)
-        jitter, trace, converged = KERNEL_JITTER, [], False
-        window, pat = _rule_windows("bayesian", 0)  # the full-batch Bayesian fit's plateau rule
-        batches = iter(())
-        step = 0
-        for step in range(1, int(self.max_iter) + 1):
-            rows = next(batches, None)
-            if rows is None:
-                batches = iter(np.sort(b) for b in np.array_split(rng.permutation(n), nb))
-                rows = next(batches)
-            eps = jax.random.normal(jax.random.fold_in(key, step), (H, len(rows), q))
-            lb = {"X": X[rows], "log_S": log_S[rows]}
-            lm = {k: v[rows] for k, v in lmom.items()}
-            r_ng = 1.0 if step == 1 else float(self.ng_step)
-            what = f"the minibatch bound or q(u) step is not finite at step {step}"
-            for j in jitter_tries(jitter, what, "; lower learning_rate"):
-                out = _svi_step(
-                    lb, lm, glob, gmom, qu, Yc[rows], eps, float(n), n / len(rows), kappa, j, float(step),
-                    lr, hlr, hmask, step > int(self.fix_variance_iter), r_ng,
-                )  # fmt: skip
-                if bool(out[-1]):
-                    jitter = j
-                    break
-            lb, lm, glob, gmom, qu, F, _ = out
-            X[rows], log_S[rows] = np.asarray(lb["X"]), np.asarray(lb["log_S"])
-            for k in lmom:
-                lmom[k][rows] = np.asarray(lm[k])
-            trace.append(float(F))
-            if window_plateau(trace, window, pat, self.tol, n * d, int(self.fix_variance_iter)):
-                converged = True
-                break
-        del lmom
-        # phase 2: every point's q(x_n) with the globals and q(v) fixed, chunk by chunk
-        if int(self.local_iter) > 0:
-            self._local_passes(
-                X, log_S, glob, qu, Yc, jax.random.fold_in(key, 2**30), jitter, int(self.local_iter)
-            )
-        # phase 3: q(v) at its optimum for one pass of draws, then the bound with fresh draws (the
-        # sum over points of mean_h l_nh, less KL(q(v)), and its standard error from var_h(l_nh) / H)
-        size = int(self.chunk_size)
-        stats_fn = lambda lo, y, e: _stats_chunk(lo, glob, y, e, kappa)
-        stats = _chunk_sums(stats_fn, X, log_S, Yc, jax.random.fold_in(key, 2**30 + 1), H, size)
-        qu = self.qu_ = optimal_qu(stats, glob, kappa, 1.0, jitter)
-        terms_fn = lambda lo, y, e: _terms_chunk(lo, glob, qu, y, e, kappa, jitter)
-        key_eval, H_eval = jax.random.fold_in(key, 2**30 + 2), int(self.eval_samples)
-        s, v = _chunk_sums(terms_fn, X, log_S, Yc, key_eval, H_eval, max(1, size // 2))
-        F, se = float(s) - float(kl_qu(qu)), float(np.sqrt(float(v)))
-        if not np.isfinite(F):
-            raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
-        self.elbo_se_ = se
-        self.n_steps_ = step
-        self.extra_jitter_ = jitter
-        self.n_inducing_ = M
-        self._set_fitted(X, glob["hyp"], np.exp(log_S), glob["Z"], hmask, Yc, mean, [*trace, F], converged)
-        self.glob_ = {k: np.asarray(v) for k, v in glob.items()}
-
-    def _local_passes(self, X, log_S, glob, qu, Y, key, jitter, n_steps):
-        """The per-point pass (phase 2) on the rows X, log_S (updated in place) with data Y, chunk
-        by chunk, with the globals and q(v) fixed."""
-        for i, sl in enumerate(_chunks(X.shape[0], int(self.chunk_size))):
-            lo = _local_pass(
-                {"X": X[sl], "log_S": log_S[sl]}, glob, qu, Y[sl], jax.random.fold_in(key, i),
-                float(self.kappa), jitter, float(self.learning_rate), float(self.hyper_learning_rate),
-                n_steps=n_steps, H=int(self.local_samples),
-            )  # fmt: skip
-            X[sl], log_S[sl] = np.asarray(lo["X"]), np.asarray(lo["log_S"])
-
-    @x64
-    def _transform_minibatch(self, Y_new, max_iter=None):
-        """Means (n_new, Q) in the Poincare ball of new rows after a minibatch fit: q(x) of each
-        started at the fitted mean of its nearest training row (in data space) and fitted by the
-        per-point pass with everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
-        Yn, idx = new_rows(self, Y_new)
-        X = self.lorentz_embedding_[idx].copy()
-        log_S = np.log(self.embedding_var_[idx])
-        steps = int(max_iter) if max_iter is not None else (int(self.local_iter) or 50)
-        glob = {k: jnp.asarray(v) for k, v in self.glob_.items()}
-        qu = {k: jnp.asarray(v) for k, v in self.qu_.items()}
-        key = jax.random.PRNGKey(int(np.random.default_rng(self.random_state).integers(2**31)) + 1)
-        self._local_passes(X, log_S, glob, qu, Yn, key, self.extra_jitter_, steps)
-        return np.asarray(to_poincare(_renorm(jnp.asarray(X))))
