@@ -313,3 +313,20 @@ def test_the_grid_on_several_workers_takes_at_least_its_longest_point():
     many = costs.plan_table([row("ppca", 600.0, 8)], {"workers": 2})
     assert f"about {costs.fmt_seconds(2400.0)} on 2 worker(s)" in many, many
     assert costs.grid_seconds(1680.0, 1440.0, 2) == 1440.0 and costs.grid_seconds(4800.0, 600.0, 2) == 2400.0
+
+
+def test_the_sparse_hgplvm_is_planned_by_the_training_auto_picks():
+    """hgplvm_sparse has one cost entry per training, chosen by N as its ``training="auto"``
+    chooses: the full-batch one (the measurements it had) up to 5,000 points, the minibatch one
+    above, which at 10^5 x 50 predicts under an hour (the full-batch entry: about 18 h)."""
+    from tasks.registry import MODELS
+
+    args = MODELS["hgplvm_sparse"].constructor_args({"kappa": 100.0, "latent_dim": 2, "seed": 0}, {})
+    small, big = (
+        costs.predict("hgplvm_sparse", args, 5000, [50]),
+        costs.predict("hgplvm_sparse", args, 10**5, [50]),
+    )
+    assert small.entry == "hgplvm_sparse/full" and big.entry == "hgplvm_sparse/minibatch"
+    assert big.seconds < 3600 and big.budget == 10000
+    full = costs.predict("hgplvm_sparse", dict(args, training="full"), 10**5, [50])
+    assert full.entry == "hgplvm_sparse/full" and full.seconds > 10 * big.seconds
