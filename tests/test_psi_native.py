@@ -283,3 +283,25 @@ def test_store_only_when_differentiated(monkeypatch):
     for i in range(3):
         assert _rel(g_v[i], jax.grad(loss)(batch[i], "xla")) < 1e-11
     native.release_store()
+
+
+@pytest.mark.parametrize("N,M,Q", [(70, 6, 3), (64, 5, 9), (3, 4, 1), (130, 3, 10)])
+def test_qx_entry_equals_maps_then_kernel(N, M, Q):
+    """pairs_qx_fwd / pairs_qx_bwd (the kernel's inputs made from q(X) per tile, the gradients
+    mapped back in C) against closed_form's maps (jax) around the pair kernel: acc and the VJP onto
+    mu, S, l2, Z; host and jax (custom call under jit) forms."""
+    rng = np.random.default_rng(N + M + Q)
+    P = M * (M + 1) // 2
+    mu, S = rng.normal(size=(N, Q)), rng.uniform(0.05, 0.6, (N, Q))
+    l2, Z, c = rng.uniform(0.5, 2.0, Q), rng.normal(size=(M, Q)), rng.normal(size=P)
+    acc, vjp = jax.vjp(
+        lambda *a: cf._native_pairs(*a, 1.0, jnp.zeros(P), True, False),
+        *(jnp.asarray(x) for x in (mu, S, l2, Z)),
+    )
+    want = vjp(jnp.asarray(c))
+    assert _rel(native.pairs_qx_fwd_host(mu, S, l2, Z), acc) < 1e-13
+    for got, w in zip(native.pairs_qx_bwd_host(mu, S, l2, Z, c), want, strict=True):
+        assert _rel(got, w) < 1e-13
+    assert _rel(jax.jit(native.pairs_qx_fwd)(mu, S, l2, Z), acc) < 1e-13
+    for got, w in zip(jax.jit(native.pairs_qx_bwd)(mu, S, l2, Z, c), want, strict=True):
+        assert _rel(got, w) < 1e-13

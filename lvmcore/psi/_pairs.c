@@ -11,6 +11,8 @@
                gA[n, q] = sum_p c_p E[p, n] Zc[p, q],   gZc[p, q] = c_p sum_n E[p, n] A[n, q].
                With Es (the forward pass's store) the exponentials are read, else recomputed per
                tile; acc != NULL (only without Es) also returns acc.
+   pairs_qx_fwd / pairs_qx_bwd: the same from q(X) (mu, S, l2, Z; see qx_t), the backward pass
+               returning the gradients with respect to them.
 
    Rows go in tiles of NB, transposed into a workspace so that the vector lanes run over rows; a
    tile's exponentials of one pair row (m, m..M-1) are kept in an L1-sized buffer for the three
@@ -20,6 +22,7 @@
    reentrant (the workspace is allocated per call). Returns 0, or -1 if the workspace could not
    be allocated. */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +132,106 @@ static void load_tile(int n0, int nb, int M, int Q, const double *U, const doubl
         for (int j = 0; j < NB; j++) at[q * NB + j] = j < nb ? A[(size_t)(n0 + j) * Q + q] : 0.0;
 }
 
+/* q(X) in place of (U, A, Zc) (pairs_qx_fwd / pairs_qx_bwd): the kernel's inputs are made per
+   tile from mu, S (N x Q), l2 (Q) and Z (M x Q), and the backward pass maps its gradients back
+   onto them, so that no N x M array and no XLA operation lies between q(X) and the kernel:
+       a = 1 / (l2 + 2 S),  r_n = -1/2 sum_q log1p(2 S_nq / l2_q) - sum_q a_nq mu_nq^2,
+       U[n, m] = sum_q a_nq (mu_nq z_mq - z_mq^2 / 4) + r_n / 2,  Zc[p, q] = -z_mq z_m'q / 2. */
+typedef struct {
+    const double *mu, *S, *l2, *Z;
+    double *gmu, *gS, *gl2, *gZ; /* the backward pass's outputs */
+} qx_t;
+
+/* UT, AT of rows n0 .. n0 + nb as load_tile, from q(X); MT, ST: mu and S transposed */
+static inline __attribute__((always_inline)) void load_tile_qx(int n0, int nb, int M, const int Q, const qx_t *x,
+                                                               vd *UT, vd *AT, vd *MT, vd *ST) {
+    double *at = (double *)AT, *mt = (double *)MT, *st = (double *)ST;
+    vd half_r[NV];
+    double *hr = (double *)half_r;
+    for (int j = 0; j < NB; j++) {
+        double r = 0.0;
+        for (int q = 0; q < Q; q++) {
+            double a = 0.0, mu = 0.0, s = 0.0;
+            if (j < nb) {
+                mu = x->mu[(size_t)(n0 + j) * Q + q];
+                s = x->S[(size_t)(n0 + j) * Q + q];
+                a = 1.0 / (x->l2[q] + 2.0 * s);
+                r += -0.5 * log1p(2.0 * s / x->l2[q]) - a * mu * mu;
+            }
+            at[q * NB + j] = a;
+            mt[q * NB + j] = mu;
+            st[q * NB + j] = s;
+        }
+        hr[j] = j < nb ? 0.5 * r : PAD_U; /* a padding row: a = mu = 0, so U = PAD_U */
+    }
+    for (int m = 0; m < M; m++) {
+        vd u[NV];
+        for (int v = 0; v < NV; v++) u[v] = half_r[v];
+        for (int q = 0; q < Q; q++) {
+            const double z = x->Z[(size_t)m * Q + q];
+            const vd zv = splat(z), z2 = splat(-0.25 * z * z);
+            for (int v = 0; v < NV; v++) u[v] += AT[q * NV + v] * (MT[q * NV + v] * zv + z2);
+        }
+        for (int v = 0; v < NV; v++) UT[(size_t)m * NV + v] = u[v];
+    }
+}
+
+/* The tile's gradients with respect to U (T, M x NV) and A (K, Q x NV) onto q(X): gmu, gS of its
+   rows, and added to gl2 (Q) and gZ (M x Q) */
+static inline __attribute__((always_inline)) void finish_tile_qx(int n0, int nb, int M, const int Q, const qx_t *x,
+                                                                 const vd *T, const vd *K, const vd *AT,
+                                                                 const vd *MT, const vd *ST) {
+    vd gl2[Q], gmu[Q * NV], gS[Q * NV];
+    for (int q = 0; q < Q; q++) gl2[q] = splat(0.0);
+    for (int v = 0; v < NV; v++) {
+        vd su = splat(0.0), hz[Q], hz2[Q];
+        for (int q = 0; q < Q; q++) hz[q] = hz2[q] = splat(0.0);
+        for (int m = 0; m < M; m++) {
+            const vd t = T[(size_t)m * NV + v];
+            su += t;
+            for (int q = 0; q < Q; q++) {
+                const double z = x->Z[(size_t)m * Q + q];
+                hz[q] += t * z;
+                hz2[q] += t * (z * z);
+            }
+        }
+        for (int q = 0; q < Q; q++) {
+            const vd a = AT[q * NV + v], mu = MT[q * NV + v], s = ST[q * NV + v];
+            const vd ga = K[q * NV + v] + mu * hz[q] - 0.25 * hz2[q] - 0.5 * su * mu * mu;
+            gmu[q * NV + v] = a * (hz[q] - su * mu);
+            gS[q * NV + v] = -0.5 * su * a - 2.0 * a * a * ga;
+            gl2[q] += (0.5 / x->l2[q]) * su * s * a - a * a * ga;
+        }
+    }
+    const double *pm = (const double *)gmu, *ps = (const double *)gS;
+    for (int j = 0; j < nb; j++)
+        for (int q = 0; q < Q; q++) {
+            x->gmu[(size_t)(n0 + j) * Q + q] = pm[q * NB + j];
+            x->gS[(size_t)(n0 + j) * Q + q] = ps[q * NB + j];
+        }
+    for (int q = 0; q < Q; q++) x->gl2[q] += hsum(gl2[q]); /* padding rows: a = 0, so 0 */
+    /* gZ[m, q] += sum_rows T[m] (a mu - a z_mq / 2) */
+    for (int m = 0; m < M; m++) {
+        const vd *t = T + (size_t)m * NV;
+        for (int q = 0; q < Q; q++) {
+            vd s1 = splat(0.0), s2 = splat(0.0);
+            for (int v = 0; v < NV; v++) {
+                const vd ta = t[v] * AT[q * NV + v];
+                s1 += ta * MT[q * NV + v];
+                s2 += ta;
+            }
+            x->gZ[(size_t)m * Q + q] += hsum(s1) - 0.5 * x->Z[(size_t)m * Q + q] * hsum(s2);
+        }
+    }
+}
+
+/* Zc (P x Q) from Z, in np.triu_indices order */
+static void pair_factors(int M, int Q, const double *Z, double *Zc) {
+    for (int m = 0, p = 0; m < M; m++)
+        for (int m2 = m; m2 < M; m2++, p++)
+            for (int q = 0; q < Q; q++) Zc[(size_t)p * Q + q] = -0.5 * Z[(size_t)m * Q + q] * Z[(size_t)m2 * Q + q];
+}
+
 /* The tile's exponentials of the pair with rows um, um2 of UT and cross factors zc (Q):
    e[j] = exp(um[j] + um2[j] + sum_q AT[q][j] zc[q]), j < NV; returns their sum (a vector). The
    exponent is accumulated q by q over the whole tile (NV independent chains), then exponentiated
@@ -151,15 +254,25 @@ static inline __attribute__((always_inline)) vd pair_exps(const vd *restrict um,
 
 static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, const double *U,
                                                           const double *A, const double *Zc, double *acc,
-                                                          double *Es) {
+                                                          double *Es, const qx_t *x) {
     const int P = M * (M + 1) / 2;
-    vd *UT = aligned_alloc(8 * VW, sizeof(vd) * (size_t)(M + Q) * NV);
+    /* UT: M x NV vectors; AT, MT, ST: Q x NV; with q(X), Zc: P x Q doubles */
+    size_t nvec = (size_t)(M + 3 * Q) * NV + (x ? ((size_t)P * Q + VW - 1) / VW : 0);
+    vd *UT = aligned_alloc(8 * VW, sizeof(vd) * nvec);
     if (!UT) return -1;
-    vd *AT = UT + (size_t)M * NV;
+    vd *AT = UT + (size_t)M * NV, *MT = AT + (size_t)Q * NV, *ST = MT + (size_t)Q * NV;
+    if (x) {
+        double *zc = (double *)(ST + (size_t)Q * NV);
+        pair_factors(M, Q, x->Z, zc);
+        Zc = zc;
+    }
     memset(acc, 0, sizeof(double) * P);
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
-        load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        if (x)
+            load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
+        else
+            load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
         int p = 0;
         for (int m = 0; m < M; m++) {
             const vd *restrict um = UT + (size_t)m * NV;
@@ -181,21 +294,35 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
 static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const int Q, const double *U,
                                                           const double *A, const double *Zc, const double *c,
                                                           const double *Es, double *gU, double *gA, double *gZc,
-                                                          double *acc) {
+                                                          double *acc, const qx_t *x) {
     const int P = M * (M + 1) / 2;
-    /* UT, T, E: M x NV each; AT, K: Q x NV; cz: M x Q doubles */
-    size_t nvec = (size_t)(3 * M + 2 * Q) * NV + ((size_t)M * Q + VW - 1) / VW;
+    /* UT, T, E: M x NV each; AT, K, MT, ST: Q x NV; cz: M x Q doubles; with q(X), Zc and gZc: P x Q
+       doubles each */
+    const size_t pq = ((size_t)P * Q + VW - 1) / VW;
+    size_t nvec = (size_t)(3 * M + 4 * Q) * NV + ((size_t)M * Q + VW - 1) / VW + (x ? 2 * pq : 0);
     vd *UT = aligned_alloc(8 * VW, sizeof(vd) * nvec);
     if (!UT) return -1;
     vd *T = UT + (size_t)M * NV, *Ebuf = T + (size_t)M * NV, *AT = Ebuf + (size_t)M * NV, *K = AT + (size_t)Q * NV;
-    double *cz = (double *)(K + (size_t)Q * NV);
+    vd *MT = K + (size_t)Q * NV, *ST = MT + (size_t)Q * NV;
+    double *cz = (double *)(ST + (size_t)Q * NV);
+    if (x) {
+        double *zc = (double *)(ST + (size_t)Q * NV + ((size_t)M * Q + VW - 1) / VW);
+        pair_factors(M, Q, x->Z, zc);
+        Zc = zc;
+        gZc = zc + pq * VW;
+        memset(x->gl2, 0, sizeof(double) * Q);
+        memset(x->gZ, 0, sizeof(double) * M * Q);
+    }
     memset(gZc, 0, sizeof(double) * P * Q);
     if (acc) memset(acc, 0, sizeof(double) * P);
     if (Es) acc = NULL; /* the sums come with the store's forward pass */
     const size_t nstore = (size_t)pairs_store_len(N, M) / VW; /* vectors in the store */
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
-        load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        if (x)
+            load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
+        else
+            load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
         memset(T, 0, sizeof(vd) * (size_t)M * NV);
         memset(K, 0, sizeof(vd) * (size_t)Q * NV);
         int p0 = 0;
@@ -245,12 +372,24 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
             }
             p0 += np;
         }
+        if (x) {
+            finish_tile_qx(n0, nb, M, Q, x, T, K, AT, MT, ST);
+            continue;
+        }
         const double *t = (const double *)T, *k = (const double *)K;
         for (int j = 0; j < nb; j++) {
             for (int m = 0; m < M; m++) gU[(size_t)(n0 + j) * M + m] = t[m * NB + j];
             for (int q = 0; q < Q; q++) gA[(size_t)(n0 + j) * Q + q] = k[q * NB + j];
         }
     }
+    if (x) /* gZ from gZc: Zc[p, q] = -z_mq z_m'q / 2 */
+        for (int m = 0, p = 0; m < M; m++)
+            for (int m2 = m; m2 < M; m2++, p++)
+                for (int q = 0; q < Q; q++) {
+                    const double g = -0.5 * gZc[(size_t)p * Q + q];
+                    x->gZ[(size_t)m * Q + q] += g * x->Z[(size_t)m2 * Q + q];
+                    x->gZ[(size_t)m2 * Q + q] += g * x->Z[(size_t)m * Q + q];
+                }
     free(UT);
     return 0;
 }
@@ -272,14 +411,32 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
     }
 
 int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc, double *Es) {
-#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, Es)
+#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, Es, NULL)
     DISPATCH(FWD)
 #undef FWD
 }
 
 int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
               const double *Es, double *gU, double *gA, double *gZc, double *acc) {
-#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, Es, gU, gA, gZc, acc)
+#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, Es, gU, gA, gZc, acc, NULL)
+    DISPATCH(BWD)
+#undef BWD
+}
+
+/* the same from q(X) (see qx_t): acc, and for a cotangent c of acc the gradients with respect to
+   mu, S (N x Q), l2 (Q) and Z (M x Q) */
+int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
+                 double *acc) {
+    const qx_t x = {mu, S, l2, Z, NULL, NULL, NULL, NULL};
+#define FWD(q) fwd_impl(N, M, q, NULL, NULL, NULL, acc, NULL, &x)
+    DISPATCH(FWD)
+#undef FWD
+}
+
+int pairs_qx_bwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
+                 const double *c, double *gmu, double *gS, double *gl2, double *gZ) {
+    const qx_t x = {mu, S, l2, Z, gmu, gS, gl2, gZ};
+#define BWD(q) bwd_impl(N, M, q, NULL, NULL, NULL, c, NULL, NULL, NULL, NULL, NULL, &x)
     DISPATCH(BWD)
 #undef BWD
 }

@@ -14,6 +14,10 @@ int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const doubl
 int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
               const double *Es, double *gU, double *gA, double *gZc, double *acc);
 long long pairs_store_len(int N, int M);
+int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
+                 double *acc);
+int pairs_qx_bwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
+                 const double *c, double *gmu, double *gS, double *gl2, double *gZ);
 }
 
 namespace {
@@ -196,6 +200,42 @@ static ffi::Error PairsBwdStoredImpl(F64 U, F64 A, F64 Zc, F64 c, F64 token, F64
   if (slot) finish_read(slot);
   return err;
 }
+
+// from q(X): mu, S (N x Q), l2 (Q), Z (M x Q)
+static ffi::Error PairsQxFwdImpl(F64 mu, F64 S, F64 l2, F64 Z, F64Out acc) {
+  auto n = mu.dimensions(), z = Z.dimensions();
+  if (n.size() != 2 || z.size() != 2) return ffi::Error::InvalidArgument("pairs_qx_fwd: mu and Z must be 2-D");
+  int rc = pairs_qx_fwd(static_cast<int>(n[0]), static_cast<int>(z[0]), static_cast<int>(n[1]), mu.typed_data(),
+                        S.typed_data(), l2.typed_data(), Z.typed_data(), acc->typed_data());
+  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_qx_fwd: workspace allocation failed");
+  return ffi::Error::Success();
+}
+
+static ffi::Error PairsQxBwdImpl(F64 mu, F64 S, F64 l2, F64 Z, F64 c, F64Out gmu, F64Out gS, F64Out gl2,
+                                 F64Out gZ) {
+  auto n = mu.dimensions(), z = Z.dimensions();
+  if (n.size() != 2 || z.size() != 2) return ffi::Error::InvalidArgument("pairs_qx_bwd: mu and Z must be 2-D");
+  int rc = pairs_qx_bwd(static_cast<int>(n[0]), static_cast<int>(z[0]), static_cast<int>(n[1]), mu.typed_data(),
+                        S.typed_data(), l2.typed_data(), Z.typed_data(), c.typed_data(), gmu->typed_data(),
+                        gS->typed_data(), gl2->typed_data(), gZ->typed_data());
+  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_qx_bwd: workspace allocation failed");
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsQxFwd, PairsQxFwdImpl,
+                              ffi::Ffi::Bind().Arg<F64>().Arg<F64>().Arg<F64>().Arg<F64>().Ret<F64>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsQxBwd, PairsQxBwdImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Arg<F64>()
+                                  .Ret<F64>()
+                                  .Ret<F64>()
+                                  .Ret<F64>()
+                                  .Ret<F64>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsFwd, PairsFwdImpl,
                               ffi::Ffi::Bind().Arg<F64>().Arg<F64>().Arg<F64>().Ret<F64>());

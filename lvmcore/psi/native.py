@@ -22,8 +22,11 @@ of depth Q instead of 2Q, over row tiles whose exponentials stay in L1; the back
 recomputes them per tile. Opt-in (:func:`store_max_bytes`), a differentiated call's forward pass
 keeps them instead in a store the library holds between calls (an XLA output of that size would be
 page-faulted afresh at every call), which the backward pass reads, prefetching ahead. The small
-maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff. Its exp is a vectorised
-polynomial (about 1 ulp; checked against numpy at load).
+maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff, or, by :func:`pairs_qx_fwd` /
+:func:`pairs_qx_bwd`, go into the kernel too: U and a made per row tile from q(X), the gradients
+returned with respect to (mu, S, l2, Z), no (N, M) array and no XLA operation in between (at
+(1000, 50, 5): 2.9 against 3.6-4.6 ms for the pair sums and their VJP, bench/README.md). Its exp is
+a vectorised polynomial (about 1 ulp; checked against numpy at load).
 jax calls the kernel as an XLA custom call (``jax.ffi``): on XLA's thread, on XLA's buffers, no
 Python in between (a ``jax.pure_callback`` deadlocked on a one-core worker: its arguments are
 device_put back to the CPU device from inside XLA's only thread).
@@ -61,6 +64,8 @@ FFI_TARGETS = {
     "fwd_store": ("embed_sweep_pairs_fwd_store", "EmbedSweepPairsFwdStore"),
     "bwd": ("embed_sweep_pairs_bwd", "EmbedSweepPairsBwd"),
     "bwd_stored": ("embed_sweep_pairs_bwd_stored", "EmbedSweepPairsBwdStored"),
+    "qx_fwd": ("embed_sweep_pairs_qx_fwd", "EmbedSweepPairsQxFwd"),
+    "qx_bwd": ("embed_sweep_pairs_qx_bwd", "EmbedSweepPairsQxBwd"),
 }
 ENV_SWITCH = "EMBED_SWEEP_NATIVE"
 ENV_DIR = "EMBED_SWEEP_NATIVE_DIR"
@@ -167,6 +172,10 @@ def _load(path: Path):
     lib.pairs_fwd.restype = _I
     lib.pairs_bwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P]
     lib.pairs_bwd.restype = _I
+    lib.pairs_qx_fwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P]
+    lib.pairs_qx_fwd.restype = _I
+    lib.pairs_qx_bwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P]
+    lib.pairs_qx_bwd.restype = _I
     lib.pairs_store_len.argtypes = [_I, _I]
     lib.pairs_store_len.restype = ctypes.c_longlong
     lib.vexp_array.argtypes = [_I, _P, _P]
@@ -299,6 +308,34 @@ def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False, Es=None):
     return gU, gA, gZc, acc
 
 
+def pairs_qx_fwd_host(mu, S, l2, Z):
+    """acc (P,) from q(X) (mu, S (N, Q), l2 (Q,), Z (M, Q)): :func:`pairs_fwd_host` of
+    ``closed_form._pair_inputs(mu, S, l2, Z)``, the inputs made per tile in the kernel."""
+    mu, S, l2, Z = _c64(mu), _c64(S), _c64(l2), _c64(Z)
+    (N, Q), M = mu.shape, Z.shape[0]
+    acc = np.empty(M * (M + 1) // 2)
+    rc = library().pairs_qx_fwd(
+        N, M, Q, mu.ctypes.data, S.ctypes.data, l2.ctypes.data, Z.ctypes.data, acc.ctypes.data
+    )
+    if rc:
+        raise MemoryError("pairs_qx_fwd: could not allocate its workspace")
+    return acc
+
+
+def pairs_qx_bwd_host(mu, S, l2, Z, c):
+    """(gmu, gS, gl2, gZ): the gradients of sum_p c_p acc_p with respect to q(X) and Z."""
+    mu, S, l2, Z, c = _c64(mu), _c64(S), _c64(l2), _c64(Z), _c64(c)
+    (N, Q), M = mu.shape, Z.shape[0]
+    gmu, gS, gl2, gZ = np.empty_like(mu), np.empty_like(S), np.empty_like(l2), np.empty_like(Z)
+    rc = library().pairs_qx_bwd(
+        N, M, Q, mu.ctypes.data, S.ctypes.data, l2.ctypes.data, Z.ctypes.data, c.ctypes.data,
+        gmu.ctypes.data, gS.ctypes.data, gl2.ctypes.data, gZ.ctypes.data,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("pairs_qx_bwd: could not allocate its workspace")
+    return gmu, gS, gl2, gZ
+
+
 def _f64(*shape):
     import jax
     import jax.numpy as jnp
@@ -338,6 +375,24 @@ def pairs_bwd(U, A, Zc, c, with_acc: bool = False, token=None):
     return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)), vmap_method="sequential")(
         U, A, Zc, c, with_acc=bool(with_acc)
     )
+
+
+def pairs_qx_fwd(mu, S, l2, Z):
+    """jax: acc (P,) from q(X) by the kernel (an XLA custom call): ``pairs_fwd`` of
+    ``closed_form._pair_inputs(mu, S, l2, Z)`` without the (N, M) input or its XLA operations."""
+    import jax
+
+    P = Z.shape[0] * (Z.shape[0] + 1) // 2
+    return jax.ffi.ffi_call(FFI_TARGETS["qx_fwd"][0], _f64(P), vmap_method="sequential")(mu, S, l2, Z)
+
+
+def pairs_qx_bwd(mu, S, l2, Z, c):
+    """jax: (gmu, gS, gl2, gZ), the gradients of sum_p c_p acc_p with respect to q(X) and Z (the
+    exponentials recomputed)."""
+    import jax
+
+    shapes = tuple(_f64(*x.shape) for x in (mu, S, l2, Z))
+    return jax.ffi.ffi_call(FFI_TARGETS["qx_bwd"][0], shapes, vmap_method="sequential")(mu, S, l2, Z, c)
 
 
 def store_bytes() -> int:
