@@ -78,11 +78,16 @@ def test_exp_against_numpy():
     x = np.concatenate([x, np.zeros((-len(x)) % 4)])
     y = np.empty_like(x)
     native.library().vexp_array(len(x), x.ctypes.data, y.ctypes.data)
-    ref = np.exp(x)
-    ok = (x > -708.0) & (x < 709.0)
+    with np.errstate(over="ignore"):
+        ref = np.exp(x)
+    ok = (x >= -708.0) & (x <= 709.0)
     assert (np.abs(y[ok] - ref[ok]) / ref[ok]).max() < 5e-16
     assert np.all(y[x < -708.0] == 0.0)  # the true values are below 3.4e-308
-    assert np.all(np.isposinf(y[x > 709.0]))
+    # overflow: +inf where the true value overflows; between 709 and log(max double), the
+    # AVX-512 build gives the finite value, the portable one +inf
+    assert np.all(np.isposinf(y[np.isposinf(ref)]))
+    near = (x > 709.0) & np.isfinite(ref)
+    assert np.all(np.isposinf(y[near]) | (np.abs(y[near] - ref[near]) < 5e-16 * ref[near]))
     assert np.isnan(y[np.isnan(x)]).all()
 
 

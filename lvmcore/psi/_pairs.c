@@ -58,44 +58,58 @@ static inline double hsum(vd v) {
 static inline vd blend(vi mask, vd yes, vd no) { return (vd)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 /* exp(x) to about 1 ulp, in place on XB vectors at once (independent instruction chains, which
-   the out-of-order core overlaps: about 15% faster than one vector at a time here): x = k ln2 + r
-   (Cody-Waite, |r| <= ln2 / 2), the degree-12 Taylor polynomial of exp(r) (truncation < 2e-16
-   relative), times 2^k built in the exponent bits. Below -708 the result is 0 (the true value is
-   under 3.4e-308); above 709, +inf; NaN stays NaN. */
+   the out-of-order core overlaps: about 15% faster than one vector at a time here). Below -708 the
+   result is 0 (the true value is under 3.4e-308); NaN stays NaN. */
 #define XB 8
-static const double EXP_TAYLOR[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
-                                      1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
-                                      1.0 / 6.0, 0.5, 1.0, 1.0};
 
-#ifdef __AVX512F__ /* the same operations, bit for bit, on AVX-512's mask registers (GCC's generic form
-                       spends more instructions on the masks) */
+#ifdef __AVX512F__
+/* On AVX-512, fewer operations (17 per vector against 26): x = (16 k + j) ln2 / 16 + r with
+   |r| <= ln2 / 32, exp(x) = 2^k 2^(j / 16) e^r: 2^(j / 16) from a 16-entry table (one two-register
+   permute, indexed by the low bits of the rounded k), e^r = 1 + r s(r) with s of degree 5 (the
+   Taylor polynomial of degree 6 with its last term economised by the Chebyshev polynomial T6 on
+   [-ln2 / 32, ln2 / 32]: error < 1.5e-17 relative), the table entry times e^r in one FMA
+   (T + T (e^r - 1): the rounding of the polynomial enters only its small part), and 2^k by
+   vscalefpd, which also gives +inf on overflow. Within about 1 ulp of the true value (the tests
+   hold it to numpy's exp within 5e-16 relative); below -708, 0 as the portable version (no
+   subnormal results, which would slow every later product); NaN stays NaN. */
+static const double EXP2_16TH[16] = {
+    1.0, 1.0442737824274138, 1.0905077326652577, 1.1387886347566916, 1.189207115002721, 1.241857812073484,
+    1.2968395546510096, 1.3542555469368927, 1.4142135623730951, 1.4768261459394993, 1.5422108254079407,
+    1.6104903319492543, 1.681792830507429, 1.7562521603732995, 1.8340080864093424, 1.9152065613971474};
+static const double EXP_S5[6] = {1.0000000000000007, 0.5, 0.1666666666420973, 0.041666666666666664,
+                                 0.008333472973927501, 0.001388888888888889};
 static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
-    const __m512d lo = _mm512_set1_pd(-708.0), hi = _mm512_set1_pd(709.0);
-    const __m512d magic = _mm512_set1_pd(6755399441055744.0);
-    __mmask8 under[XB], over[XB];
-    __m512i ki[XB];
-    __m512d r[XB], p[XB];
+    const __m512d lo = _mm512_set1_pd(-708.0), hi = _mm512_set1_pd(710.0);
+    const __m512d magic = _mm512_set1_pd(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
+    const __m512d tlo = _mm512_loadu_pd(EXP2_16TH), thi = _mm512_loadu_pd(EXP2_16TH + 8);
+    __mmask8 keep[XB];
+    __m512d t[XB], kd[XB], r[XB], s[XB];
     for (int k = 0; k < XB; k++) {
         __m512d xv = (__m512d)x[k];
-        under[k] = _mm512_cmp_pd_mask(xv, lo, _CMP_LT_OQ);
-        over[k] = _mm512_cmp_pd_mask(xv, hi, _CMP_GT_OQ);
-        __m512d xk = _mm512_mask_mov_pd(_mm512_mask_mov_pd(xv, under[k], lo), over[k], hi);
-        __m512d t = _mm512_fmadd_pd(xk, _mm512_set1_pd(1.4426950408889634), magic);
-        __m512d kd = _mm512_sub_pd(t, magic);
-        ki[k] = _mm512_sub_epi64(_mm512_castpd_si512(t), _mm512_castpd_si512(magic));
-        r[k] = _mm512_fnmadd_pd(kd, _mm512_set1_pd(1.90821492927058770002e-10),
-                                _mm512_fnmadd_pd(kd, _mm512_set1_pd(6.93147180369123816490e-01), xk));
-        p[k] = _mm512_set1_pd(EXP_TAYLOR[0]);
+        keep[k] = _mm512_cmp_pd_mask(xv, lo, _CMP_NLT_UQ); /* x >= -708, or NaN */
+        __m512d xk = _mm512_min_pd(hi, xv);                /* NaN: the second operand, x */
+        t[k] = _mm512_fmadd_pd(xk, _mm512_set1_pd(23.083120654223414), magic); /* 16 / ln2 */
+        kd[k] = _mm512_sub_pd(t[k], magic);
+        r[k] = _mm512_fnmadd_pd(kd[k], _mm512_set1_pd(1.1926343307941173e-11),
+                                _mm512_fnmadd_pd(kd[k], _mm512_set1_pd(0.04332169877307024), xk));
+        s[k] = _mm512_set1_pd(EXP_S5[5]);
     }
-    for (int i = 1; i < 13; i++)
-        for (int k = 0; k < XB; k++) p[k] = _mm512_fmadd_pd(p[k], r[k], _mm512_set1_pd(EXP_TAYLOR[i]));
+    for (int i = 4; i >= 0; i--)
+        for (int k = 0; k < XB; k++) s[k] = _mm512_fmadd_pd(s[k], r[k], _mm512_set1_pd(EXP_S5[i]));
     for (int k = 0; k < XB; k++) {
-        __m512i e = _mm512_slli_epi64(_mm512_add_epi64(ki[k], _mm512_set1_epi64(1023)), 52);
-        __m512d y = _mm512_maskz_mov_pd((__mmask8)~under[k], _mm512_mul_pd(p[k], _mm512_castsi512_pd(e)));
-        x[k] = (vd)_mm512_mask_mov_pd(y, over[k], _mm512_set1_pd(__builtin_inf()));
+        /* the table's index: the low 4 bits of the integer in t's mantissa, kd mod 16 */
+        __m512d T = _mm512_permutex2var_pd(tlo, _mm512_castpd_si512(t[k]), thi);
+        __m512d y = _mm512_fmadd_pd(T, _mm512_mul_pd(r[k], s[k]), T);
+        /* times 2^floor(kd / 16) */
+        x[k] = (vd)_mm512_maskz_scalef_pd(keep[k], y, _mm512_mul_pd(kd[k], _mm512_set1_pd(0.0625)));
     }
 }
 #else
+/* Portable: x = k ln2 + r (Cody-Waite, |r| <= ln2 / 2), the degree-12 Taylor polynomial of exp(r)
+   (truncation < 2e-16 relative), times 2^k built in the exponent bits; above 709, +inf. */
+static const double EXP_TAYLOR[13] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                      1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                                      1.0 / 6.0, 0.5, 1.0, 1.0};
 static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
     const vd lo = splat(-708.0), hi = splat(709.0);
     const vd magic = splat(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
