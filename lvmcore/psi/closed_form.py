@@ -309,8 +309,10 @@ def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
 
     if not primal:
         return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None, None)
-    out = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=store)
-    acc, token = out if store else (out, None)
+    if store:  # the per-pair terms kept for the backward pass, from the (N, M) inputs
+        acc, token = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=True)
+    else:  # the kernel's inputs made per row tile from q(X) in C: no (N, M) array in between
+        acc, token = native.pairs_qx_fwd(mu, S, l2, Z), None
     return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, token)
 
 
@@ -320,6 +322,9 @@ def _native_pairs_bwd(primal, store, res, g):
     mu, S, l2, Z, variance, log_pair, acc, token = res
     el = jnp.exp(log_pair)
     pf = variance * variance * el
+    if acc is not None and token is None:  # the forward's sums at hand: gradients onto q(X) in C
+        g_mu, g_S, g_l2, g_Z = native.pairs_qx_bwd(mu, S, l2, Z, pf * g)
+        return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
     inputs, vjp = jax.vjp(_pair_inputs, mu, S, l2, Z)
     gU, gA, gZc, acc_b = native.pairs_bwd(*inputs, pf * g, with_acc=acc is None, token=token)
     acc = acc_b if acc is None else acc
