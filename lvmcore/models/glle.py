@@ -332,10 +332,9 @@ class GLLE(LatentModel):
         self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
         (s0,) = _seeds(self.random_state, 1)
         if self.method == "em":  # the kept generation's draw needs no LLE embedding: both solved at once
-            draws = np.stack([mean_w, self._draw_weights(s0, None)])
-            self.lle_embedding_, kept = self._embed_all(draws, [seed, s0])
+            self.lle_embedding_, kept = self._embed_all([mean_w, self._draw_weights(s0, None)], [seed, s0])
         else:  # direct: the sampling covariance needs the LLE embedding, so the kept draw comes after
-            (self.lle_embedding_,) = self._embed_all(mean_w[None], [seed])
+            (self.lle_embedding_,) = self._embed_all([mean_w], [seed])
             L, logdet_P = map_points(
                 direct_point_stats,
                 Y,
@@ -346,7 +345,7 @@ class GLLE(LatentModel):
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
-            (kept,) = self._embed_all(self._draw_weights(s0, None)[None], [s0])
+            (kept,) = self._embed_all([self._draw_weights(s0, None)], [s0])
         # the kept draw is generation 0 of sample(G, random_state) at the constructor's a: kept to
         # answer that draw again without a second eigensolve (the sweep asks it twice more)
         self._kept = ((s0, self.cov_scale), kept)
@@ -404,16 +403,18 @@ class GLLE(LatentModel):
         todo = list(dict.fromkeys(d for d in draws if d != kept_draw))
         solved = {kept_draw: kept}
         if todo:
-            W = np.stack([self._draw_weights(s, a) for s, a in todo])
+            W = [self._draw_weights(s, a) for s, a in todo]
             solved.update(zip(todo, self._embed_all(W, [s for s, _ in todo]), strict=True))
         return np.stack([match_axes(self.lle_embedding_, solved[d]) for d in draws])
 
-    def _embed_all(self, weights, seeds) -> list:
-        """The embedding of each weight draw in ``weights`` (G, N, k) (``lvmcore.lle.embed``, its
-        start seeded by ``seeds``). In process one after the other; with ``chunks`` and a Dask
-        client, one task per draw: the draws are dealt over the workers (a scattered list goes
-        round the workers) and solved at once, each task holding one eigenproblem, so a worker's
-        memory holds one factor as in process. Identical results either way."""
+    def _embed_all(self, weights: list, seeds) -> list:
+        """The embedding of each weight draw in the list ``weights`` of (N, k) arrays
+        (``lvmcore.lle.embed``, its start seeded by ``seeds``). In process one after the other; with
+        ``chunks`` and a Dask client, one task per draw: the draws are dealt over the workers (a
+        scattered list goes round the workers) and solved at once, each task holding one
+        eigenproblem, so a worker's memory holds one factor as in process. The list is emptied once
+        scattered: the calling worker (it also runs one of the eigenproblems) does not hold every
+        draw beside it. Identical results either way."""
         from lvmcore.chunks import dask_client
 
         q = self.n_components
@@ -428,6 +429,7 @@ class GLLE(LatentModel):
         graph = source_of(self.graph_) or client.scatter(self.graph_, broadcast=True, hash=False)
         order = client.scatter(self._order, broadcast=True, hash=False) if self._order is not None else None
         parts = client.scatter(list(weights), hash=False)
+        weights.clear()  # the workers hold the scattered copies
         futures = [
             client.submit(_embed_draw, graph, order, w, q=q, solver=self.eigen_solver, seed=s, pure=False)
             for w, s in zip(parts, seeds, strict=True)
