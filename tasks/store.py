@@ -311,9 +311,7 @@ def group_template(spec: ModelSpec, grid: dict, layout: Layout) -> xr.Dataset:
         v["embedding_var"] = lazy(("point", "component"), (n, q))
     for name in SCALARS:
         v[name] = lazy((), ())
-    for name, dims in spec.extras.items():
-        if name in ("generations", "scale_study") and layout.n_generations == 0:
-            continue
+    for name, dims in _stored_extras(spec, layout).items():
         v[name] = lazy(dims, _extra_shape(dims, layout))
     coords = {d: g[d] for d in sdims}
     if any("cov_scale" in dims for name, dims in spec.extras.items() if name in v):
@@ -449,16 +447,38 @@ def _grow_group(path: Path, key: str, new: dict) -> None:
             coord[len(stored) :] = np.asarray(todo, dtype=coord.dtype)
 
 
-def _add_missing_scalars(path: Path, keys) -> None:
-    """Give the groups of a store written by an earlier version the per-point scalars it lacks
-    (``converged``; ``numerics``), every cell NaN or "" (not recorded), so that resuming or growing
-    the store can write its new points."""
+def _stored_extras(spec: ModelSpec, layout: Layout) -> dict:
+    """A model's extras as its group template holds them (no generation arrays without generations)."""
+    skip = ("generations", "scale_study") if layout.n_generations == 0 else ()
+    return {name: dims for name, dims in spec.extras.items() if name not in skip}
+
+
+def _refuse_missing_extras(path: Path, specs, layout: Layout) -> None:
+    """ValueError, before anything is written, for a store written by an earlier version whose group
+    lacks an extra output with dimensions of its own (only per-point values can be added to it:
+    :func:`_add_missing_scalars`)."""
+    root = zarr.open_group(str(path), mode="r")
+    for spec in specs:
+        lacking = [n for n, dims in _stored_extras(spec, layout).items() if dims and n not in root[spec.key]]
+        if lacking:
+            raise ValueError(
+                f"{path} was written by an earlier embed-sweep: its {spec.key} group lacks {lacking}; "
+                "choose another store path, or pass --replace to move it aside"
+            )
+
+
+def _add_missing_scalars(path: Path, specs, layout: Layout) -> None:
+    """Give the groups of a store written by an earlier version the per-point values it lacks
+    (the scalars ``converged``, ``numerics``, and a model's per-point extras such as
+    ``hgplvm_sparse``'s ``minibatch``), every cell NaN or "" (not recorded), so that resuming or
+    growing the store can write its new points."""
     root = zarr.open_group(str(path), mode="r+")
-    for key in keys:
-        g = root[key]
+    for spec in specs:
+        g = root[spec.key]
         st = g["status"]
         dims = _array_dims(st)
-        for name in SCALARS:
+        per_point = [name for name, extra_dims in _stored_extras(spec, layout).items() if not extra_dims]
+        for name in [*SCALARS, *per_point]:
             if name not in g:
                 g.create_array(
                     name, shape=st.shape, chunks=st.chunks, dtype="float64", fill_value=np.nan,
@@ -502,9 +522,11 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
                 "--replace to move it aside"
             )
         grown = growth(path, identity, specs, grid)  # refuses a store this sweep cannot extend
+        held = [s for s in specs if s.key in root]
+        _refuse_missing_extras(path, held, layout)
         for key, new in (grown or {"groups": {}})["groups"].items():
             _grow_group(path, key, new)
-        _add_missing_scalars(path, [s.key for s in specs if s.key in root])
+        _add_missing_scalars(path, held, layout)
         missing = [s.key for s in specs if s.key not in root]
         if not missing and grown is None:
             return sid
@@ -578,10 +600,8 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
         for name in SCALARS:
             val = res.metrics.get(name, getattr(res, name, np.nan)) if name in METRICS else getattr(res, name)
             data[name] = var((), np.float64(np.nan if val is None else val))
-        for name, dims in spec.extras.items():
-            if name in res.extras and not (
-                name in ("generations", "scale_study") and layout.n_generations == 0
-            ):
+        for name, dims in _stored_extras(spec, layout).items():
+            if name in res.extras:
                 data[name] = var(dims, _pad(res.extras[name], _extra_shape(dims, layout)))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))

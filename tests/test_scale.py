@@ -181,6 +181,42 @@ def test_store_of_an_earlier_version_gains_the_convergence_flag(tmp_path):
     assert (back["status"].values == st.STATUS_DONE).all()
 
 
+def test_store_of_an_earlier_version_gains_a_per_point_extra_and_refuses_another(tmp_path):
+    """hgplvm_sparse's ``minibatch`` output is newer than stores that hold the model: a resume adds
+    it, all NaN (not recorded), and a new point writes its value (before, the write failed after the
+    fit with KeyError 'minibatch'). An extra with dimensions of its own cannot be made up for the
+    old points: the resume is refused, naming it, before the store is touched."""
+    import shutil
+
+    from tasks import store as st
+    from tasks.registry import MODELS
+
+    grid = {"latent_dim": [2], "seed": [0, 1]}
+    layout = st.Layout(n_points=20, q_max=2, trace_len={"hgplvm_sparse": 3, "bgplvm_rbf": 3})
+    spec = MODELS["hgplvm_sparse"]
+    path = tmp_path / "s.zarr"
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})
+    shutil.rmtree(path / spec.key / "minibatch")  # as an earlier version wrote it
+    st.prepare_store(path, {"x": 1}, [spec], grid, layout, {})  # the resume
+    res = st.PointResult(spec.key, (0, 0, 1), {"kappa": 100.0, "latent_dim": 2, "seed": 1}, "done")
+    res.embedding = np.ones((20, 2))
+    res.elbo, res.elbo_trace, res.n_iter, res.fit_seconds = -1.0, np.arange(3.0), 3.0, 0.1
+    res.extras = {"minibatch": 1.0}
+    st.write_point(path, spec, res, layout)
+    mb = st.open_results(path)[spec.key].ds["minibatch"].values.ravel()
+    assert np.isnan(mb[0]) and mb[1] == 1.0
+
+    rbf = MODELS["bgplvm_rbf"]
+    other = tmp_path / "r.zarr"
+    st.prepare_store(other, {"x": 1}, [rbf], grid, layout, {})
+    shutil.rmtree(other / rbf.key / "ard_weights")
+    grown = dict(grid, seed=[0, 1, 2])
+    refusal = r"earlier embed-sweep: its bgplvm_rbf group lacks \['ard_weights'\]"
+    with pytest.raises(ValueError, match=refusal):
+        st.prepare_store(other, {"x": 1}, [rbf], grown, layout, {})
+    assert st.store_grid(other, rbf)["seed"] == [0, 1]  # not grown before the refusal
+
+
 # ---------------------------------------------------------------- task graphs without the data
 
 
