@@ -539,8 +539,6 @@ class _Hyperboloid(LatentModel):
                 f"mean='integrated' (the restricted bound) is a setting of the full-batch fit, but the "
                 f"minibatch fit was chosen ({why}); use mean='auto' or 'zero', or set training='full'"
             )
-        if n < 2:
-            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
         if self.batch_size > n:
             raise ValueError(
                 f"batch_size ({self.batch_size}) exceeds the number of points ({n}); use batch_size <= {n}"
@@ -560,6 +558,8 @@ class _Hyperboloid(LatentModel):
         self._refuse_graph(graph)
         Y = check_data(Y)
         self._validate()  # the parameter rules (``training`` among them) before it picks a fit
+        if Y.shape[0] < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {Y.shape[0]}; pass a data matrix with N >= 2")
         training = self.resolve_training(Y.shape[0])
         if training == "minibatch":
             self._check_minibatch(Y.shape[0])
@@ -586,8 +586,6 @@ class _Hyperboloid(LatentModel):
     def _fit_full(self, Y, callback=None):
         """The full-batch fit (every point every step) of Y (N, D), checked by :meth:`fit`."""
         n, d = Y.shape
-        if n < 2:
-            raise ValueError(f"Y needs at least 2 rows, got {n}; pass a data matrix with N >= 2")
         t_start = time.perf_counter()
         mean = Y.mean(0)
         Yc = jnp.asarray(Y - mean)
