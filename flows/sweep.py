@@ -123,10 +123,12 @@ def _check_grid_input(grid) -> None:
         )
 
 
-def check_model_options(spec: ModelSpec, options: dict, grid: dict) -> None:
+def check_model_options(spec: ModelSpec, options: dict, grid: dict, n_points: int) -> None:
     """Model options against the estimator's constructor: names it takes, values of the type of
-    its defaults (finite numbers), none that a grid dimension or the model key sets; then the
-    estimator's own parameter rules (``_parameter_constraints``) at every grid point."""
+    its defaults (finite numbers), none that a grid dimension or the model key sets; then, at
+    every grid point, the estimator's own parameter rules (``_parameter_constraints``) and its
+    refusals for the data set's ``n_points`` (``LatentModel.check_size``: e.g. ``batch_size`` or
+    ``n_inducing`` above N), so the fit on a worker cannot fail on them after the sweep started."""
     from tasks.registry import _PARAM_OF_DIM
 
     try:
@@ -171,12 +173,15 @@ def check_model_options(spec: ModelSpec, options: dict, grid: dict) -> None:
             raise ValueError(
                 f"model option {spec.key}.{name} must be {want} (default {default!r}), got {value!r}"
             )
-    if getattr(cls, "_parameter_constraints", None):
-        for _, point in grid_points(spec, grid):
-            try:
-                cls(**spec.constructor_args(point, options))._validate_params()
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"model {spec.key!r} at {point}: {e}") from e
+    for _, point in grid_points(spec, grid):
+        try:
+            model = cls(**spec.constructor_args(point, options))
+            if getattr(cls, "_parameter_constraints", None):
+                model._validate_params()
+            if hasattr(model, "check_size"):
+                model.check_size(int(n_points))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"model {spec.key!r} at {point}: {e}") from e
 
 
 def check_writable(store) -> None:
@@ -244,7 +249,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
     n_views = len(meta["attrs"].get("views", [])) or 1
     for s in specs:
         g = model_grid(s, grid)
-        check_model_options(s, _options_for(s, model_options), grid)
+        check_model_options(s, _options_for(s, model_options), grid, n)
         if s.family in NEEDS_K_ABOVE_Q and "k" in g and min(g["k"]) <= max(g["latent_dim"]):
             raise ValueError(
                 f"model {s.key!r} needs k > latent_dim at every grid point (LLE weights), got k = "

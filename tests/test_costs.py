@@ -103,6 +103,39 @@ def test_a_feasible_sweep_passes_the_cost_check_and_prints_its_prediction(no_ser
     assert "whole grid:" in out
 
 
+@pytest.mark.parametrize(
+    "models, options, names",
+    [
+        ("bgplvm_rbf", '{"bgplvm_rbf": {"n_inducing": 250}}', ("n_inducing", "250", "n_inducing <= 200")),
+        (
+            "hgplvm_sparse",
+            '{"hgplvm_sparse": {"training": "minibatch", "batch_size": 500}}',
+            ("batch_size (500)", "batch_size <= 200"),
+        ),
+    ],
+)
+def test_a_setting_the_data_sets_size_cannot_take_is_refused_in_the_plan(
+    no_server, tmp_path, capsys, models, options, names
+):
+    """Found on pbmc68k_reduced (700 cells): such a point used to start the server and cluster,
+    then fail on its worker."""
+    line = _refused(
+        tmp_path,
+        capsys,
+        ["--dataset", '{"name": "swiss_roll", "n": 200, "seed": 0}', "--models", models]
+        + ["--grid", '{"latent_dim": [2], "kappa": [10.0], "seed": [0]}', "--options", options],
+    )
+    assert f"model {models!r} at " in line, line
+    for name in names:
+        assert name in line, line
+
+
+def test_a_setting_within_the_data_sets_size_passes_the_plan(tmp_path):
+    grid = {"latent_dim": [2], "seed": [0]}
+    ok = {"bgplvm_rbf": {"n_inducing": 200}}
+    plan_sweep({"name": "swiss_roll", "n": 200}, ["bgplvm_rbf"], grid, str(tmp_path / "s"), ok, 0, "auto")
+
+
 def test_predictions_and_refusals_come_from_the_cost_data_file(no_server, tmp_path, capsys, monkeypatch):
     plan = plan_sweep(
         {"name": "swiss_roll", "n": 300},

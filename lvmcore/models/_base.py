@@ -6,6 +6,10 @@
   ``fit`` checks them first through ``self._validate_params()``, so a bad value is refused with
   the parameter named ("The 'tol' parameter of GLLE must be a float in the range [0.0, inf).
   Got -1 instead.") before any work.
+- ``check_size(n_points)`` raises ValueError (naming the value and the fix) for settings that
+  cannot work with that many points (``n_inducing`` or ``batch_size`` above N, a training that
+  needs more rows); ``fit`` calls it, and a sweep's plan calls it with the data set's N at every
+  grid point, so such a point is refused before any server or cluster starts.
 - ``fit(Y, graph=None)`` returns ``self``; a model that cannot use a graph refuses one
   (``_refuse_graph``) instead of ignoring it. MRD takes a list of views in place of ``Y``.
 - Learned state ends in ``_``: ``embedding_`` (N, Q) posterior mean or point estimate,
@@ -47,6 +51,11 @@ class LatentModel(BaseEstimator):
     def _check_fitted(self) -> None:
         """Raise ``NotFittedError`` unless ``fit`` has run (``embedding_`` is set)."""
         check_is_fitted(self, "embedding_")
+
+    def check_size(self, n_points: int) -> None:
+        """Refuse settings that cannot work with ``n_points`` points (module docstring); the
+        parameter rules are checked first. Models without such settings accept any N."""
+        self._validate_params()
 
     def _refuse_graph(self, graph) -> None:
         """For models that do not use a neighbour graph: refuse one rather than ignore it."""

@@ -208,12 +208,17 @@ class _CollapsedGPLVM(LatentModel):
                 raise ValueError(f"kernel must be one of {_KERNELS} (or one per view), got {k!r}")
         if len(kinds) != len(views):
             raise ValueError(f"{len(kinds)} kernels given for {len(views)} views; give one per view")
-        if m > ns[0]:
-            raise ValueError(
-                f"Expected n_inducing <= n_samples, but n_samples = {ns[0]}, n_inducing = {m}; "
-                f"use n_inducing <= {ns[0]}"
-            )
+        self.check_size(ns[0])
         return views, tuple(kinds), q, m
+
+    def check_size(self, n_points: int) -> None:
+        """Refuse more inducing inputs than points (``LatentModel.check_size``)."""
+        self._validate_params()
+        if int(self.n_inducing) > n_points:
+            raise ValueError(
+                f"Expected n_inducing <= n_samples, but n_samples = {n_points}, n_inducing = "
+                f"{self.n_inducing}; use n_inducing <= {n_points}"
+            )
 
     def _init_params(self, views, kinds, q, m):
         rng = np.random.default_rng(self.random_state)

@@ -517,9 +517,19 @@ class _Hyperboloid(LatentModel):
             return self.training
         return "full" if n <= FULL_BATCH_MAX_N else "minibatch"
 
+    def check_size(self, n_points: int) -> None:
+        """Refusals for N = ``n_points`` before any work (``LatentModel.check_size``): the parameter
+        rules (``training`` among them), at least 2 rows, and where the minibatch fit is chosen,
+        the settings it cannot honour (:meth:`_check_minibatch`)."""
+        self._validate()
+        if n_points < 2:
+            raise ValueError(f"Y needs at least 2 rows, got {n_points}; pass a data matrix with N >= 2")
+        if self.resolve_training(n_points) == "minibatch":
+            self._check_minibatch(n_points)
+
     def _check_minibatch(self, n):
         """Refusals before any minibatch work: the full-batch fit's settings, and the settings that
-        cannot work for N = n points (the parameter rules are checked first, by :meth:`fit`)."""
+        cannot work for N = n points."""
         p = self.get_params()
         why = f"N = {n:,} > {FULL_BATCH_MAX_N:,}" if self.training == "auto" else "training='minibatch'"
         for name, default in _FULL_ONLY.items():
@@ -557,12 +567,9 @@ class _Hyperboloid(LatentModel):
         does not change it. The minibatch fit takes none."""
         self._refuse_graph(graph)
         Y = check_data(Y)
-        self._validate()  # the parameter rules (``training`` among them) before it picks a fit
-        if Y.shape[0] < 2:
-            raise ValueError(f"Y needs at least 2 rows, got {Y.shape[0]}; pass a data matrix with N >= 2")
+        self.check_size(Y.shape[0])
         training = self.resolve_training(Y.shape[0])
         if training == "minibatch":
-            self._check_minibatch(Y.shape[0])
             if callback is not None:
                 raise ValueError(
                     "callback observes the full-batch fit, but the minibatch fit was chosen; drop "
