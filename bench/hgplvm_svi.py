@@ -5,9 +5,10 @@
     python bench/hgplvm_svi.py one --n N --method svi|full [...]      # one fit in this process
 
 Every fit runs in its own process (``one``), so its peak RSS (/proc/self/status VmHWM) is its own;
-the line it prints has the wall time of the fit, the bound per point (the full-batch fit: its last
-collapsed-bound MC estimate; the minibatch fit: ``elbo_``, an unbiased MC estimate over all points,
-with its standard error per point), the steps, and the peak RSS before and after the fit.
+the line it prints has the wall time and CPU seconds of the fit, the bound per point (the
+full-batch fit: its last collapsed-bound MC estimate; the minibatch fit: ``elbo_``, an unbiased MC
+estimate over all points, with its standard error per point), the steps, whether the plateau rule
+stopped it, and the peak RSS before and after the fit.
 ``tree``: SBT of the given depth (bench/hgplvm_tree.py's generator and score: Pearson correlation of
 hyperbolic latent distances with Hamming distances of the node codes), kappa = 100, Q = 2, the
 full-batch Bayesian fit (``BayesianHyperboloidGPLVM(training="full")``, defaults) as the anchor, its
@@ -57,9 +58,9 @@ def one(a):
             n_inducing=a.m,
             **kw,
         )
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m.fit(Y)
-    sec = time.perf_counter() - t0
+    sec, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = Y.shape[0]
     out = {
         "data": a.data if a.data == "roll" else f"tree{a.depth}",
@@ -67,9 +68,11 @@ def one(a):
         "seed": a.seed,
         "method": a.method,
         "seconds": round(sec, 1),
+        "cpu_s": round(cpu, 1),
         "bound_per_point": m.elbo_ / n,
         "se_per_point": getattr(m, "elbo_se_", float("nan")) / n,
         "steps": int(m.n_iter_),
+        "converged": bool(m.converged_),
         "M": int(m.inducing_.shape[0]),
         "rss_before_mb": round(rss0),
         "rss_peak_mb": round(status_mb()),
@@ -125,7 +128,7 @@ def main():
             full = run_one([*base, "--method", "full", "--max-iter", a.anchor_iter])
             svi = run_one([*base, "--method", "svi", "--max-iter", a.max_iter, "--batch", min(a.batch, 100)])
             rows.append((full, svi))
-        for k in ("pearson", "bound_per_point", "seconds"):
+        for k in ("pearson", "bound_per_point", "cpu_s"):
             f = [r[0][k] for r in rows if r[0] and r[1]]
             s = [r[1][k] for r in rows if r[0] and r[1]]
             print(f"{k}: full {np.mean(f):.4f}  minibatch {np.mean(s):.4f}  (seeds {a.seeds})")

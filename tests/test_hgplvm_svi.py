@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lvmcore.data import synthetic as S
+from lvmcore.linalg import KERNEL_JITTER
 from lvmcore.manifolds.lorentz import expmap0
 from lvmcore.models.hgplvm import bayesian_objective, sparse_objective
 from lvmcore.models.hgplvm_svi import (
@@ -161,6 +162,71 @@ def test_fit_visits_every_point_and_its_trace_ends_at_the_bound(roll):
     near, far = to_pair(b.transform(held))
     assert np.median(near) > 0.2 * dab  # moved off the start
     assert np.median(far) < 3.0 * dab  # and stayed between the two
+
+
+def test_the_rules_full_pass_bound_is_eq6_at_draws_fixed_by_its_key():
+    """The Bayesian minibatch fit's plateau rule reads _full_bound: one pass over all rows in chunks
+    (here 3 of 8), q(v) at its optimum, less the KL of q(X): hgplvm.bayesian_objective (the
+    collapsed eq. 6) at the draws its key gives chunk by chunk. The same key gives the same value
+    (common random numbers from window to window); another key another value."""
+    from lvmcore.models.hgplvm_svi import _chunks, _full_bound
+
+    local, glob, _, Y, _ = _problem(seed=6)
+    n, H = Y.shape[0], 3
+    X, log_S = np.asarray(local["X"]), np.asarray(local["log_S"])
+    key = jax.random.PRNGKey(11)
+    with jax.enable_x64(True):  # as in the fit (the draws of a key depend on the precision)
+        F, qu = _full_bound(X, log_S, glob, Y, key, H, KAPPA, KERNEL_JITTER, 10)
+        again = _full_bound(X, log_S, glob, Y, key, H, KAPPA, KERNEL_JITTER, 10)[0]
+        other = _full_bound(X, log_S, glob, Y, jax.random.PRNGKey(12), H, KAPPA, KERNEL_JITTER, 10)[0]
+        eps = jnp.concatenate(
+            [
+                jax.random.normal(jax.random.fold_in(key, i), (H, sl.stop - sl.start, 2))
+                for i, sl in enumerate(_chunks(n, 10))
+            ],
+            axis=1,
+        )
+        h = glob["hyp"]
+        collapsed = bayesian_objective(local["X"], local["log_S"], glob["Z"], h[0], h[1], Y, KAPPA, eps, h[2])
+    assert len(_chunks(n, 10)) == 3
+    np.testing.assert_allclose(F, float(collapsed), rtol=1e-10)
+    assert again == F
+    assert abs(other - F) > 1e-6 * abs(F)
+
+
+@pytest.mark.slow
+def test_bayesian_minibatch_rule_stops_on_the_full_pass_bound_after_whole_epochs(roll, monkeypatch):
+    """The minibatch Bayesian fit with tol > 0: the rule is read after every window of whole epochs
+    (6 batches of 50 of the 300 rows, 9 epochs = 54 steps), on the full-pass bound at draws that
+    are the same at every window (one key; the final pass's q(v) another), which is a function of
+    the state alone (recomputed from the recorded state it is the same number); the fit stops at
+    the first window where the full-batch Bayesian rule (patience 2, after the warm-up) fires on
+    those values, before its budget."""
+    import lvmcore.models.hgplvm_svi as svi
+    from lvmcore.optim import window_plateau
+
+    calls, full_bound = [], svi._full_bound
+
+    def spy(X, log_S, glob, Y, key, *rest):
+        F, qu = full_bound(X, log_S, glob, Y, key, *rest)
+        calls.append(((X.copy(), log_S.copy(), glob, Y, key, *rest), np.asarray(key), F))
+        return F, qu
+
+    monkeypatch.setattr(svi, "_full_bound", spy)
+    kw = dict(FIT, max_iter=1000, tol=0.1, local_iter=0)  # stops at about 540 steps
+    m = BayesianHyperboloidGPLVM(training="minibatch", **kw).fit(roll)
+    nd, window, K = roll.size, 54, len(calls) - 1  # the last call: the final bound's pass
+    assert m.converged_ and m.n_steps_ < kw["max_iter"] and m.n_steps_ == K * window
+    bounds = [c[-1] for c in calls[:K]]
+    np.testing.assert_array_equal(m.window_bounds_, bounds)
+    assert all(np.array_equal(c[1], calls[0][1]) for c in calls[:K])  # one key for the rule
+    assert not np.array_equal(calls[K][1], calls[0][1])  # the final pass's draws are others
+    with jax.enable_x64(True):  # as in the fit
+        assert all(full_bound(*args)[0] == F for args, _, F in (calls[0], calls[K - 1]))
+    # the rule on these values fires at the last window and at no earlier one
+    assert window_plateau(bounds, 1, 2, kw["tol"], nd, 1)
+    assert not any(window_plateau(bounds[:k], 1, 2, kw["tol"], nd, 1) for k in range(1, K))
+    assert K >= 5  # the warm-up window and 2 x 2 more
 
 
 def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(roll):
