@@ -5,11 +5,8 @@ grid point is done exactly once and equals an uninterrupted run's result."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import xarray as xr
 
 from flows.sweep import embed_sweep
 from tasks.store import read_status
+from tests.flow_fork import Launcher
 from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,19 +42,18 @@ def _rerun(store, cluster):
     )
 
 
-def _start_flow(store, env):
-    code = (
-        "import json, sys; from flows.sweep import embed_sweep; "
-        f"embed_sweep(dataset={DATASET!r}, models={MODELS!r}, grid=json.loads(sys.argv[1]), "
-        "store=sys.argv[2], report=False, points_per_task=1)"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(GRID), str(store)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+@pytest.fixture(scope="module")
+def launcher(env):
+    """Forks each flow process of this module from one interpreter that imported flows.sweep
+    (tests/flow_fork.py): a process of its own, in its own session, with its own cluster."""
+    la = Launcher(env, ROOT)
+    yield la
+    la.close()
+
+
+def _start_flow(store, launcher):
+    return launcher.start(
+        dataset=DATASET, models=MODELS, grid=GRID, store=str(store), report=False, points_per_task=1
     )
 
 
@@ -111,9 +108,9 @@ def _worker_processes(pid):
     return out
 
 
-def test_killing_a_dask_worker_mid_sweep_loses_nothing(env, reference, sweep_cluster, tmp_path):
+def test_killing_a_dask_worker_mid_sweep_loses_nothing(launcher, reference, sweep_cluster, tmp_path):
     store = tmp_path / "s.zarr"
-    proc = _start_flow(store, env)
+    proc = _start_flow(store, launcher)
     try:
         _wait_for(store, proc, 3)
         workers = _worker_processes(proc.pid)
@@ -166,7 +163,7 @@ def _kill_when(kind, store, proc, rng):
 
 
 @pytest.mark.slow
-def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, sweep_cluster, tmp_path):
+def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(launcher, reference, sweep_cluster, tmp_path):
     """Issue 21: SIGKILL the flow process at ten seeded moments, including during store set-up
     and right at a region write, re-running after each: nine times the flow process alone (its
     Dask workers must end on their own), once its whole process group (the flow and its workers
@@ -177,7 +174,7 @@ def test_sigkill_of_the_flow_at_ten_seeded_moments_then_rerun(env, reference, sw
     kinds = ["setup", "write", "random", "write", "group", "random", "write", "random", "random", "random"]
     stamps = {}
     for kind in kinds:
-        proc = _start_flow(store, env)
+        proc = _start_flow(store, launcher)
         try:
             _kill_when(kind, store, proc, rng)
             kids = _descendants(proc.pid)
