@@ -102,6 +102,8 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(
     grid = {"k": [6, 9], "latent_dim": [1, 2], "seed": [0, 1]}
     plans = []  # the flow and its subflow plan once between them (the data loaded once)
     monkeypatch.setattr(flows.sweep, "plan_sweep", lambda *a: plans.append(a) or plan_sweep(*a))
+    # on the test process's sweep cluster: what is checked is the store, not the cluster (a sweep
+    # that starts its own local cluster runs to the end in test_lifecycle's and test_faults' runs)
     res = embed_sweep(
         dataset=TINY,
         models=["ppca", "lllvm"],
@@ -110,6 +112,7 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(
         report=True,
         n_generations=2,
         model_options=OPTS,
+        cluster=sweep_cluster,
     )
     assert res["ran"] == res["total"] == 4 + 8
     assert len(plans) == 1
@@ -140,7 +143,7 @@ def test_sweep_writes_rectangular_groups_resumes_and_refuses_a_different_sweep(
     assert json.loads(json.dumps(plan)) == plan  # plain JSON: it travels as a flow parameter
     with pytest.raises(ValueError, match="plan was made for other grid"):  # a plan for other arguments
         embed_sweep(**{**args, "grid": {**grid, "seed": [0]}}, store=str(store), n_generations=2, plan=plan)
-    # the resume on the test process's running cluster (the first run started its own)
+    # the resume, with the caller's plan
     again = embed_sweep(
         **args, store=str(store), report=False, n_generations=2, plan=plan, cluster=sweep_cluster
     )
