@@ -14,10 +14,15 @@ elbo_ / n:
 * the SVI fit again at n / 10 and the same settings, for the growth of its peak RSS with n.
 
     python bench/svi.py [--n 100000] [--batch 1000] [--epochs 100] [--dim 3] [--only svi]
+                        [--opt NAME=VALUE ...] [--anchor-opt NAME=VALUE ...]
 
 ``--dim D`` > 3: the D-dimensional roll of ``bench/costs.py`` (the cost table's data) instead.
-Each SVI fit also reports ``gain_per_value_last10``: the mean rise of its epoch estimate per epoch
-and data value over its last 10 epochs (what a per-value ``tol`` would be compared with).
+``--opt`` / ``--anchor-opt``: constructor options of the SVI fits / the anchor (e.g.
+``--opt local_learning_rate=0.1``, ``--anchor-opt max_iter=5000``; VALUE read as JSON). Each fit
+reports its CPU seconds (``cpu_s``, the process's own: the machine is shared) and ``elbo_per_value``
+(elbo_ / (N D)); each SVI fit also ``gain_per_value_last10`` (the mean rise of its epoch estimate
+per epoch and data value over its last 10 epochs: what a per-value ``tol`` would be compared
+with), ``converged`` and ``trace_per_value`` (the epoch estimates per data value).
 """
 
 import argparse
@@ -29,7 +34,7 @@ import sys
 import time
 
 
-def _one(kind, n, batch, epochs, dim=3):
+def _one(kind, n, batch, epochs, dim=3, opts="{}"):
     import numpy as np
     from costs import make_data
 
@@ -37,20 +42,24 @@ def _one(kind, n, batch, epochs, dim=3):
 
     Y, _ = make_data("bgplvm_svi", n, dim)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t = time.perf_counter()
+    opts = json.loads(opts)
+    t, c = time.perf_counter(), time.process_time()
     if kind == "anchor":
-        m = BayesianGPLVM(n_components=2, n_inducing=30, random_state=0).fit(Y)
+        m = BayesianGPLVM(**{"n_components": 2, "n_inducing": 30, "random_state": 0, **opts}).fit(Y)
         extra = {}
     else:
-        m = StochasticBayesianGPLVM(
-            n_components=2, n_inducing=30, batch_size=batch, max_iter=epochs, random_state=0
-        ).fit(Y)
+        args = {"n_components": 2, "n_inducing": 30, "batch_size": batch, "max_iter": epochs}
+        args["random_state"] = 0
+        m = StochasticBayesianGPLVM(**{**args, **opts}).fit(Y)
         est = np.asarray(m.elbo_trace_[:-1])  # the epoch estimates (the last entry is elbo_)
         extra = {
             "elbo_uncollapsed_per_point": m.elbo_uncollapsed_ / n,
             "gain_per_value_last10": float(np.mean(np.diff(est[-11:])) / Y.size),
+            "converged": bool(m.converged_),
+            "trace_per_value": (est / Y.size).round(5).tolist(),
         }
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    extra = {"opts": opts, "cpu_s": cpu, "elbo_per_value": m.elbo_ / Y.size, **extra}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({
         "kind": kind, "n": n, "wall_s": wall, "n_iter": int(m.n_iter_), "elbo_per_point": m.elbo_ / n,
@@ -60,6 +69,18 @@ def _one(kind, n, batch, epochs, dim=3):
     }), flush=True)
 
 
+def _options(pairs):
+    """{name: value} of NAME=VALUE pairs, VALUE read as JSON where it parses, else a string."""
+    opts = {}
+    for o in pairs:
+        k, v = o.split("=", 1)
+        try:
+            opts[k] = json.loads(v)
+        except json.JSONDecodeError:
+            opts[k] = v
+    return opts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
@@ -67,7 +88,12 @@ def main():
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--dim", type=int, default=3)
     ap.add_argument("--only", choices=["anchor", "svi", "svi_small"], default=None)
+    ap.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constructor option of the fit (repeatable; VALUE read as JSON, else a string)")
+    ap.add_argument("--anchor-opt", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constructor option of the anchor (as --opt)")
     a = ap.parse_args()
+    opts, anchor_opts = _options(a.opt), _options(a.anchor_opt)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = {}
     runs = [("svi", a.n), ("svi_small", a.n // 10), ("anchor", a.n)]
@@ -77,7 +103,8 @@ def main():
         kind = "anchor" if name == "anchor" else "svi"
         print("load", open("/proc/loadavg").read().strip(), flush=True)
         r = subprocess.run(
-            [sys.executable, __file__, "_one", kind, str(n), str(a.batch), str(a.epochs), str(a.dim)],
+            [sys.executable, __file__, "_one", kind, str(n), str(a.batch), str(a.epochs), str(a.dim),
+             json.dumps(opts if kind == "svi" else anchor_opts)],
             capture_output=True, text=True, env=env,
         )
         if r.returncode != 0:
@@ -101,6 +128,6 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_one":
-        _one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        _one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
     else:
         main()
