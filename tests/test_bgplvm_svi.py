@@ -155,3 +155,20 @@ def test_bad_batch_size_is_refused():
         StochasticBayesianGPLVM(n_components=2, n_inducing=5, batch_size=41).fit(Y)
     with pytest.raises(ValueError, match="batch_size"):
         StochasticBayesianGPLVM(n_components=2, n_inducing=5, batch_size=0).fit(Y)
+
+
+def test_rule_judges_window_means_not_successive_epochs():
+    """The stopping rule compares means of RULE_WINDOW epoch estimates (the best of the last
+    RULE_PATIENCE against the best earlier one), first after init_epochs and 2 RULE_PATIENCE windows
+    more: a tolerance no gain can exceed stops the fit exactly there (not at the first epoch after
+    init_epochs, where a rule on successive estimates would), converged; tol = 0 runs the budget."""
+    from lvmcore.models.bgplvm_svi import RULE_PATIENCE, RULE_WINDOW
+
+    Y, _ = S.swiss_roll(200, seed=0)
+    first = 2 + 2 * RULE_PATIENCE * RULE_WINDOW  # init_epochs = 2
+    first += -first % RULE_WINDOW
+    kw = dict(n_components=2, n_inducing=5, batch_size=50, init_epochs=2, random_state=0)
+    stop = StochasticBayesianGPLVM(max_iter=first + 10, tol=1e9, **kw).fit(Y)
+    assert stop.converged_ and stop.n_iter_ == first + 1  # the epochs, then the final exact bound
+    run = StochasticBayesianGPLVM(max_iter=first + 3, tol=0.0, **kw).fit(Y)
+    assert not run.converged_ and run.n_iter_ == first + 4
