@@ -132,13 +132,13 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
     Parameters: ``n_components`` Q, ``n_inducing`` M, ``kernel`` ("rbf" or "linear"),
     ``batch_size`` B (points per step), ``max_iter`` epochs (passes over the points),
     ``init_epochs`` epochs with the noise held at ``snr``, ``learning_rate`` (Adam, globals),
-    ``local_learning_rate`` (Adam, the batch's q(x_n); 0.2, not 0.1: on the 50-D roll a higher bound
-    after 100 epochs at the same cost, equal on the 3-D roll: bench/README.md, "Minibatch Bayesian
-    GP-LVM"), ``ng_step`` (natural-gradient step on
-    q(u)), ``tol`` (per data value: stop when the best of the last ``RULE_PATIENCE`` means of
-    ``RULE_WINDOW`` epoch estimates beats the best earlier one by at most ``tol``, checked after
-    ``init_epochs`` and 2 ``RULE_PATIENCE`` windows more; 0: run all epochs),
-    ``random_state``."""
+    ``local_learning_rate`` (Adam, the batch's q(x_n); 0.2, not 0.1: on the 50-D roll a higher
+    bound after 100 epochs at the same cost, equal on the 3-D roll: bench/README.md, "Minibatch
+    Bayesian GP-LVM"), ``ng_step`` (natural-gradient step on q(u)), ``tol`` (per data value: stop
+    when the best of the last ``RULE_PATIENCE`` means of ``RULE_WINDOW`` epoch estimates beats the
+    best earlier one by at most ``tol``, checked after ``init_epochs`` and 2 ``RULE_PATIENCE``
+    windows more; 0: run all epochs; 1e-3: about 0.01 per value over a further 100 epochs at that
+    rate, below the bound's spread over fit seeds), ``random_state``."""
 
     _parameter_constraints = {
         **RULES,
