@@ -197,11 +197,12 @@ def test_the_rules_full_pass_bound_is_eq6_at_draws_fixed_by_its_key():
 @pytest.mark.slow
 def test_bayesian_minibatch_rule_stops_on_the_full_pass_bound_after_whole_epochs(roll, monkeypatch):
     """The minibatch Bayesian fit with tol > 0: the rule is read after every window of whole epochs
-    (6 batches of 50 of the 300 rows, 9 epochs = 54 steps), on the full-pass bound at draws that
-    are the same at every window (one key; the final pass's q(v) another), which is a function of
-    the state alone (recomputed from the recorded state it is the same number); the fit stops at
-    the first window where the full-batch Bayesian rule (patience 2, after the warm-up) fires on
-    those values, before its budget."""
+    (6 batches of 50 of the 300 rows, 9 epochs = 54 steps), on the full-pass bound at one draw per
+    point, the same at every window (one key; the final pass's q(v) another, with H = n_samples),
+    which is a function of the state alone (recomputed from the recorded state it is the same
+    number); the fit stops at the first window where the full-batch Bayesian rule (patience 2,
+    after the warm-up) fires on those values, before its budget. A budget that ends before the
+    rule could first stop the fit (1 + 2 x 2 windows) runs no pass."""
     import lvmcore.models.hgplvm_svi as svi
     from lvmcore.optim import window_plateau
 
@@ -221,12 +222,16 @@ def test_bayesian_minibatch_rule_stops_on_the_full_pass_bound_after_whole_epochs
     np.testing.assert_array_equal(m.window_bounds_, bounds)
     assert all(np.array_equal(c[1], calls[0][1]) for c in calls[:K])  # one key for the rule
     assert not np.array_equal(calls[K][1], calls[0][1])  # the final pass's draws are others
+    assert [c[0][5] for c in calls] == [1] * K + [m.n_samples]  # draws per point
     with jax.enable_x64(True):  # as in the fit
         assert all(full_bound(*args)[0] == F for args, _, F in (calls[0], calls[K - 1]))
     # the rule on these values fires at the last window and at no earlier one
     assert window_plateau(bounds, 1, 2, kw["tol"], nd, 1)
     assert not any(window_plateau(bounds[:k], 1, 2, kw["tol"], nd, 1) for k in range(1, K))
     assert K >= 5  # the warm-up window and 2 x 2 more
+    calls.clear()
+    short = BayesianHyperboloidGPLVM(training="minibatch", **dict(kw, max_iter=5 * window - 1)).fit(roll)
+    assert len(calls) == 1 and short.window_bounds_.size == 0 and not short.converged_
 
 
 def test_sweep_model_chooses_training_by_n_and_refuses_what_it_cannot_honour(roll):

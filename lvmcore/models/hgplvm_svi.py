@@ -29,9 +29,9 @@ Training, three phases:
    ``prior_scale="learn"``) and on the batch's log S (held for the first ``fix_variance_iter``
    steps, as the full-batch fit does). ``tol`` stops the phase by the full-batch fit's plateau
    rule (patience 2 windows, after the warm-up) on the bound of one pass over all points after
-   every window of whole epochs of at least 50 steps: the statistics at H draws per point that are
-   the same at every window (common random numbers), q(v) at its optimum for them, i.e. eq. 6 at
-   those draws (``window_bounds_``).
+   every window of whole epochs of at least 50 steps: the statistics at one draw per point, the
+   same at every window (common random numbers), q(v) at its optimum for them, i.e. eq. 6 at those
+   draws (``window_bounds_``; none where the budget ends before the rule could stop the fit).
 2. A per-point pass with the globals and q(v) fixed: every point's q(x_n), in chunks of
    ``chunk_size`` rows, takes ``local_iter`` Riemannian Adam / Adam steps (``local_samples`` fresh
    draws every step),
@@ -360,15 +360,19 @@ def fit_minibatch(model, Y):
     # the progress: 50-step windows stopped the 620-point tree at 651 steps with point latents
     # (Pearson 0.84, where 6,000 steps reach the full-batch fit's 0.93: bench/README.md, "hGP-LVM
     # sparse at scale"), and the Bayesian fit below the full-batch fit's bound ("hGP-LVM
-    # minibatch"). Point latents: the exact bound. Bayesian: eq. 6 at H draws per point that are
-    # the same at every window (``key_rule``; the training's draws are fresh, so the state does
-    # not adapt to them), so that successive values differ by the fit's progress, not by fresh
-    # Monte-Carlo noise. One pass costs O(N H M^2), forward only: at N = 10^5 (B = 1000, H = 5,
-    # M = 64) 3.6 CPU s against 8.1 for the window's 100 steps (an epoch evaluates each point's H
-    # draws once, with gradients); nothing with tol = 0
+    # minibatch"). Point latents: the exact bound. Bayesian: eq. 6 at one draw per point, the
+    # same at every window (``key_rule``; the training's draws are fresh, so the state does not
+    # adapt to them), so that successive values differ by the fit's progress, not by fresh
+    # Monte-Carlo noise. One pass costs O(N M^2) as the sparse fit's (forward only); with the H
+    # draws of a step it cost H times that: at N = 10^5 (B = 1000, H = 5, M = 64) 3.6 CPU s against
+    # 8.1 for the window's 100 steps, +37% CPU over a 3,000-step fit; on the depth-5 tree one and
+    # five draws stopped the fits as well (bench/README.md, "hGP-LVM minibatch"). No pass with
+    # tol = 0, nor where the budget ends before the rule could first stop the fit (start + 2 pat
+    # windows: 5,000 steps at 10^6 points and B = 1000)
     window = nb * -(-_rule_windows("bayesian", 0)[0] // nb)
     pat = _rule_windows(model.variant, 0)[1]
     start = -(-warm // window)  # windows before the rule may stop the fit
+    rule = model.tol > 0 and (start + 2 * pat) * window <= int(model.max_iter)
     key_rule = jax.random.fold_in(key, 2**30 + 3)
     bounds = []  # the bound after each window
     batches = iter(())
@@ -398,8 +402,8 @@ def fit_minibatch(model, Y):
         for k in lmom:
             lmom[k][rows] = np.asarray(lm[k])
         trace.append(float(F))
-        if model.tol > 0 and step % window == 0:
-            bounds.append(_full_bound(X, log_S, glob, Yc, key_rule, H, kappa, jitter, size)[0])
+        if rule and step % window == 0:
+            bounds.append(_full_bound(X, log_S, glob, Yc, key_rule, 1, kappa, jitter, size)[0])
             converged = window_plateau(bounds, 1, pat, model.tol, n * d, start)
             if converged:
                 break
@@ -490,8 +494,8 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
     estimate of the bound at the final state over all points (q(u) at its optimum) and
     ``elbo_se_`` its standard error; ``elbo_trace_`` the batch estimates of the steps, then
     ``elbo_``; ``window_bounds_`` the full-pass bounds the plateau rule read (one per window of
-    whole epochs; none with tol = 0); ``n_iter_`` (steps + 1), ``n_steps_``, ``qu_``,
-    ``n_inducing_``, ``extra_jitter_``.
+    whole epochs; none with tol = 0 or where the budget ends before the rule could stop the fit);
+    ``n_iter_`` (steps + 1), ``n_steps_``, ``qu_``, ``n_inducing_``, ``extra_jitter_``.
 
     ``max_iter`` = 3000: every full-batch fit behind the recorded tree and myeloid scores
     (bench/README.md, "hGP-LVM quality", Bayesian variant) stopped by the plateau rule, after at
