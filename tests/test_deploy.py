@@ -57,10 +57,12 @@ def _create_process_pools(env, names):
 
 
 @pytest.fixture(scope="module")
-def runs(server, tmp_path_factory):
+def runs(server, sweep_cluster, tmp_path_factory):
     """Both deployment runs of this module, taken by one worker (--run-once polls once, starts every
-    scheduled run, and waits for them): a sweep that completes, and one whose every point fails
-    (PPCA with latent_dim 2 on points that lie in a plane: its covariance is singular there)."""
+    scheduled run, and waits for them): a sweep that completes on the flow's own local cluster, and
+    one whose every point fails (PPCA with latent_dim 2 on points that lie in a plane: its
+    covariance is singular there) on a running scheduler given by address, as a user's own (with
+    the deployment's entrypoint a file path, that run failed to unpickle the flow's tasks there)."""
     env = server
     tmp = tmp_path_factory.mktemp("deploy")
     # the pool the runs below take, with the README's command; the other two only so that `deploy
@@ -91,7 +93,7 @@ def runs(server, tmp_path_factory):
             "models": ["ppca"],
             "grid": {"latent_dim": [2], "seed": [0, 1]},
             "dataset": write_plane_csv(tmp / "plane.csv"),
-            "cluster": {"type": "local", "n_workers": 1},
+            "cluster": {"address": sweep_cluster},
             "report": False,
         },
     )
