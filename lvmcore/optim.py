@@ -3,9 +3,10 @@
 * :func:`stalled` - the stopping rule: a fit has converged when its objective gained at most
   ``tol`` per data value (N x D) over the last stretch. The tolerance is per data value, not
   relative to |objective|: a bound that is a density of Y moves by -N D log c when Y is scaled by
-  c, an additive shift that must not move where a fit stops. The Bayesian GP-LVM, MRD (through
-  :func:`lbfgs`) and the minibatch Bayesian GP-LVM (per epoch) stop by it.
-* :func:`plateau` - the hyperboloid GP-LVM's window rule (full-batch and minibatch): the objective
+  c, an additive shift that must not move where a fit stops. The Bayesian GP-LVM and MRD (through
+  :func:`lbfgs`) stop by it.
+* :func:`plateau` - the window rule of the hyperboloid GP-LVM (full-batch and minibatch) and of
+  the minibatch Bayesian GP-LVM (windows of epochs): the objective
   averaged over windows of steps (robust to Adam's oscillation and to Monte-Carlo noise), its gain
   the best recent window mean over the best earlier one, judged by :func:`stalled`;
   :func:`window_plateau` is the check both hGP-LVM loops run after every step.

@@ -149,10 +149,17 @@ def test_small_fit_reaches_the_collapsed_bound():
     assert svi.elbo_trace_.shape == (svi.n_iter_,)
 
 
-def test_bad_batch_size_is_refused():
+def test_a_batch_size_above_n_is_one_batch_per_epoch_and_zero_is_refused():
+    """batch_size is at most N (a data set of fewer points, e.g. scanpy's 700-cell pbmc68k_reduced
+    under the default 1,000, is one batch per epoch): the fit equals the fit with batch_size N,
+    and differs from one with two batches per epoch."""
     Y, _ = S.swiss_roll(40, seed=0)
-    with pytest.raises(ValueError, match="batch_size"):
-        StochasticBayesianGPLVM(n_components=2, n_inducing=5, batch_size=41).fit(Y)
+    kw = dict(n_components=2, n_inducing=5, max_iter=3, tol=0.0, random_state=0)
+    above = StochasticBayesianGPLVM(batch_size=1000, **kw).fit(Y)
+    whole = StochasticBayesianGPLVM(batch_size=40, **kw).fit(Y)
+    halves = StochasticBayesianGPLVM(batch_size=20, **kw).fit(Y)
+    np.testing.assert_array_equal(above.embedding_, whole.embedding_)
+    assert above.elbo_ == whole.elbo_ != halves.elbo_
     with pytest.raises(ValueError, match="batch_size"):
         StochasticBayesianGPLVM(n_components=2, n_inducing=5, batch_size=0).fit(Y)
 
