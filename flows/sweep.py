@@ -174,12 +174,8 @@ def check_model_options(spec: ModelSpec, options: dict, grid: dict, n_points: in
                 f"model option {spec.key}.{name} must be {want} (default {default!r}), got {value!r}"
             )
     for _, point in grid_points(spec, grid):
-        try:
-            model = cls(**spec.constructor_args(point, options))
-            if getattr(cls, "_parameter_constraints", None):
-                model._validate_params()
-            if hasattr(model, "check_size"):
-                model.check_size(int(n_points))
+        try:  # the parameter rules first, then the size refusals (every model is a LatentModel)
+            cls(**spec.constructor_args(point, options)).check_size(int(n_points))
         except (TypeError, ValueError) as e:
             raise ValueError(f"model {spec.key!r} at {point}: {e}") from e
 
