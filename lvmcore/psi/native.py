@@ -164,28 +164,25 @@ def _build() -> Path:
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
+#: the library's C functions: (argument types, result type)
+_SIGNATURES = {
+    "pairs_fwd": ([_I, _I, _I] + [_P] * 5, _I),
+    "pairs_bwd": ([_I, _I, _I] + [_P] * 9, _I),
+    "pairs_qx_fwd": ([_I, _I, _I] + [_P] * 5, _I),
+    "pairs_qx_bwd": ([_I, _I, _I] + [_P] * 9, _I),
+    "pairs_store_len": ([_I, _I], ctypes.c_longlong),
+    "vexp_array": ([_I, _P, _P], None),
+    "pairs_store_release": ([], None),
+    "pairs_store_bytes": ([], ctypes.c_longlong),
+    "pairs_store_holds": ([ctypes.c_longlong], _I),
+}
 
 
 def _load(path: Path):
     lib = ctypes.CDLL(str(path))
-    lib.pairs_fwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P]
-    lib.pairs_fwd.restype = _I
-    lib.pairs_bwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P]
-    lib.pairs_bwd.restype = _I
-    lib.pairs_qx_fwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P]
-    lib.pairs_qx_fwd.restype = _I
-    lib.pairs_qx_bwd.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P]
-    lib.pairs_qx_bwd.restype = _I
-    lib.pairs_store_len.argtypes = [_I, _I]
-    lib.pairs_store_len.restype = ctypes.c_longlong
-    lib.vexp_array.argtypes = [_I, _P, _P]
-    lib.vexp_array.restype = None
-    lib.pairs_store_release.argtypes = []
-    lib.pairs_store_release.restype = None
-    lib.pairs_store_bytes.argtypes = []
-    lib.pairs_store_bytes.restype = ctypes.c_longlong
-    lib.pairs_store_holds.argtypes = [ctypes.c_longlong]
-    lib.pairs_store_holds.restype = _I
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = restype
     # self check: the vectorised exp against numpy over the range the kernel uses
     x = np.ascontiguousarray(np.concatenate([np.linspace(-750.0, 20.0, 4092), [0.0, -1e-300, 1.0, -1.0]]))
     y = np.empty_like(x)
@@ -263,6 +260,14 @@ def _c64(a):
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
+def _call(name: str, *args) -> None:
+    """The library's C function ``name`` on ``args`` (numbers as they are, arrays by their data
+    pointers, None as NULL); a non-zero return (its workspace could not be allocated) raises
+    MemoryError."""
+    if getattr(library(), name)(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in args)):
+        raise MemoryError(f"{name}: could not allocate its workspace")
+
+
 def store_len(N: int, M: int) -> int:
     """Length (float64 entries) of the forward pass's store of the pair exponentials."""
     return int(library().pairs_store_len(N, M))
@@ -275,18 +280,7 @@ def pairs_fwd_host(U, A, Zc, store: bool = False):
     (N, M), Q = U.shape, A.shape[1]
     acc = np.empty(M * (M + 1) // 2)
     Es = np.empty(store_len(N, M)) if store else None
-    rc = library().pairs_fwd(
-        N,
-        M,
-        Q,
-        U.ctypes.data,
-        A.ctypes.data,
-        Zc.ctypes.data,
-        acc.ctypes.data,
-        None if Es is None else Es.ctypes.data,
-    )
-    if rc:
-        raise MemoryError("pairs_fwd: could not allocate its workspace")
+    _call("pairs_fwd", N, M, Q, U, A, Zc, acc, Es)
     return (acc, Es) if store else acc
 
 
@@ -298,13 +292,8 @@ def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False, Es=None):
     if Es is not None and with_acc:
         raise ValueError("with_acc needs the recomputing pass (Es=None); the store's forward pass has acc")
     gU, gA, gZc, acc = np.empty_like(U), np.empty_like(A), np.empty_like(Zc), np.zeros(len(c))
-    rc = library().pairs_bwd(
-        N, M, Q, U.ctypes.data, A.ctypes.data, Zc.ctypes.data, c.ctypes.data,
-        None if Es is None else _c64(Es).ctypes.data,
-        gU.ctypes.data, gA.ctypes.data, gZc.ctypes.data, acc.ctypes.data if with_acc else None,
-    )  # fmt: skip
-    if rc:
-        raise MemoryError("pairs_bwd: could not allocate its workspace")
+    Es = None if Es is None else _c64(Es)
+    _call("pairs_bwd", N, M, Q, U, A, Zc, c, Es, gU, gA, gZc, acc if with_acc else None)
     return gU, gA, gZc, acc
 
 
@@ -314,11 +303,7 @@ def pairs_qx_fwd_host(mu, S, l2, Z):
     mu, S, l2, Z = _c64(mu), _c64(S), _c64(l2), _c64(Z)
     (N, Q), M = mu.shape, Z.shape[0]
     acc = np.empty(M * (M + 1) // 2)
-    rc = library().pairs_qx_fwd(
-        N, M, Q, mu.ctypes.data, S.ctypes.data, l2.ctypes.data, Z.ctypes.data, acc.ctypes.data
-    )
-    if rc:
-        raise MemoryError("pairs_qx_fwd: could not allocate its workspace")
+    _call("pairs_qx_fwd", N, M, Q, mu, S, l2, Z, acc)
     return acc
 
 
@@ -327,12 +312,7 @@ def pairs_qx_bwd_host(mu, S, l2, Z, c):
     mu, S, l2, Z, c = _c64(mu), _c64(S), _c64(l2), _c64(Z), _c64(c)
     (N, Q), M = mu.shape, Z.shape[0]
     gmu, gS, gl2, gZ = np.empty_like(mu), np.empty_like(S), np.empty_like(l2), np.empty_like(Z)
-    rc = library().pairs_qx_bwd(
-        N, M, Q, mu.ctypes.data, S.ctypes.data, l2.ctypes.data, Z.ctypes.data, c.ctypes.data,
-        gmu.ctypes.data, gS.ctypes.data, gl2.ctypes.data, gZ.ctypes.data,
-    )  # fmt: skip
-    if rc:
-        raise MemoryError("pairs_qx_bwd: could not allocate its workspace")
+    _call("pairs_qx_bwd", N, M, Q, mu, S, l2, Z, c, gmu, gS, gl2, gZ)
     return gmu, gS, gl2, gZ
 
 
@@ -343,56 +323,45 @@ def _f64(*shape):
     return jax.ShapeDtypeStruct(shape, jnp.float64)
 
 
+def _ffi(kind: str, result, *args, **attributes):
+    """The kernel's XLA custom call ``FFI_TARGETS[kind]`` on the jax arrays ``args``, with result
+    shape(s) ``result`` (:func:`_f64`) and the handler's ``attributes``."""
+    import jax
+
+    return jax.ffi.ffi_call(FFI_TARGETS[kind][0], result, vmap_method="sequential")(*args, **attributes)
+
+
 def pairs_fwd(U, A, Zc, store: bool = False):
     """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, token): the
     forward pass's exponentials stay in the library's store (:func:`store_bytes`; a few slots, at
     most :func:`store_max_bytes` in all), and ``token`` (shape (1,)) names them for
     :func:`pairs_bwd`."""
-    import jax
-
     P = U.shape[1] * (U.shape[1] + 1) // 2
     if store:
-        return jax.ffi.ffi_call(FFI_TARGETS["fwd_store"][0], (_f64(P), _f64(1)), vmap_method="sequential")(
-            U, A, Zc, max_doubles=np.int64(store_max_bytes() // 8)
-        )
-    return jax.ffi.ffi_call(FFI_TARGETS["fwd"][0], _f64(P), vmap_method="sequential")(U, A, Zc)
+        return _ffi("fwd_store", (_f64(P), _f64(1)), U, A, Zc, max_doubles=np.int64(store_max_bytes() // 8))
+    return _ffi("fwd", _f64(P), U, A, Zc)
 
 
 def pairs_bwd(U, A, Zc, c, with_acc: bool = False, token=None):
     """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``). With ``token`` (from
     ``pairs_fwd(store=True)``) the exponentials are read from the store if it still holds that
     forward call's, else recomputed; acc is then None (the forward pass has it)."""
-    import jax
-
     shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
     if token is not None:
-        return (
-            *jax.ffi.ffi_call(FFI_TARGETS["bwd_stored"][0], shapes, vmap_method="sequential")(
-                U, A, Zc, c, token
-            ),
-            None,
-        )
-    return jax.ffi.ffi_call(FFI_TARGETS["bwd"][0], (*shapes, _f64(*c.shape)), vmap_method="sequential")(
-        U, A, Zc, c, with_acc=bool(with_acc)
-    )
+        return (*_ffi("bwd_stored", shapes, U, A, Zc, c, token), None)
+    return _ffi("bwd", (*shapes, _f64(*c.shape)), U, A, Zc, c, with_acc=bool(with_acc))
 
 
 def pairs_qx_fwd(mu, S, l2, Z):
     """jax: acc (P,) from q(X) by the kernel (an XLA custom call): ``pairs_fwd`` of
     ``closed_form._pair_inputs(mu, S, l2, Z)`` without the (N, M) input or its XLA operations."""
-    import jax
-
-    P = Z.shape[0] * (Z.shape[0] + 1) // 2
-    return jax.ffi.ffi_call(FFI_TARGETS["qx_fwd"][0], _f64(P), vmap_method="sequential")(mu, S, l2, Z)
+    return _ffi("qx_fwd", _f64(Z.shape[0] * (Z.shape[0] + 1) // 2), mu, S, l2, Z)
 
 
 def pairs_qx_bwd(mu, S, l2, Z, c):
     """jax: (gmu, gS, gl2, gZ), the gradients of sum_p c_p acc_p with respect to q(X) and Z (the
     exponentials recomputed)."""
-    import jax
-
-    shapes = tuple(_f64(*x.shape) for x in (mu, S, l2, Z))
-    return jax.ffi.ffi_call(FFI_TARGETS["qx_bwd"][0], shapes, vmap_method="sequential")(mu, S, l2, Z, c)
+    return _ffi("qx_bwd", tuple(_f64(*x.shape) for x in (mu, S, l2, Z)), mu, S, l2, Z, c)
 
 
 def store_bytes() -> int:
