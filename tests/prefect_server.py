@@ -1,10 +1,19 @@
 """A real Prefect API server on 127.0.0.1 for the pipeline tests: one per test run
-(``prefect_api`` in tests/conftest.py), each module pointed at it in turn."""
+(``prefect_api`` in tests/conftest.py), each module pointed at it in turn.
+
+A server on a fresh PREFECT_HOME spends ~7 of its ~12 CPU s to healthy creating its database
+(migrations) and registering the block types; with a copy of a database that a server of the same
+Prefect made and nothing has used yet (and its ``memo_store.toml``), it starts in ~5 CPU s. The
+first server of a test run saves that copy (the folder named by ``$EMBED_SWEEP_TEST_PREFECT_TEMPLATE``,
+made per run by tests/conftest.py) before any test uses it; :func:`seed_home` gives it to the other
+fresh homes: the second test process's server and the CLI's own servers in tests/test_lifecycle.py.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +22,56 @@ from flows.server import flush_prefect_logs, free_port, start_child, wait_health
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
+#: a folder of this test run that holds an unused, migrated Prefect database once a server has
+#: started (tests/conftest.py sets it)
+TEMPLATE_ENV = "EMBED_SWEEP_TEST_PREFECT_TEMPLATE"
+_DB, _MEMO = "prefect.db", "memo_store.toml"
+
+
+def seed_home(home: Path) -> bool:
+    """Copy the run's template database into ``home`` if it has none yet and a template has been
+    saved; returns whether it did. A home that already has a database is left alone (a re-run on
+    the same home keeps its flow runs)."""
+    src = Path(os.environ.get(TEMPLATE_ENV) or "/nonexistent")
+    home = Path(home)
+    if not (src / _DB).exists() or (home / _DB).exists():
+        return False
+    home.mkdir(parents=True, exist_ok=True)
+    if (src / _MEMO).exists():
+        shutil.copyfile(src / _MEMO, home / _MEMO)
+    shutil.copyfile(src / _DB, home / _DB)
+    return True
+
+
+def _save_template(home: Path) -> None:
+    """Snapshot the database of a server that has just become healthy on a fresh ``home`` (no
+    test has used it) as the run's template: SQLite's online backup (consistent while the server
+    runs), then an atomic rename; two processes saving at once leave one of two equal copies."""
+    import sqlite3
+
+    dst = os.environ.get(TEMPLATE_ENV)
+    if not dst or not Path(dst).is_dir() or (Path(dst) / _DB).exists() or not (home / _DB).exists():
+        return
+    tag = f".{os.getpid()}.tmp"
+    src = sqlite3.connect(f"file:{home / _DB}?mode=ro", uri=True)
+    out = sqlite3.connect(Path(dst) / (_DB + tag))
+    try:
+        src.backup(out)
+    finally:
+        src.close()
+        out.close()
+    if (home / _MEMO).exists():  # the memo first: whoever sees the database sees a memo with it
+        shutil.copyfile(home / _MEMO, Path(dst) / (_MEMO + tag))
+        os.replace(Path(dst) / (_MEMO + tag), Path(dst) / _MEMO)
+    os.replace(Path(dst) / (_DB + tag), Path(dst) / _DB)
+
 
 @contextlib.contextmanager
 def prefect_server(home: Path, extra_env: dict | None = None):
-    """Start `prefect server start` on a free loopback port; yield the environment to use."""
+    """Start `prefect server start` on a free loopback port; yield the environment to use. A fresh
+    ``home`` starts from the run's template database when there is one, else its own database
+    becomes the template."""
+    seeded = seed_home(home)
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = dict(
@@ -37,6 +92,8 @@ def prefect_server(home: Path, extra_env: dict | None = None):
     )
     try:
         wait_healthy(url, proc)
+        if not seeded:
+            _save_template(home)
         yield env
     finally:
         flush_prefect_logs()

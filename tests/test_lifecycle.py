@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tasks.store import read_status
+from tests.prefect_server import seed_home
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
@@ -36,8 +37,12 @@ pytestmark = pytest.mark.slow
 
 
 def _start(tmp_path):
+    """The CLI with no Prefect server configured: it starts its own, on a PREFECT_HOME of the
+    test's. A fresh home gets the test run's template database (``prefect_template``): what is
+    tested is the run's life and end, not a first Prefect database's migrations (~7 CPU s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    seed_home(tmp_path / "prefect-home")
     log = open(tmp_path / "cli.log", "w")  # noqa: SIM115
     p = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "--out", str(tmp_path), *ARGS],
@@ -135,7 +140,7 @@ def test_an_interrupt_that_library_code_wraps_still_exits_130(monkeypatch, capsy
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_sigint_and_sigterm_end_everything_with_one_line(tmp_path, sig):
+def test_sigint_and_sigterm_end_everything_with_one_line(prefect_template, tmp_path, sig):
     p, log = _start(tmp_path)
     try:
         _wait_working(p, tmp_path)
@@ -157,7 +162,9 @@ def test_sigint_and_sigterm_end_everything_with_one_line(tmp_path, sig):
     assert "Crashed" in err or "Crashed" in (tmp_path / "cli.log").read_text(), err
 
 
-def test_sigkill_of_the_cli_leaves_no_process_and_the_next_run_marks_its_flow_runs_crashed(tmp_path):
+def test_sigkill_of_the_cli_leaves_no_process_and_the_next_run_marks_its_flow_runs_crashed(
+    prefect_template, tmp_path
+):
     p, log = _start(tmp_path)
     try:
         _wait_working(p, tmp_path)
