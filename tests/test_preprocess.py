@@ -244,3 +244,34 @@ def test_block_lanczos_finds_the_top_eigenpairs_of_a_hard_spectrum():
         np.testing.assert_allclose(theta, lam[:k], rtol=1e-12)
         assert subspace_angles(V, U[:, :k]).max() < 1e-7
         np.testing.assert_allclose(V.T @ V, np.eye(k), atol=1e-12)
+
+
+def test_values_that_are_not_counts_are_refused_before_any_work_and_as_blocks_are_read(tmp_path, monkeypatch):
+    """normalize_total and log1p take counts: scaled data (negative values) is refused by the plan from
+    its first rows, naming the file's layers, and a negative value further down by the read itself
+    (the row named); pca alone takes any values."""
+    from lvmcore.data import sources
+
+    path, a = _counts(tmp_path, n=120, D=30)
+    scaled = a.copy()
+    scaled.X = sp.csr_matrix((a.X.toarray() - a.X.toarray().mean(axis=0)) / (a.X.toarray().std(axis=0) + 1))
+    scaled.layers["counts"] = a.X.copy()
+    scaled_path = tmp_path / "scaled.h5ad"
+    scaled.write_h5ad(scaled_path)
+    log_pca = {"log1p": True, "pca": 5}
+    for pre, steps in [({"normalize_total": 1e4}, "normalize_total takes"), (log_pca, "log1p takes")]:
+        with pytest.raises(ValueError, match=rf"X has negative .*{steps} counts.*layers: \['counts'\]"):
+            describe(str(scaled_path), preprocess=pre)
+    assert describe(str(scaled_path), preprocess={"pca": 5})["sizes"]["feature"] == 5
+    assert describe(str(scaled_path), layer="counts", preprocess=log_pca)["sizes"]["feature"] == 5
+
+    late = a.copy()
+    X = late.X.toarray()
+    X[100, 7] = -3.0
+    late.X = sp.csr_matrix(X)
+    late_path = tmp_path / "late.h5ad"
+    late.write_h5ad(late_path)
+    monkeypatch.setattr(sources, "COUNTS_CHECK_ROWS", 50)
+    describe(str(late_path), preprocess=log_pca)  # the plan reads rows 0-49 only
+    with pytest.raises(ValueError, match=r"negative values \(the smallest -3; first in row 100, 1 of rows"):
+        load(str(late_path), preprocess=log_pca)

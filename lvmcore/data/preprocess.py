@@ -155,10 +155,39 @@ def output_width(settings: dict | None, width: int) -> int:
     return width if not settings or settings.get("pca") is None else int(settings["pca"])
 
 
-def transform_block(block, settings: dict | None, target: float | None):
-    """normalize_total (to ``target``) then log1p of one row block (CSR stays CSR)."""
+def needs_counts(settings: dict | None) -> bool:
+    """Whether the settings transform the values as counts (normalize_total or log1p)."""
+    return bool(settings) and (settings.get("normalize_total") is not None or bool(settings.get("log1p")))
+
+
+def check_counts(block, settings: dict | None, where: str, first_row: int = 0, fix: str = "") -> None:
+    """Refuse a row block with negative values when ``settings`` treat them as counts: normalize_total
+    divides by a row total that may then be negative or near zero, log1p of a value below -1 is NaN,
+    and either turns scaled or centred data (an already processed X, a PCA in obsm) into numbers
+    that look like a result and mean nothing. scanpy runs on; here it is a refusal naming the rows."""
+    if not needs_counts(settings):
+        return
+    values = block.data if sp.issparse(block) else np.asarray(block)
+    if values.size == 0 or not np.nanmin(values) < 0:
+        return
+    rows_neg = (block < 0).sum(axis=1) if sp.issparse(block) else (values < 0).sum(axis=1)
+    neg = np.flatnonzero(np.asarray(rows_neg).ravel())
+    steps = [k for k in ("normalize_total", "log1p") if settings.get(k) not in (None, False)]
+    raise ValueError(
+        f"{where} has negative values (the smallest {float(np.nanmin(values)):.4g}; first in row "
+        f"{first_row + int(neg[0])}, {len(neg)} of rows {first_row}-{first_row + block.shape[0] - 1}), "
+        f"so it is not counts, and preprocess {' and '.join(steps)} {'take' if len(steps) > 1 else 'takes'} "
+        "counts: name the raw counts"
+        f"{fix or ''}, or drop {' and '.join(steps)} (pca alone takes any values)"
+    )
+
+
+def transform_block(block, settings: dict | None, target, where: str = "the matrix", first_row: int = 0):
+    """normalize_total (to ``target``) then log1p of one row block (CSR stays CSR); a block with
+    negative values is refused (:func:`check_counts`; ``where`` and ``first_row`` name it)."""
     if not settings:
         return block
+    check_counts(block, settings, where, first_row)
     if settings.get("normalize_total") is not None:
         totals = np.asarray(block.sum(axis=1)).ravel()
         factor = totals / target
@@ -202,12 +231,15 @@ def _cluster():
 
         get_worker()
     except (ImportError, ValueError):
+        # the client is found first and yielded outside the try: an error of the caller's block
+        # (a ValueError refusing the data) must come out as itself, not be caught here
         try:
             from distributed import default_client
 
-            yield default_client()
+            client = default_client()
         except (ImportError, ValueError):
-            yield None
+            client = None
+        yield client
         return
     with worker_client(separate_thread=True) as client:
         yield client
@@ -220,8 +252,12 @@ def _sum(parts):
     return out
 
 
+def _where(matrix) -> str:
+    return matrix.where() if hasattr(matrix, "where") else "the matrix"
+
+
 def _read_z(matrix, a, b, settings, target):
-    return transform_block(matrix.read(a, b), settings, target)
+    return transform_block(matrix.read(a, b), settings, target, _where(matrix), a)
 
 
 def _totals(matrix, a, b):

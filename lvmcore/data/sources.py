@@ -42,6 +42,9 @@ log = logging.getLogger("lvmcore.data")
 INPUT_VERSION = "2026-11-27.1"
 
 MATRIX_OPTIONS = ("use_rep", "layer", "preprocess")
+#: rows of a matrix that normalize_total / log1p will treat as counts read by the plan to refuse
+#: negative values before any work (the ingest checks every row block again as it reads it)
+COUNTS_CHECK_ROWS = 2000
 H5AD_OPTIONS = (*MATRIX_OPTIONS, "label_column", "color_column", "max_features")
 H5MU_OPTIONS = ("modalities", "view", "label_column", "color_column", "max_features")
 VIEWS_OPTIONS = ("views", "view", "max_features")
@@ -281,6 +284,10 @@ def _view(name, path, group, o, where, limit) -> View:
         )
     what = m.where() if hasattr(m, "where") else where
     check_width(width, limit, what)
+    if pp.needs_counts(settings):  # the first rows before any work; every block again as it is read
+        layers = aio.layer_keys(path, group)
+        fix = f" with layer (this file's layers: {layers})" if layers else " with layer (the file has none)"
+        pp.check_counts(m.read(0, min(m.shape[0], COUNTS_CHECK_ROWS)), settings, what, 0, fix)
     applied = {"use_rep": o.get("use_rep") or "X"}
     if o.get("layer") is not None:
         applied["layer"] = o["layer"]
@@ -513,7 +520,7 @@ def _dense_reader(view: View, results: dict):
         results[view.name] = {"target_sum": target}
 
         def read(a, b):
-            block = pp.transform_block(m.read(a, b), s, target)
+            block = pp.transform_block(m.read(a, b), s, target, m.where() if hasattr(m, "where") else "X", a)
             return block.toarray() if hasattr(block, "toarray") else np.asarray(block, dtype=np.float64)
 
         return read
