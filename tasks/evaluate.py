@@ -59,11 +59,21 @@ def eval_subset(n: int, labels=None, size: int = MAX_EVAL_POINTS, seed: int = EV
     return np.sort(np.concatenate(rows))
 
 
+def knn_rows(lab) -> np.ndarray:
+    """The evaluation rows ``knn_accuracy`` uses, of their labels ``lab``: labelled points of classes
+    with at least two labelled members there (stratified cross-validation needs two of a class; a
+    rare cell type with one member in the subset is left out, as an unlabelled point is)."""
+    lab = np.asarray(lab)
+    keep = lab != MISSING_LABEL
+    classes, counts = np.unique(lab[keep], return_counts=True)
+    return keep & ~np.isin(lab, classes[counts < 2])
+
+
 def label_notes(labels, sel, names=None) -> tuple[bool, list[str]]:
     """Whether ``knn_accuracy`` can be computed on the evaluation rows ``sel`` and what to tell the
-    user once per sweep: points without a label (``MISSING_LABEL``) are left out of it and
-    counted; a class with a single labelled member in the subset leaves the metric undefined
-    (stratified cross-validation needs two of every class). ``names``: category names by code."""
+    user once per sweep: points without a label (``MISSING_LABEL``) and classes with a single
+    labelled member in the subset are left out of it (:func:`knn_rows`) and named; fewer than two
+    classes left leave it undefined. ``names``: category names by code."""
     if labels is None:
         return False, []
     lab = np.asarray(labels)[sel]
@@ -71,21 +81,21 @@ def label_notes(labels, sel, names=None) -> tuple[bool, list[str]]:
     missing = int(np.sum(lab == MISSING_LABEL))
     if missing:
         notes.append(f"{missing} of {len(lab)} evaluated points have no label: left out of knn_accuracy")
-    lab = lab[lab != MISSING_LABEL]
-    classes, counts = np.unique(lab, return_counts=True)
-    if len(classes) < 2:
-        notes.append(
-            f"knn_accuracy cannot be computed: {len(classes)} label class(es) among the labelled points "
-            "(it needs two); it is NaN at every grid point"
-        )
-        return False, notes
+    labelled = lab[lab != MISSING_LABEL]
+    classes, counts = np.unique(labelled, return_counts=True)
     single = classes[counts < 2].tolist()
     if single:
-        if names is not None:
-            single = [names[c] if 0 <= c < len(names) else c for c in single]
+        shown = [names[c] if names is not None and 0 <= c < len(names) else c for c in single]
         notes.append(
-            f"knn_accuracy cannot be computed: label class(es) {single[:5]} have a single "
-            "labelled point (cross-validation needs two of every class); it is NaN at every grid point"
+            f"label class(es) {shown[:5]}{' and more' if len(shown) > 5 else ''} have a single labelled "
+            f"point among the evaluated ones ({len(single)} in all): left out of knn_accuracy "
+            "(cross-validation needs two of a class)"
+        )
+    left = len(classes) - len(single)
+    if left < 2:
+        notes.append(
+            f"knn_accuracy cannot be computed: {left} label class(es) with two or more labelled points "
+            "(it needs two); it is NaN at every grid point"
         )
         return False, notes
     return True, notes
@@ -153,7 +163,7 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> P
         )
         if label_notes(data["label"], sel)[0]:  # else NaN, said once per sweep (tasks.evaluate.label_notes)
             lab = np.asarray(data["label"])[sel]
-            keep = lab != MISSING_LABEL  # an unlabelled point is no class
+            keep = knn_rows(lab)  # an unlabelled point is no class; a class of one cannot be held out
             m["knn_accuracy"] = metrics.knn_accuracy(
                 DX[np.ix_(keep, keep)], lab[keep], n_neighbors=1, metric="precomputed"
             )

@@ -115,6 +115,10 @@ def test_bad_representations_are_refused_naming_the_fix(tmp_path):
         ({"use_rep": "X_pca", "layer": "counts"}, "both given"),
         ({"label_column": "celltype"}, "label_column 'celltype' is not an obs column"),
         (
+            {"label_column": "dpt_pseudotime"},
+            "label_column 'dpt_pseudotime' holds numbers that are not whole .*give it as color_column",
+        ),
+        (
             {"bogus_option": 3},
             "unknown data-set .* option 'bogus_option'; accepted: color_column, label_column",
         ),
@@ -206,3 +210,19 @@ def test_bad_data_set_options_exit_2_before_any_server_starts(tmp_path, capsys, 
         assert rc == 2, (dataset, err)
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert not (out / "prefect-server.log").exists()
+
+
+def test_numeric_label_columns_are_classes_only_when_few_and_whole(tmp_path):
+    """Cluster ids stored as numbers (floats with NaN included) are classes; a count per cell (whole
+    numbers, most of them distinct) is a quantity and refused, pointing at color_column."""
+    path, a = _adata(tmp_path, n=60)
+    rng = np.random.default_rng(3)
+    a.obs["leiden"] = rng.integers(0, 4, 60).astype(np.float64)
+    a.obs.loc[a.obs_names[:3], "leiden"] = np.nan
+    a.obs["n_counts"] = rng.permutation(np.arange(1000, 1060)).astype(np.float32)
+    a.write_h5ad(path)
+    codes = load(str(path), use_rep="X_pca", label_column="leiden")["label"].values
+    assert (codes[:3] == -1).all() and set(codes[3:]) <= {0, 1, 2, 3}
+    with pytest.raises(ValueError, match=r"'n_counts' holds whole numbers, most of them distinct \(60"):
+        describe(str(path), use_rep="X_pca", label_column="n_counts")
+    assert describe(str(path), use_rep="X_pca", color_column="n_counts")["sizes"]["point"] == 60

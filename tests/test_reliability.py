@@ -257,11 +257,27 @@ def test_missing_labels_are_left_out_and_a_metric_that_cannot_be_computed_is_sai
     data = _labelled_csv(tmp_path / "single.csv", single)
     assert _run(tmp_path, sweep_cluster, dataset=data, models="ppca", grid=grid, store="s1.zarr") == 0
     out = _said(capfd, caplog)
-    said = "knn_accuracy cannot be computed: label class(es) ['alone'] have a single labelled point"
+    said = "label class(es) ['alone'] have a single labelled point among the evaluated ones (1 in all): left"
     assert out.count(said) == 2, out  # once in the run's output, once under its summary
     g = zarr.open_group(str(tmp_path / "s1.zarr"), mode="r")["ppca"]
-    assert np.isnan(g["knn_accuracy"][0, 0]) and str(g["error"][0, 0]) == ""
+    assert str(g["error"][0, 0]) == ""
+    codes = zarr.open_group(str(inputs_dir(str(tmp_path / "s1.zarr")) / "data.zarr"), mode="r")["label"][...]
+    keep = codes != codes[0]  # the other classes' points: the metric of the rest, not NaN
+    emb = g["embedding"][0, 0][keep]
+    want = cross_val_score(KNeighborsClassifier(n_neighbors=1), emb, codes[keep], cv=cv).mean()
+    assert g["knn_accuracy"][0, 0] == pytest.approx(want, abs=1e-12)
     assert cli_main(["show", str(tmp_path / "s1.zarr")]) == 0 and said in capfd.readouterr().out
+
+
+def test_classes_of_one_are_left_out_of_knn_accuracy_and_fewer_than_two_classes_leave_it_undefined():
+    from tasks.evaluate import knn_rows, label_notes
+
+    lab = np.array([0, 0, 1, 2, 2, MISSING_LABEL, 3])
+    np.testing.assert_array_equal(knn_rows(lab), [True, True, False, True, True, False, False])
+    ok, notes = label_notes(lab, np.arange(len(lab)), names=["a", "b", "c", "d"])
+    assert ok and notes[1].startswith("label class(es) ['b', 'd'] have a single labelled point")
+    ok, notes = label_notes(np.array([0, 0, 1]), np.arange(3), names=["a", "b"])
+    assert not ok and notes[-1].startswith("knn_accuracy cannot be computed: 1 label class(es) with two")
 
 
 def test_the_evaluation_subset_is_stratified_so_rare_classes_keep_members():

@@ -12,7 +12,7 @@ import numpy as np
 
 from lvmcore.checks import MISSING_LABEL
 
-__all__ = ["encode_labels", "encode_color"]
+__all__ = ["encode_labels", "encode_color", "check_label_column"]
 
 
 def _missing(values) -> np.ndarray:
@@ -52,6 +52,32 @@ def encode_labels(values) -> tuple[np.ndarray, list[str]]:
         used = list(cats)
     names = [_name(c) for c in used]
     return codes, names
+
+
+def check_label_column(values, column: str, where: str) -> None:
+    """Refuse a numeric label column that holds a quantity rather than classes: numbers that are not
+    whole (a score, a pseudotime), or whole numbers most of which are distinct (a cell's total
+    count, an index). Each distinct value would be a class of its own and the label metrics would
+    measure nothing. Categorical and text columns, and numeric class ids (also floats with NaN),
+    are classes."""
+    import pandas as pd
+
+    s = pd.Series(values, copy=False)
+    if isinstance(s.dtype, pd.CategoricalDtype) or pd.api.types.is_bool_dtype(s.dtype):
+        return
+    if not pd.api.types.is_numeric_dtype(s.dtype):
+        return
+    x = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    x = x[np.isfinite(x)]
+    distinct, whole = len(np.unique(x)), bool(np.all(x == np.round(x)))
+    if not x.size or (whole and (distinct <= 20 or 2 * distinct <= x.size)):
+        return
+    what = "whole numbers, most of them distinct" if whole else "numbers that are not whole"
+    raise ValueError(
+        f"{where}: label_column {column!r} holds {what} ({distinct} distinct values among {x.size} "
+        "points): a quantity, not classes; give it as color_column to colour by it, or name a "
+        "categorical column (or bin this one into one) for labels"
+    )
 
 
 def _name(c) -> str:

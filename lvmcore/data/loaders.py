@@ -232,7 +232,7 @@ def _load_csv(path: Path, options: dict) -> dict:
     import pandas as pd
 
     from lvmcore.checks import check_options
-    from lvmcore.data.labels import encode_color, encode_labels
+    from lvmcore.data.labels import check_label_column, encode_color, encode_labels
     from lvmcore.data.sources import check_width, max_features
 
     check_options(options, CSV_OPTIONS, f"data-set ({path.name})")
@@ -262,6 +262,7 @@ def _load_csv(path: Path, options: dict) -> dict:
                 + ("" if header else " (no header row: name the column by its 0-based number)")
             )
     if label_column is not None:
+        check_label_column(df[label_column], label_column, str(path))
         out["label"], names = encode_labels(df[label_column])
         out["label_names"], out["label_column"] = names, label_column
         applied["label_column"] = label_column

@@ -32,7 +32,7 @@ import numpy as np
 from lvmcore.checks import check_options
 from lvmcore.data import anndata_io as aio
 from lvmcore.data import preprocess as pp
-from lvmcore.data.labels import encode_color, encode_labels
+from lvmcore.data.labels import check_label_column, encode_color, encode_labels
 from lvmcore.data.provenance import file_fingerprint
 
 log = logging.getLogger("lvmcore.data")
@@ -326,7 +326,9 @@ def _plan_h5ad(path: Path, opts: dict) -> Plan:
 def _labels(plan: Plan, obs, opts: dict, where: str, lookup=None) -> None:
     get = lookup or (lambda col, what: _column(obs, col, where, what))
     if opts.get("label_column") is not None:
-        plan.label = encode_labels(get(opts["label_column"], "label_column"))
+        column = get(opts["label_column"], "label_column")
+        check_label_column(column, opts["label_column"], where)
+        plan.label = encode_labels(column)
         plan.label_column = opts["label_column"]
         plan.applied["label_column"] = opts["label_column"]
         n_missing = int((plan.label[0] < 0).sum())
