@@ -349,29 +349,42 @@ def cmd_report(a) -> int:
 def cmd_export(a) -> int:
     """`export STORE --to FILE`: the chosen embeddings of a store in an AnnData .h5ad file, or for
     data from the user's own .h5ad / .h5mu file, in a copy of that file (tasks.results.export)."""
-    from tasks.results import export, parse_setting
+    from tasks.results import describe_keys, export, parse_setting
 
     setting = parse_setting(a.setting)  # bad text is refused before anything is read
     res = export(
-        a.store, a.to, a.model.split(",") if a.model else None, setting, source=a.source, partial=a.partial
+        a.store,
+        a.to,
+        a.model.split(",") if a.model else None,
+        setting,
+        source=a.source,
+        partial=a.partial,
+        key_added=a.key_added,
+        overwrite=a.overwrite,
     )
     if res["partial"]:
         print(res["partial"])
     if res["into"]:
-        print(
-            f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells, everything in it kept) "
-            f"with obsm {res['obsm']} and uns['embed_sweep']"
-        )
+        said = [f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells)"]
+        if describe_keys(res["added"]):
+            said.append(f"added {describe_keys(res['added'])}")
+        if describe_keys(res["replaced"]):
+            said.append(
+                f"replaced (--overwrite) {describe_keys(res['replaced'])}, everything else in it kept"
+            )
+        else:
+            said.append("everything in it kept")
+        print("; ".join(said))
         if res["cells_without"]:
             print(
                 f"  {res['cells_without']} cells of it were not in every modality the sweep joined: "
                 "their embedding rows are NaN"
             )
     else:
-        print(f"wrote {a.to}: {res['n_obs']} points, obsm {res['obsm']}")
+        print(f"wrote {a.to}: {res['n_obs']} points, obsm {res['obsm']} and uns ['{res['uns_key']}']")
     for key, info in res["models"].items():
         print(
-            f"  X_{key}: "
+            f"  {info.get('obsm_key', key)}: "
             + (f"{info['setting']} (chosen by {info['criterion']})" if "setting" in info else info["status"])
         )
     return 0
@@ -420,6 +433,18 @@ def _add_export_parser(sub) -> None:
         action="store_true",
         help="export a store that a sweep is still writing or that has pending grid points (the best "
         "of the points finished so far)",
+    )
+    e.add_argument(
+        "--key-added",
+        metavar="NAME",
+        help="name this export's keys obsm['X_<model>_NAME'], obsm['X_<model>_NAME_var'] and "
+        "uns['embed_sweep_NAME'] (scanpy's key_added), beside keys the file already has",
+    )
+    e.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace keys of the file that the export writes (without it, a file that already has "
+        "one is refused)",
     )
     e.set_defaults(fn=cmd_export)
 

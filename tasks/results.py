@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,10 @@ GEODESIC_NEIGHBORS = (3, 30)
 #: (its own kNN graph) is used
 GEODESIC_MAX_POINTS = 1000
 QUALITY = "geodesic_agreement"
+#: the uns key of an export's record; with key_added NAME: "embed_sweep_NAME" (and obsm "X_<model>_NAME")
+UNS_KEY = "embed_sweep"
+#: what --key-added may be: it becomes part of HDF5 names, so no "/" and no spaces
+KEY_ADDED = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def open_store(path) -> xr.DataTree:
@@ -324,9 +329,10 @@ def partial_note(state: dict) -> str | None:
     )
 
 
-def _chosen(store, models, setting):
+def _chosen(store, models, setting, key_added=None):
     """(tree, obsm {"X_<model>": (N, q), "X_<model>_var": ...}, {model: its uns entry}) of each
-    model's chosen setting."""
+    model's chosen setting; with ``key_added`` NAME the keys are ``X_<model>_NAME`` and
+    ``X_<model>_NAME_var``. Each model's entry names its obsm key(s)."""
     tree = open_store(store)
     groups = model_groups(tree)
     if models is None:
@@ -342,10 +348,12 @@ def _chosen(store, models, setting):
         if s["setting"] is None:
             chosen[m] = {"status": s["status"], "criterion": s["criterion"]}
             continue
-        obsm[f"X_{m}"] = s["embedding"]
+        key = _obsm_key(m, key_added)
+        obsm[key] = s["embedding"]
         if s["embedding_var"] is not None:
-            obsm[f"X_{m}_var"] = s["embedding_var"]
+            obsm[f"{key}_var"] = s["embedding_var"]
         chosen[m] = {
+            "obsm_key": key,
             "setting": {k: (float(v) if isinstance(v, float) else int(v)) for k, v in s["setting"].items()},
             "criterion": s["criterion"],
             "elbo": s["elbo"],
@@ -356,10 +364,53 @@ def _chosen(store, models, setting):
     return tree, obsm, chosen
 
 
-def _provenance(tree, store, chosen, source=None, state=None) -> dict:
-    """``uns["embed_sweep"]``: the store, the sweep's identity, each model's choice; where the
-    embeddings went into the user's own file, that file and its fingerprint; a partial export's
-    counts."""
+def _obsm_key(model: str, key_added: str | None) -> str:
+    return f"X_{model}" if key_added is None else f"X_{model}_{key_added}"
+
+
+def _uns_key(key_added: str | None) -> str:
+    return UNS_KEY if key_added is None else f"{UNS_KEY}_{key_added}"
+
+
+def _check_key_added(key_added) -> str | None:
+    """``key_added`` as given, or ValueError where it cannot be part of an obsm / uns key."""
+    if key_added is None:
+        return None
+    if not isinstance(key_added, str) or not KEY_ADDED.fullmatch(key_added):
+        raise ValueError(
+            f"--key-added {key_added!r}: a name of letters, digits, '_', '.' and '-' (starting with a "
+            "letter or digit) is needed; it names obsm['X_<model>_NAME'] and uns['embed_sweep_NAME'], "
+            "e.g. --key-added run2"
+        )
+    return key_added
+
+
+def _uns_value(v):
+    """A provenance value as uns holds it: a mapping as a mapping (its None entries left out: unset,
+    as scanpy leaves unset parameters out of ``uns[...]["params"]``), str, number and bool as they
+    are, a list of strings or of numbers as an array; anything else as JSON text."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, dict):
+        return {
+            str(k): _uns_value(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0])) if x is not None
+        }
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and (
+        all(isinstance(x, str) for x in v)
+        or all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    ):
+        return list(v)
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _provenance(tree, store, chosen, source=None, state=None, dropped_names=None, key_added=None) -> dict:
+    """``uns["embed_sweep"]``: the store, the sweep's identity, each model's choice (and obsm key);
+    ``key_added`` where given; where the embeddings went into the user's own file, that file, its
+    fingerprint and the options the sweep applied to it (a mapping) and, for a MuData, the cells
+    its join on obs_names dropped (per modality, and the file's cells without an embedding by
+    name); a partial export's counts."""
     attrs = dict(tree.attrs)
     out = {
         "store": str(Path(store).resolve()),
@@ -369,13 +420,19 @@ def _provenance(tree, store, chosen, source=None, state=None) -> dict:
         "dataset": str(attrs.get("dataset", "")),
         "models": chosen,
     }
+    if key_added is not None:
+        out["key_added"] = key_added
     if source is not None:
         out["source"] = {
             "path": source["path"],
             "fingerprint": source["fingerprint"],
             "sweep_fingerprint": source["sweep_fingerprint"],
-            "options": json.dumps(source.get("options") or {}, sort_keys=True, default=str),
+            "options": _uns_value(dict(source.get("options") or {})),
         }
+        if source["kind"] == "h5mu":
+            out["source"]["dropped"] = _uns_value(dict(source.get("dropped") or {}))
+            names = [] if dropped_names is None else [str(n) for n in dropped_names]
+            out["source"]["dropped_obs_names"] = np.asarray(names, dtype=object)
     if state is not None and partial_note(state):
         out["partial"] = {"pending": int(state["pending"]), "total": int(state["total"])}
     return out
@@ -448,8 +505,9 @@ def _file_obs_names(path: str) -> np.ndarray:
     return np.asarray(obs.index.astype(str), dtype=object)
 
 
-def _rows_of(src: dict) -> tuple[np.ndarray, int]:
-    """(for each cell of the file, its row in the store or -1; cells of the file not in the store).
+def _rows_of(src: dict) -> tuple[np.ndarray, int, np.ndarray]:
+    """(for each cell of the file, its row in the store or -1; the number of cells of the file not
+    in the store; their names, in the file's order).
 
     The store's cells must all be in the file. An .h5ad file must hold exactly them; a .h5mu
     file's MuData may also hold cells the sweep's join on obs_names dropped (those not in every
@@ -461,7 +519,7 @@ def _rows_of(src: dict) -> tuple[np.ndarray, int]:
     if mine is None:
         raise ValueError(f"the store does not record the names of its cells; cannot match them to {where}")
     if len(file_names) == len(mine) and (file_names == mine).all():
-        return np.arange(len(mine)), 0
+        return np.arange(len(mine)), 0, file_names[:0]
     pos = {n: i for i, n in enumerate(mine)}
     if len(pos) != len(mine) or len(set(file_names)) != len(file_names):
         raise ValueError(f"{where}: its cells are not the sweep's and their obs_names are not unique")
@@ -480,7 +538,7 @@ def _rows_of(src: dict) -> tuple[np.ndarray, int]:
             f"{where} has {extra} cells the sweep did not fit (e.g. {others}): it is not the data the "
             "sweep ran on; pass --from FILE naming that file"
         )
-    return rows, extra
+    return rows, extra, file_names[rows < 0]
 
 
 def _counts(dropped) -> list:
@@ -511,15 +569,20 @@ def to_anndata(
     *,
     source=None,
     partial: bool = False,
+    key_added: str | None = None,
+    overwrite: bool = False,
 ):
     """The store's chosen embeddings in an AnnData: one ``obsm["X_<model>"]`` per model at its
     chosen setting (``obsm["X_<model>_var"]``: posterior marginal variances where the model has
-    them) and the sweep's provenance and each setting's metrics in ``uns["embed_sweep"]``.
+    them) and the sweep's provenance and each setting's metrics in ``uns["embed_sweep"]``; with
+    ``key_added`` NAME, ``obsm["X_<model>_NAME"]``, ``obsm["X_<model>_NAME_var"]`` and
+    ``uns["embed_sweep_NAME"]``.
 
     Data that came from an .h5ad / .h5mu file: the user's own object, read from that file (or
     ``source``, another copy of it; checked as by :func:`export`) with the embeddings added (a
-    MuData for .h5mu: the embeddings in its own ``obsm``). It is read into memory here; ``export``
-    writes a copy of the file without ever loading its matrices.
+    MuData for .h5mu: the embeddings in its own ``obsm``). A key the object already has is refused
+    (ValueError) unless ``overwrite``, as by :func:`export`. It is read into memory here;
+    ``export`` writes a copy of the file without ever loading its matrices.
 
     Any other data: ``X`` the ingested data (the first view's for multi-view data; every view in
     ``obsm["view_<v>"]``), the labels under their column's name (``label`` for a named set's) as
@@ -528,13 +591,17 @@ def to_anndata(
     ``partial`` (:func:`check_complete`)."""
     import anndata as ad
 
+    key_added = _check_key_added(key_added)
     state = check_complete(store, partial)
     src = _source_of(store, source)
-    tree, obsm, chosen = _chosen(store, models, setting)
-    uns = _provenance(tree, store, chosen, src, state)
+    rows, _, dropped = _rows_of(src) if src is not None else (None, 0, None)
+    tree, obsm, chosen = _chosen(store, models, setting, key_added)
+    uns_key = _uns_key(key_added)
+    if src is not None:
+        _clashes(src["path"], obsm, uns_key, chosen, key_added, overwrite)
+    uns = _provenance(tree, store, chosen, src, state, dropped, key_added)
     if src is None:
-        return _new_anndata(store, obsm, uns)
-    rows, _ = _rows_of(src)
+        return _new_anndata(store, obsm, uns, uns_key)
     if src["kind"] == "h5mu":
         import mudata
 
@@ -543,13 +610,53 @@ def to_anndata(
         obj = ad.read_h5ad(src["path"])
     for k, v in _on_rows(obsm, rows).items():
         obj.obsm[k] = v
-    obj.uns["embed_sweep"] = uns
+    obj.uns[uns_key] = uns
     return obj
 
 
-def _new_anndata(store, obsm: dict, uns: dict):
+def _existing_keys(path) -> tuple[set[str], set[str]]:
+    """(obsm keys, uns keys) of an .h5ad file, or of a .h5mu file's MuData (its root ``obsm`` and
+    ``uns``), read from the file's HDF5 tree (nothing loaded; an old-format obsm table's columns)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        obsm, uns = f.get("obsm"), f.get("uns")
+        if isinstance(obsm, h5py.Dataset):  # old format: one table, a column per key
+            have_obsm = set(obsm.dtype.names or ())
+        else:
+            have_obsm = set(obsm.keys()) if isinstance(obsm, h5py.Group) else set()
+        have_uns = set(uns.keys()) if isinstance(uns, h5py.Group) else set()
+    return have_obsm, have_uns
+
+
+def _clashes(path, obsm: dict, uns_key: str, chosen: dict, key_added, overwrite: bool) -> dict:
+    """The keys of the export (``obsm``'s, ``uns_key``) that the user's file ``path`` already has,
+    ``{"obsm": [...], "uns": [...]}``: refused (ValueError, naming them and both fixes) unless
+    ``overwrite``, which replaces them."""
+    have_obsm, have_uns = _existing_keys(path)
+    found = {
+        "obsm": sorted(k for k in obsm if k in have_obsm),
+        "uns": [uns_key] if uns_key in have_uns else [],
+    }
+    if overwrite or not (found["obsm"] or found["uns"]):
+        return found
+    model = next((m for m, info in chosen.items() if "obsm_key" in info), None)
+    named = ([f"obsm['X_{model}_NAME']"] if model is not None else []) + [f"uns['{UNS_KEY}_NAME']"]
+    other = f" (a name other than {key_added!r})" if key_added is not None else ""
+    raise ValueError(
+        f"{path} already has {describe_keys(found)}, which the export would replace; pass --key-added "
+        f"NAME{other} to add {' and '.join(named)} beside them, or --overwrite to replace them"
+    )
+
+
+def describe_keys(keys: dict) -> str:
+    """``{"obsm": [...], "uns": [...]}`` as "obsm [...] and uns [...]" (the non-empty ones)."""
+    return " and ".join(f"{kind} {keys[kind]}" for kind in ("obsm", "uns") if keys.get(kind))
+
+
+def _new_anndata(store, obsm: dict, uns: dict, uns_key: str = UNS_KEY):
     """An AnnData of the store's ingested data (for data that did not come from an AnnData or
-    MuData file) with the embeddings in ``obsm`` and ``uns["embed_sweep"]``."""
+    MuData file) with the embeddings in ``obsm`` and ``uns[uns_key]``."""
     import anndata as ad
     import pandas as pd
 
@@ -582,7 +689,7 @@ def _new_anndata(store, obsm: dict, uns: dict):
     for v, Yv in enumerate(data["views"]):
         extra[f"view_{v}"] = np.asarray(Yv, dtype=np.float64)
     return ad.AnnData(
-        X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm={**extra, **obsm}, uns={"embed_sweep": uns}
+        X=np.asarray(data["Y"], dtype=np.float64), obs=obs, obsm={**extra, **obsm}, uns={uns_key: uns}
     )
 
 
@@ -614,10 +721,13 @@ def _label_categorical(data_path, codes):
     return pd.Categorical.from_codes(np.where(codes == MISSING_LABEL, -1, codes), categories=list(names))
 
 
-def _write_into_copy(src: dict, path: Path, obsm: dict, uns: dict) -> None:
+def _write_into_copy(src: dict, path: Path, obsm: dict, uns_key: str, uns: dict, replace: dict) -> None:
     """Copy the user's file to ``path`` byte for byte (its matrices are never read) and add
-    ``obsm`` entries and ``uns["embed_sweep"]`` with h5py and anndata's element writer. An old
-    (pre-0.7) file's obsm table is rewritten as the current format's group, its entries kept."""
+    ``obsm`` entries and ``uns[uns_key]`` with h5py and anndata's element writer; the keys in
+    ``replace`` (``{"obsm": [...], "uns": [...]}``, from :func:`_clashes` with overwrite) are
+    deleted first, and no other: another key of the export found in the copy (the file changed
+    since it was checked) is refused. An old (pre-0.7) file's obsm table is rewritten as the
+    current format's group, its entries kept."""
     import shutil
 
     import h5py
@@ -631,29 +741,49 @@ def _write_into_copy(src: dict, path: Path, obsm: dict, uns: dict) -> None:
             write_elem(f, "obsm", {k: np.ascontiguousarray(table[k]) for k in table.dtype.names})
         if "obsm" not in f:
             write_elem(f, "obsm", {})
+        taken = [k for k in obsm if k in f["obsm"] and k not in replace["obsm"]]
+        taken += [uns_key] if "uns" in f and uns_key in f["uns"] and uns_key not in replace["uns"] else []
+        if taken:
+            raise ValueError(f"{src['path']} changed while it was exported: it now has {taken}; export again")
+        for k in replace["obsm"]:
+            del f["obsm"][k]
         for k, v in obsm.items():
-            if k in f["obsm"]:
-                del f["obsm"][k]
             write_elem(f["obsm"], k, v)
         if "uns" not in f:
             write_elem(f, "uns", {})
-        if "embed_sweep" in f["uns"]:
-            del f["uns"]["embed_sweep"]
-        write_elem(f["uns"], "embed_sweep", uns)
+        for k in replace["uns"]:
+            del f["uns"][k]
+        write_elem(f["uns"], uns_key, uns)
 
 
-def export(store, path, models=None, setting=None, *, source=None, partial: bool = False) -> dict:
+def export(
+    store,
+    path,
+    models=None,
+    setting=None,
+    *,
+    source=None,
+    partial: bool = False,
+    key_added: str | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Write the store's chosen embeddings to ``path`` and say what was written: ``{"path",
-    "n_obs", "obsm" (keys added), "models" (uns entries), "into" (the user's file copied, or None),
-    "cells_without" (cells of that file with no embedding), "partial" (a line, or None)}``.
+    "n_obs", "obsm" (keys written), "uns_key", "added" and "replaced" ({"obsm": [...], "uns":
+    [...]}: the keys new to the file, and those of the user's file replaced with ``overwrite``),
+    "models" (uns entries), "into" (the user's file copied, or None), "cells_without" (cells of
+    that file with no embedding), "partial" (a line, or None)}``.
 
     Data from an .h5ad / .h5mu file: ``path`` (same suffix) is a copy of that file (obs, var,
     names, layers, uns, existing obsm, X as they are, never loaded) with ``obsm["X_<model>"]``,
-    ``obsm["X_<model>_var"]`` and ``uns["embed_sweep"]`` added. The file must be where the sweep
-    read it and unchanged, or ``source`` names a copy (or the changed file: its cells must be the
-    store's). Other data: :func:`to_anndata`'s AnnData. Refused before writing anything: a store
-    being written (unless ``partial``), a missing or changed source, another file's cells."""
+    ``obsm["X_<model>_var"]`` and ``uns["embed_sweep"]`` added (with ``key_added`` NAME:
+    ``obsm["X_<model>_NAME"]``, ``obsm["X_<model>_NAME_var"]``, ``uns["embed_sweep_NAME"]``).
+    The file must be where the sweep read it and unchanged, or ``source`` names a copy (or the
+    changed file: its cells must be the store's). Other data: :func:`to_anndata`'s AnnData.
+    Refused before writing anything: a store being written (unless ``partial``), a missing or
+    changed source, another file's cells, a key the file already has (unless ``overwrite``: then
+    it is replaced, and said so)."""
     out = Path(path)
+    key_added = _check_key_added(key_added)
     state = check_complete(store, partial)
     src = _source_of(store, source)
     want = f".{src['kind']}" if src is not None else ".h5ad"
@@ -665,17 +795,21 @@ def export(store, path, models=None, setting=None, *, source=None, partial: bool
             f"--to {path}: that is the file the sweep read; name a new file (the export writes a copy "
             "and never changes the original)"
         )
-    rows, extra = _rows_of(src) if src is not None else (None, 0)
-    tree, obsm, chosen = _chosen(store, models, setting)
-    uns = _provenance(tree, store, chosen, src, state)
+    rows, extra, dropped = _rows_of(src) if src is not None else (None, 0, None)
+    tree, obsm, chosen = _chosen(store, models, setting, key_added)
+    uns_key = _uns_key(key_added)
+    replaced = {"obsm": [], "uns": []}
+    if src is not None:
+        replaced = _clashes(src["path"], obsm, uns_key, chosen, key_added, overwrite)
+    uns = _provenance(tree, store, chosen, src, state, dropped, key_added)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.writing-{os.getpid()}")
     try:
         if src is not None:
-            _write_into_copy(src, tmp, _on_rows(obsm, rows), uns)
+            _write_into_copy(src, tmp, _on_rows(obsm, rows), uns_key, uns, replaced)
             n_obs = len(rows)
         else:
-            adata = _new_anndata(store, obsm, uns)
+            adata = _new_anndata(store, obsm, uns, uns_key)
             adata.write_h5ad(tmp)
             n_obs = adata.n_obs
         os.replace(tmp, out)
@@ -685,6 +819,12 @@ def export(store, path, models=None, setting=None, *, source=None, partial: bool
         "path": str(out),
         "n_obs": n_obs,
         "obsm": sorted(obsm),
+        "uns_key": uns_key,
+        "added": {
+            "obsm": sorted(k for k in obsm if k not in replaced["obsm"]),
+            "uns": [k for k in [uns_key] if k not in replaced["uns"]],
+        },
+        "replaced": replaced,
         "models": chosen,
         "into": None if src is None else src["path"],
         "cells_without": extra,

@@ -213,3 +213,210 @@ def test_store_records_whether_each_fit_converged(store):
     for key in ("ppca", "glle_em", "lllvm"):
         assert rows[key]["not converged"] == int((tree[key].ds["converged"].values == 0).sum())
     assert rows["lllvm"]["not converged"] > 0
+
+
+# ---- the user's own entries: never replaced unasked (review of the export into the user's file) ----
+# scanpy's bundled pbmc68k_reduced, saved by the user with their own obsm["X_ppca"] (7 columns)
+# and an earlier uns["embed_sweep"]: the sweep reads that file, the export writes a copy of it.
+
+PBMC_DATASET = {"use_rep": "X_pca", "label_column": "bulk_labels"}
+
+
+def _read(path):
+    import warnings
+
+    sc = pytest.importorskip("scanpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sc.read_h5ad(path)
+
+
+def _refused(argv, capsys, *words) -> str:
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """(the user's file, sweep A's store, sweep B's store): two PPCA sweeps over the same file."""
+    import importlib.resources
+
+    pytest.importorskip("scanpy")
+    home = tmp_path_factory.mktemp("own")
+    pbmc = _read(importlib.resources.files("scanpy") / "datasets" / "10x_pbmc68k_reduced.h5ad")
+    pbmc.obsm["X_ppca"] = np.arange(pbmc.n_obs * 7, dtype=np.float64).reshape(-1, 7)
+    pbmc.uns["embed_sweep"] = {"previous_sweep": "keep me"}
+    src = home / "pbmc_own.h5ad"
+    pbmc.write_h5ad(src)
+    dataset = {"path": str(src), **PBMC_DATASET}
+    a = build_store(home / "a.zarr", dataset, ["ppca"], {"latent_dim": [2], "seed": [0]})
+    b = build_store(home / "b.zarr", dataset, ["ppca"], {"latent_dim": [3], "seed": [0]})
+    return src, a, b
+
+
+def test_a_clash_with_the_users_own_keys_is_refused_before_writing(own, tmp_path, capsys):
+    from lvmcore.data import file_fingerprint
+
+    src, a, _ = own
+    before = file_fingerprint(src)
+    out = tmp_path / "out.h5ad"
+    err = _refused(
+        ["export", str(a), "--to", str(out)],
+        capsys,
+        "obsm ['X_ppca']",
+        "uns ['embed_sweep']",
+        "--key-added NAME",
+        "obsm['X_ppca_NAME']",
+        "uns['embed_sweep_NAME']",
+        "--overwrite",
+    )
+    assert "X_ppca_var" not in err  # the file has no such key: only the clashing ones are named
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, not even partly
+    # an existing --to is left as it was
+    out.write_bytes(b"an earlier file")
+    _refused(["export", str(a), "--to", str(out)], capsys, "obsm ['X_ppca']")
+    assert out.read_bytes() == b"an earlier file"
+    assert file_fingerprint(src) == before
+    # the same rule in Python
+    with pytest.raises(ValueError, match=r"already has obsm \['X_ppca'\]"):
+        to_anndata(a)
+
+
+def test_key_added_keeps_the_users_entries_and_adds_named_ones(own, tmp_path, capsys):
+    src, a, _ = own
+    user = _read(src)
+    out = tmp_path / "named.h5ad"
+    assert cli_main(["export", str(a), "--to", str(out), "--key-added", "sweepA"]) == 0
+    said = capsys.readouterr().out
+    assert "added obsm ['X_ppca_sweepA', 'X_ppca_sweepA_var'] and uns ['embed_sweep_sweepA']" in said
+    assert "everything in it kept" in said and "replaced" not in said
+    got = _read(out)
+    np.testing.assert_array_equal(got.obsm["X_ppca"], user.obsm["X_ppca"])  # the user's, 7 columns
+    assert got.uns["embed_sweep"] == {"previous_sweep": "keep me"}
+    chosen = select(a, "ppca")
+    np.testing.assert_array_equal(got.obsm["X_ppca_sweepA"], chosen["embedding"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_sweepA_var"], chosen["embedding_var"])
+    prov = got.uns["embed_sweep_sweepA"]
+    assert prov["key_added"] == "sweepA" and prov["models"]["ppca"]["obsm_key"] == "X_ppca_sweepA"
+    assert prov["source"]["options"] == {"use_rep": "X_pca", "label_column": "bulk_labels"}  # a mapping
+    assert set(got.obsm) == set(user.obsm) | {"X_ppca_sweepA", "X_ppca_sweepA_var"}
+    assert set(got.uns) == set(user.uns) | {"embed_sweep_sweepA"}
+    # the same export again into a fresh file: the same bytes
+    again = tmp_path / "again.h5ad"
+    assert cli_main(["export", str(a), "--to", str(again), "--key-added", "sweepA"]) == 0
+    assert again.read_bytes() == out.read_bytes()
+    # scanpy uses the named key as any other
+    sc = pytest.importorskip("scanpy")
+    sc.pp.neighbors(got, use_rep="X_ppca_sweepA", n_neighbors=10)
+    # names that cannot be a key are refused
+    for bad in ("a/b", "", "two words"):
+        _refused(
+            ["export", str(a), "--to", str(tmp_path / "x.h5ad"), "--key-added", bad], capsys, "--key-added"
+        )
+    assert not (tmp_path / "x.h5ad").exists()
+
+
+def test_overwrite_replaces_the_clashing_keys_and_says_which(own, tmp_path, capsys):
+    src, a, _ = own
+    out = tmp_path / "over.h5ad"
+    assert cli_main(["export", str(a), "--to", str(out), "--overwrite"]) == 0
+    said = capsys.readouterr().out
+    assert "everything in it kept" not in said
+    assert "replaced (--overwrite) obsm ['X_ppca'] and uns ['embed_sweep']" in said
+    assert "added obsm ['X_ppca_var']" in said
+    got = _read(out)
+    np.testing.assert_array_equal(got.obsm["X_ppca"], select(a, "ppca")["embedding"])
+    assert got.obsm["X_ppca"].shape == (700, 2)
+    assert "previous_sweep" not in got.uns["embed_sweep"] and "ppca" in got.uns["embed_sweep"]["models"]
+    # the other entries of the user's file are kept
+    user = _read(src)
+    np.testing.assert_array_equal(got.obsm["X_pca"], user.obsm["X_pca"])
+    assert got.obs.equals(user.obs)
+
+
+def test_chained_exports_with_key_added_keep_both_sweeps(own, tmp_path, capsys):
+    src, a, b = own
+    first, second = tmp_path / "a.h5ad", tmp_path / "ab.h5ad"
+    assert cli_main(["export", str(a), "--to", str(first), "--key-added", "a"]) == 0
+    # the second sweep into the first's output: its key is taken, and refused as such
+    _refused(
+        ["export", str(b), "--to", str(second), "--from", str(first), "--key-added", "a"],
+        capsys,
+        "obsm ['X_ppca_a', 'X_ppca_a_var']",
+        "uns ['embed_sweep_a']",
+    )
+    assert not second.exists()
+    assert cli_main(["export", str(b), "--to", str(second), "--from", str(first), "--key-added", "b"]) == 0
+    got = _read(second)
+    np.testing.assert_array_equal(got.obsm["X_ppca"], _read(src).obsm["X_ppca"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_a"], select(a, "ppca")["embedding"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_b"], select(b, "ppca")["embedding"])
+    assert got.obsm["X_ppca_a"].shape == (700, 2) and got.obsm["X_ppca_b"].shape == (700, 3)
+    assert got.uns["embed_sweep"] == {"previous_sweep": "keep me"}
+    assert got.uns["embed_sweep_a"]["sweep_id"] == open_store(a).attrs["sweep_id"]
+    assert got.uns["embed_sweep_b"]["sweep_id"] == open_store(b).attrs["sweep_id"]
+    assert got.uns["embed_sweep_b"]["source"]["path"] == str(first)
+
+
+def test_the_mudata_export_keeps_the_users_keys_and_records_the_cells_the_join_dropped(tmp_path, capsys):
+    """A .h5mu whose root obsm/uns already hold X_ppca and embed_sweep: refused, then --key-added
+    adds beside them; the 20 cells the join dropped are named in uns."""
+    import mudata as md
+
+    rng = np.random.default_rng(1)
+    n = 120
+    names = [f"cell-{i}" for i in range(n)]
+    rna = ad.AnnData(X=rng.normal(size=(n, 8)))
+    rna.obs_names = names
+    rna.obs["ct"] = np.where(np.arange(n) % 2 == 0, "T", "B")
+    rna.var_names = [f"g{i}" for i in range(8)]
+    keep = np.sort(rng.choice(n, n - 20, replace=False))
+    prot = ad.AnnData(X=rng.normal(size=(n - 20, 4)))
+    prot.obs_names = [names[i] for i in keep]
+    prot.var_names = [f"adt{i}" for i in range(4)]
+    mu = md.MuData({"rna": rna, "prot": prot})
+    mu.obsm["X_ppca"] = np.ones((mu.n_obs, 5))
+    mu.uns["embed_sweep"] = {"previous_sweep": "keep me"}
+    f = tmp_path / "cite.h5mu"
+    mu.write(f)
+    store = build_store(
+        tmp_path / "cite.zarr",
+        {"path": str(f), "label_column": "rna:ct"},
+        ["ppca"],
+        {"latent_dim": [2], "seed": [0]},
+    )
+    out = tmp_path / "cite_embedded.h5mu"
+    _refused(
+        ["export", str(store), "--to", str(out)],
+        capsys,
+        "obsm ['X_ppca']",
+        "uns ['embed_sweep']",
+        "--key-added",
+    )
+    assert not out.exists()
+    assert cli_main(["export", str(store), "--to", str(out), "--key-added", "cite"]) == 0
+    said = capsys.readouterr().out
+    assert "added obsm ['X_ppca_cite', 'X_ppca_cite_var'] and uns ['embed_sweep_cite']" in said
+    assert "20 cells of it were not in every modality" in said
+    got = md.read_h5mu(out)
+    np.testing.assert_array_equal(got.obsm["X_ppca"], np.ones((n, 5)))
+    assert got.uns["embed_sweep"] == {"previous_sweep": "keep me"}
+    X = got.obsm["X_ppca_cite"]
+    dropped = sorted(set(names) - {names[i] for i in keep})
+    assert sorted(got.obs_names[np.isnan(X[:, 0])]) == dropped
+    src = got.uns["embed_sweep_cite"]["source"]
+    assert dict(src["dropped"]) == {"rna": 20, "prot": 0}  # per modality: its cells left out
+    assert sorted(src["dropped_obs_names"]) == dropped
+    assert src["options"]["label_column"] == "rna:ct" and isinstance(src["options"], dict)
+    # --overwrite replaces the root keys, and says so
+    over = tmp_path / "over.h5mu"
+    assert cli_main(["export", str(store), "--to", str(over), "--overwrite"]) == 0
+    assert "replaced (--overwrite) obsm ['X_ppca'] and uns ['embed_sweep']" in capsys.readouterr().out
+    got = md.read_h5mu(over)
+    assert got.obsm["X_ppca"].shape == (n, 2) and "models" in got.uns["embed_sweep"]
+    for m in ("rna", "prot"):
+        assert got[m].obs.equals(mu[m].obs)
