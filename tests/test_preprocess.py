@@ -121,7 +121,7 @@ def test_settings_are_checked_before_any_work(tmp_path):
     for pre, message in [
         (
             {"pca": 50, "bogus": 1},
-            "unknown .*preprocess option 'bogus'; accepted: log1p, normalize_total, pca",
+            "unknown .*preprocess option 'bogus'; accepted: log1p, mask_var, normalize_total, pca",
         ),
         ({"normalize_total": -1}, "normalize_total must be a positive number"),
         ({"pca": 0}, "pca must be a positive number of components"),
@@ -275,3 +275,32 @@ def test_values_that_are_not_counts_are_refused_before_any_work_and_as_blocks_ar
     describe(str(late_path), preprocess=log_pca)  # the plan reads rows 0-49 only
     with pytest.raises(ValueError, match=r"negative values \(the smallest -3; first in row 100, 1 of rows"):
         load(str(late_path), preprocess=log_pca)
+
+
+def test_mask_var_takes_scanpys_highly_variable_genes_by_default_and_equals_scanpy(tmp_path):
+    """scanpy's pca uses var["highly_variable"] when the file has it (its default mask_var): so does
+    preprocess, after normalize_total over every gene; mask_var names another boolean column, null
+    takes every gene; bad masks are refused before any work."""
+    path, a = _counts(tmp_path, n=300, D=80)
+    rng = np.random.default_rng(5)
+    a.var["highly_variable"] = rng.random(80) < 0.4
+    a.var["mine"] = rng.random(80) < 0.5
+    a.var["score"] = rng.random(80)
+    a.write_h5ad(path)
+    pre = {"normalize_total": 1e4, "log1p": True, "pca": 6}
+    for mask, want_mask in [("auto", "highly_variable"), ("mine", "mine"), (None, None)]:
+        b = a.copy()
+        sc.pp.normalize_total(b, target_sum=1e4)
+        sc.pp.log1p(b)
+        sc.pp.pca(b, n_comps=6, mask_var=want_mask, dtype="float64", svd_solver="arpack")
+        ds = load(str(path), preprocess=pre if mask == "auto" else {**pre, "mask_var": mask})
+        info = _check(ds, b)
+        assert info["settings"].get("mask_var") == want_mask  # recorded only when genes were masked
+    for bad, message in [
+        ("score", r"mask_var 'score' is not a boolean var column; boolean var columns: \['highly_var"),
+        (3, "mask_var must be a boolean var column's name or null"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            describe(str(path), preprocess={**pre, "mask_var": bad})
+    with pytest.raises(ValueError, match="need pca"):
+        describe(str(path), preprocess={"log1p": True, "mask_var": "mine"})

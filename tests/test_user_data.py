@@ -87,7 +87,7 @@ def test_the_export_is_the_users_file_with_the_embeddings_added(pbmc, exported, 
     assert "X_glle_em_var" not in after.obsm  # GLLE has no posterior variances
     prov = after.uns["embed_sweep"]["source"]
     assert prov["path"] == str(src) and prov["fingerprint"] == file_fingerprint(src)
-    assert json.loads(prov["options"]) == {"label_column": "bulk_labels", "use_rep": "X_pca"}
+    assert dict(prov["options"]) == {"label_column": "bulk_labels", "use_rep": "X_pca"}
     assert file_fingerprint(src) == file_fingerprint(PBMC)  # the user's file itself is untouched
     # scanpy works on it as on any AnnData
     sc.pp.neighbors(after, use_rep="X_glle_em", n_neighbors=10)

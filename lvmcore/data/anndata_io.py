@@ -164,6 +164,18 @@ def read_obs(path: str, group: str = ""):
         ad.file.close()
 
 
+def read_var(path: str, group: str = ""):
+    """The ``var`` table (pandas DataFrame, index = var_names) of the AnnData at ``group`` of the
+    file, or None where it is in the old (pre-0.7) one-table format."""
+    import anndata.io
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        key = f"{group}/var" if group else "var"
+        node = f[key] if key in f else None
+        return anndata.io.read_elem(node) if isinstance(node, h5py.Group) else None
+
+
 def obsm_keys(path: str, group: str = "") -> list[str]:
     import h5py
 

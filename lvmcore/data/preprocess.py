@@ -69,10 +69,11 @@ PREPROCESS_OPTIONS = (
     "pca_seed",
     "pca_tol",
     "pca_block",
+    "mask_var",
 )
 PCA_SOLVERS = ("auto", "covariance", "lanczos", "arpack", "randomized")
 #: the PCA options beyond ``pca`` itself (each needs ``pca``)
-PCA_TUNING = ("pca_solver", "pca_iter", "pca_seed", "pca_tol", "pca_block")
+PCA_TUNING = ("pca_solver", "pca_iter", "pca_seed", "pca_tol", "pca_block", "mask_var")
 #: "auto" takes the covariance route up to this many features (a D x D float64 partial sum per
 #: block: 32 MB at 2,000), block Lanczos above
 COVARIANCE_MAX_D = 2000
@@ -140,15 +141,57 @@ def normalise_settings(pre, where: str) -> dict | None:
         raise ValueError(f"{where}: preprocess pca_block must be a positive integer, got {block!r}")
     if out["pca"] is None and any(key in pre for key in PCA_TUNING):
         raise ValueError(f"{where}: preprocess {' / '.join(PCA_TUNING)} need pca (a number of components)")
+    mask = pre.get("mask_var", "auto")
+    if mask is not None and not isinstance(mask, str):
+        raise ValueError(
+            f"{where}: preprocess mask_var must be a boolean var column's name or null, got {mask!r}"
+        )
     out.update(
         pca_solver=solver, pca_iter=int(it), pca_seed=int(seed), pca_tol=float(tol), pca_block=int(block)
     )
+    out["mask_var"] = mask  # "auto" until the plan has read var (resolve_mask)
     if out["pca"] is None:
         for key in PCA_TUNING:
             out.pop(key)
     if out["normalize_total"] is None and not out["log1p"] and out["pca"] is None:
         raise ValueError(f"{where}: preprocess {pre!r} does nothing; give normalize_total, log1p or pca")
     return out
+
+
+def resolve_mask(settings: dict | None, var, where: str) -> np.ndarray | None:
+    """The genes the PCA uses, by scanpy's ``mask_var``: "auto" (not given) takes the boolean column
+    ``var["highly_variable"]`` where the file has one (scanpy's default) and every gene otherwise;
+    a name takes that boolean column; null takes every gene. Sets ``settings["mask_var"]`` to the
+    column used, or drops it when every gene is (the settings then read as before the option
+    existed). Returns the column indices, or None for every gene. ``var``: the matrix's var table,
+    None when its columns are not genes (an obsm representation)."""
+    if not settings or settings.get("pca") is None:
+        return None
+    mask = settings.pop("mask_var", None)
+    if mask == "auto":
+        mask = "highly_variable" if var is not None and "highly_variable" in var.columns else None
+        if mask is not None:
+            log.info("%s: PCA on var['highly_variable'] (scanpy's default; mask_var null: every gene)", where)
+    if mask is None:
+        return None
+    if var is None:
+        raise ValueError(
+            f"{where}: preprocess mask_var {mask!r} selects genes, and an obsm representation's columns are "
+            "not genes; drop mask_var, or read X or a layer"
+        )
+    flags = [str(c) for c in var.columns if var[c].dtype == bool]
+    if mask not in var.columns or var[mask].dtype != bool:
+        raise ValueError(
+            f"{where}: preprocess mask_var {mask!r} is not a boolean var column; boolean var columns: "
+            f"{flags} (or null for every gene)"
+        )
+    columns = np.flatnonzero(var[mask].to_numpy())
+    if len(columns) == 0:
+        raise ValueError(
+            f"{where}: preprocess mask_var {mask!r} selects no gene; name another column or null"
+        )
+    settings["mask_var"] = mask
+    return columns
 
 
 def output_width(settings: dict | None, width: int) -> int:
@@ -256,8 +299,9 @@ def _where(matrix) -> str:
     return matrix.where() if hasattr(matrix, "where") else "the matrix"
 
 
-def _read_z(matrix, a, b, settings, target):
-    return transform_block(matrix.read(a, b), settings, target, _where(matrix), a)
+def _read_z(matrix, a, b, settings, target, columns=None):
+    z = transform_block(matrix.read(a, b), settings, target, _where(matrix), a)
+    return z if columns is None else z[:, columns]  # after normalize_total: totals over every gene
 
 
 def _totals(matrix, a, b):
@@ -296,8 +340,8 @@ class _Holder:
     where the blocks live, so a product costs one round trip to each worker (no scheduling of a
     task per block, no partial sums moved between workers)."""
 
-    def __init__(self, matrix, bounds, settings, target):
-        self.blocks = [_read_z(matrix, a, b, settings, target) for a, b in bounds]
+    def __init__(self, matrix, bounds, settings, target, columns=None):
+        self.blocks = [_read_z(matrix, a, b, settings, target, columns) for a, b in bounds]
 
     def reduce(self, fn, *args):
         """sum over the blocks of fn(Z_b, *args)"""
@@ -321,18 +365,26 @@ class _Blocks:
     of the cluster (an actor pinned to it), else one in this process. Memory: the transformed
     matrix once (12 bytes per stored non-zero), spread over the workers."""
 
-    def __init__(self, client, matrix, settings, target, bounds):
+    def __init__(self, client, matrix, settings, target, bounds, columns=None):
         self.client = client
         if client is None:
             self.spans = [(0, bounds[-1][1])]
-            self.holders = [_Holder(matrix, bounds, settings, target)]
+            self.holders = [_Holder(matrix, bounds, settings, target, columns)]
             return
         workers = sorted(client.nthreads())
         groups = [g for g in np.array_split(np.arange(len(bounds)), min(len(workers), len(bounds))) if len(g)]
         self.spans = [(bounds[g[0]][0], bounds[g[-1]][1]) for g in groups]
         self._futures = [
             client.submit(
-                _Holder, matrix, [bounds[i] for i in g], settings, target, workers=[w], actor=True, pure=False
+                _Holder,
+                matrix,
+                [bounds[i] for i in g],
+                settings,
+                target,
+                columns,
+                workers=[w],
+                actor=True,
+                pure=False,
             )
             for g, w in zip(groups, workers)
         ]
@@ -383,17 +435,18 @@ def _svd_flip(V: np.ndarray) -> np.ndarray:
     return V * signs
 
 
-def run_pca(matrix, settings: dict) -> dict:
+def run_pca(matrix, settings: dict, columns=None) -> dict:
     """normalize_total / log1p / PCA of ``matrix`` (a :class:`lvmcore.data.anndata_io.Matrix`) as
     the settings say, streamed over its row blocks on the cluster; returns ``{"scores": (N, k),
     "components": (k, D), "mean", "explained_variance", "explained_variance_ratio",
-    "target_sum", "solver"}`` (only ``target_sum`` when there is no PCA)."""
+    "target_sum", "solver"}`` (only ``target_sum`` when there is no PCA). ``columns``: the genes
+    the PCA uses (:func:`resolve_mask`; None: every gene), taken after normalize_total and log1p."""
     with _cluster() as client:
-        return _run_pca(client, matrix, settings)
+        return _run_pca(client, matrix, settings, columns)
 
 
-def _run_pca(client, matrix, settings):
-    n, D = matrix.shape
+def _run_pca(client, matrix, settings, columns=None):
+    n, D = matrix.shape[0], matrix.shape[1] if columns is None else len(columns)
     target = None
     if settings.get("normalize_total") == "median":
         target = median_total(matrix, client)
@@ -412,7 +465,7 @@ def _run_pca(client, matrix, settings):
     if solver == "auto":
         solver = "covariance" if D <= COVARIANCE_MAX_D else "lanczos"
     gram = solver == "covariance"
-    blocks = _Blocks(client, matrix, settings, target, _bounds(n))
+    blocks = _Blocks(client, matrix, settings, target, _bounds(n), columns)
     try:
         m = blocks.reduce(_moments, gram)
         s, sq = m[:D], m[D : 2 * D]

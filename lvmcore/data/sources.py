@@ -146,6 +146,7 @@ class View:
     settings: dict | None
     width: int
     options: dict
+    columns: np.ndarray | None = None  # the genes the PCA uses (preprocess mask_var), None: all
 
 
 @dataclass
@@ -276,11 +277,16 @@ def _resolve_matrix(path: str, group: str, o: dict, where: str):
 def _view(name, path, group, o, where, limit) -> View:
     m = _resolve_matrix(path, group, o, where)
     settings = pp.normalise_settings(o.get("preprocess"), where)
+    genes = o.get("use_rep") in (None, "X")  # X or a layer: columns are the var table's genes
+    columns = pp.resolve_mask(settings, aio.read_var(path, group) if genes else None, where)
     width = pp.output_width(settings, m.shape[1])
-    if settings and settings.get("pca") is not None and settings["pca"] > min(m.shape[0] - 1, m.shape[1]):
+    D = m.shape[1] if columns is None else len(columns)
+    if settings and settings.get("pca") is not None and settings["pca"] > min(m.shape[0] - 1, D):
         raise ValueError(
             f"{where}: preprocess pca = {settings['pca']} components needs at most min(N - 1, D) = "
-            f"{min(m.shape[0] - 1, m.shape[1])}; lower pca"
+            f"{min(m.shape[0] - 1, D)}"
+            + (f" (D: the genes of mask_var {settings['mask_var']!r})" if columns is not None else "")
+            + "; lower pca"
         )
     what = m.where() if hasattr(m, "where") else where
     check_width(width, limit, what)
@@ -293,7 +299,7 @@ def _view(name, path, group, o, where, limit) -> View:
         applied["layer"] = o["layer"]
     if settings:
         applied["preprocess"] = settings
-    return View(name, m, settings, width, applied)
+    return View(name, m, settings, width, applied, columns)
 
 
 def _column(obs, column, where, what):
@@ -501,7 +507,7 @@ def describe(src, **options) -> dict:
 def _dense_reader(view: View, results: dict):
     m, s = view.matrix, view.settings
     if s and s.get("pca") is not None:
-        res = pp.run_pca(m, s)
+        res = pp.run_pca(m, s, view.columns)
         scores = res["scores"]
         results[view.name] = {
             "explained_variance": res["explained_variance"].tolist(),
