@@ -177,7 +177,10 @@ def check_model_options(spec: ModelSpec, options: dict, grid: dict, n_points: in
         try:  # the parameter rules first, then the size refusals (every model is a LatentModel)
             cls(**spec.constructor_args(point, options)).check_size(int(n_points))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"model {spec.key!r} at {point}: {e}") from e
+            raise ValueError(
+                f"model {spec.key!r} at {point}: {e} (a model's options are set with --options "
+                f"'{{\"{spec.key}\": {{\"option\": value}}}}')"
+            ) from e
 
 
 def check_writable(store) -> None:
@@ -255,7 +258,9 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
             raise ValueError(f"latent_dim {max(g['latent_dim'])} needs more than {n} points in {src!r}")
         if s.multiview and n_views < 2:
             raise ValueError(
-                f"model {s.key!r} needs a multi-view data set; {src!r} has one view (try 'mrd_toy')"
+                f"model {s.key!r} needs a multi-view data set; {src!r} has one view: give a MuData "
+                "file's modalities (two or more, each its own view), or {\"views\": [file, file]} "
+                "(or the data set 'mrd_toy')"
             )
         if "k" in g and max(g["k"]) >= n:
             raise ValueError(f"grid k = {max(g['k'])} needs more than {n} points in {src!r}; lower k")

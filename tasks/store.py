@@ -379,7 +379,10 @@ def growth(path, identity: dict, specs, grid) -> dict | None:
         if have.get(k) != want[k] and not (k == "dataset" and _same_file_source(have.get(k), want[k]))
     ]  # fmt: skip
     if differ:
-        raise ValueError(f"{where} ({', '.join(differ)} differ){fix}")
+        why = ""
+        if "data_fingerprint" in differ:
+            why = ": the data changed since the store was made (the file's content or the data set's options)"
+        raise ValueError(f"{where} ({', '.join(differ)} differ){why}{fix}")
     held = json.loads(root.attrs.get("groups", "[]"))
     keys = [s.key for s in specs]
     dropped = [k for k in held if k not in keys]

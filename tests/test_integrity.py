@@ -134,7 +134,7 @@ def test_a_changed_data_file_is_a_different_sweep(server, sweep_cluster, tmp_pat
     kw["cluster"] = sweep_cluster
     embed_sweep(dataset=str(f), report=False, **kw)
     np.save(f, load("s_curve", n=100, seed=0)["Y"].values)
-    with pytest.raises(ValueError, match="different sweep"):
+    with pytest.raises(ValueError, match="different sweep .*: the data changed since the store was made"):
         embed_sweep(dataset=str(f), report=False, **kw)
 
 
