@@ -112,6 +112,7 @@ def test_bad_representations_are_refused_naming_the_fix(tmp_path):
     for opts, message in [
         ({"use_rep": "X_umap"}, r"use_rep 'X_umap' is not in obsm; obsm keys: \['X_pca'\]"),
         ({"layer": "spliced"}, r"layer 'spliced' is not in the file; layers: \['counts'\]"),
+        ({"layer": "raw"}, r"layer 'raw' is not in the file; layers: \['counts'\]; \.raw is not read as"),
         ({"use_rep": "X_pca", "layer": "counts"}, "both given"),
         ({"label_column": "celltype"}, "label_column 'celltype' is not an obs column"),
         (

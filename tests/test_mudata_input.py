@@ -163,3 +163,12 @@ def test_mrd_and_a_single_view_model_run_on_the_h5mu_in_the_sweep(prefect_api, s
     data_path, _ = input_paths(str(store))
     np.testing.assert_array_equal(obs_names(data_path), names)
     assert source_info(data_path)["options"]["view"] == "prot"
+
+
+def test_a_modality_column_named_without_its_modality_is_refused_naming_the_prefixed_one(tmp_path):
+    path, _, _ = _two_modalities(tmp_path)
+    md = mudata.read_h5mu(str(path))
+    md["rna"].obs["cell_type"] = "T"
+    md.write(str(path))
+    with pytest.raises(ValueError, match=r"'cell_type' is neither .*did you mean 'rna:cell_type'\?"):
+        load(str(path), **OPTS, label_column="cell_type")

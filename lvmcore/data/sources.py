@@ -263,8 +263,14 @@ def _resolve_matrix(path: str, group: str, o: dict, where: str):
         try:
             return aio.open_matrix(path, f"{prefix}layers/{layer}", f"{where}: layers[{layer!r}]")
         except KeyError:
+            raw = ""
+            if layer == "raw":  # AnnData's .raw is a group of its own (other genes), not a layer
+                raw = (
+                    "; .raw is not read as a layer: store the matrix you want as one "
+                    "(adata.layers['counts'] = ...) and name it"
+                )
             raise ValueError(
-                f"{where}: layer {layer!r} is not in the file; layers: {aio.layer_keys(path, group)}"
+                f"{where}: layer {layer!r} is not in the file; layers: {aio.layer_keys(path, group)}{raw}"
             ) from None
     try:
         return aio.open_matrix(path, f"{prefix}X", f"{where}: X")
@@ -423,9 +429,11 @@ def _plan_h5mu(path: Path, opts: dict) -> Plan:
             s = obs_by[mod][c]
             return s.set_axis(s.index.astype(str)).reindex(common)
         cols = list(glob.columns) if glob is not None else []
+        have = [f"{m}:{col}" for m in obs_by if col in obs_by[m].columns]
+        hint = f"; did you mean {have[0]!r}?" if have else ""
         raise ValueError(
             f"{where}: {what} {col!r} is neither a column of the MuData's obs ({cols}) nor 'modality:column' "
-            f"of a modality's obs"
+            f"of a modality's obs{hint}"
         )
 
     _labels(plan, None, opts, where, lookup)
@@ -493,6 +501,11 @@ def plan(src, **options) -> Plan:
             return _plan_h5ad(path, opts)
         return _plan_h5mu(path, opts)
     except OSError as e:
+        if "lock" in str(e).lower():  # HDF5 refuses a file another process holds open for writing
+            raise ValueError(
+                f"{path} is open for writing elsewhere (HDF5 could not lock it: {e}); close it there "
+                "(e.g. a notebook's AnnData read with backed='r+': adata.file.close()) and run again"
+            ) from e
         raise ValueError(f"{path} is not a readable {path.suffix} file ({e})") from e
 
 
