@@ -17,19 +17,22 @@ B of the N points),
 
 The bound is linear in the statistics, so a scaled batch gives an unbiased estimate. Its optimum
 in q(v) for given statistics is P = I + beta C, m = beta P^-1 c (:func:`optimal_qu`, the
-natural-gradient step of size one), where it equals the collapsed bound. :func:`jitter_tries` is
+natural-gradient step of size one; :func:`natural_step` the step of any size), where it equals the
+collapsed bound. :func:`jitter_tries` is
 the minibatch fits' retry with a larger jitter on K_mm where a step is not finite.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from lvmcore.linalg import MAX_JITTER, NumericalError, cholesky_jax, jitter_escalation
 from lvmcore.precision import x64
 
-__all__ = ["bound", "kl_qu", "optimal_qu", "jitter_tries"]
+__all__ = ["bound", "kl_qu", "optimal_qu", "natural_step", "jitter_tries"]
 
 
 def _whitened(Kmm, p1y, p2, rel_jitter):
@@ -96,6 +99,16 @@ def optimal_qu(Kmm, stats, log_beta, scale=1.0, rel_jitter=0.0):
     P = jnp.eye(C.shape[0]) + beta * C
     P = 0.5 * (P + P.T)
     return P, beta * cho_solve((jnp.linalg.cholesky(P), True), c)
+
+
+def natural_step(qu, P_t, m_t, r):
+    """The natural-gradient step of size ``r`` on q(v) = {"m", "P"} toward (P_t, m_t) (e.g. a
+    batch's :func:`optimal_qu`): a convex combination of the natural parameters (P, P m). Returns
+    {"m", "P"}, in the arrays' own library (NumPy stays NumPy, jax stays jax)."""
+    P = (1.0 - r) * qu["P"] + r * P_t
+    eta = (1.0 - r) * (qu["P"] @ qu["m"]) + r * (P_t @ m_t)
+    solve = jnp.linalg.solve if isinstance(P, jax.Array) else np.linalg.solve
+    return {"m": solve(P, eta), "P": P}
 
 
 def jitter_tries(current, what, fix=""):

@@ -221,10 +221,7 @@ class StochasticBayesianGPLVM(_CollapsedGPLVM):
                     if np.all(np.isfinite(target["m"])) and np.all(np.isfinite(target["P"])):
                         jitter = j
                         break
-                r = self.ng_step
-                eta = (1 - r) * (qu["P"] @ qu["m"]) + r * (target["P"] @ target["m"])
-                P = (1 - r) * qu["P"] + r * target["P"]
-                qu = {"m": np.linalg.solve(P, eta), "P": P}
+                qu = uncollapsed.natural_step(qu, target["P"], target["m"], self.ng_step)
                 # Adam on the globals (beta held during the first epochs) and the batch's q(x_n):
                 # d F / d local_B is the full bound's gradient for those points times N / B
                 tg += 1

@@ -212,6 +212,28 @@ def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2])
 
 
+def adam_log_S(log_S, g, m, v, t, lr, upd_S=True):
+    """One Adam step (:func:`lvmcore.optim.adam`) on the log variances of q(x), clipped to [-20, 5];
+    they and their moments are held while ``upd_S`` is False (the warm-up). Returns (log_S, m, v)."""
+    new, m_new, v_new = adam(log_S, g, m, v, t, lr)
+    keep = functools.partial(jnp.where, upd_S)
+    return keep(jnp.clip(new, -20.0, 5.0), log_S), keep(m_new, m), keep(v_new, v)
+
+
+def adam_local(lo, g, mo, t, lr, lr_S, upd_S=True):
+    """The step of rows of q(X) with gradients g: Riemannian Adam (step ``lr``) on the means lo["X"]
+    on the hyperboloid and, where q(x) has them (not point latents), :func:`adam_log_S` (step
+    ``lr_S``) on lo["log_S"]; moments mo = {"mX", "vX"(, "mS", "vS")}, t the step count (a number,
+    or one per row). The minibatch fit's steps, its per-point pass and ``transform`` take it.
+    Returns (lo, mo) after the step."""
+    X, mX, vX = adam(lo["X"], g["X"], mo["mX"], mo["vX"], t, lr, Lorentz)
+    if "log_S" not in lo:
+        return {"X": X}, {"mX": mX, "vX": vX}
+    t_S = t[:, None] if jnp.ndim(t) else t
+    log_S, mS, vS = adam_log_S(lo["log_S"], g["log_S"], mo["mS"], mo["vS"], t_S, lr_S, upd_S)
+    return {"X": X, "log_S": log_S}, {"mX": mX, "vX": vX, "mS": mS, "vS": vS}
+
+
 def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
     """Riemannian steps for the latent points (means) and inducing inputs, Adam for the
     hyperparameters (and log S, once ``upd_S``).  ``state`` and ``grads`` are dicts keyed
@@ -224,10 +246,7 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
             s[k] = _renorm(expmap(s[k], lr * egrad2rgrad(s[k], grads[k] / scale)))  # RSGD, Algorithm 1
     s["hyp"], s["mh"], s["vh"] = adam(s["hyp"], grads["hyp"], s["mh"], s["vh"], t, hlr)
     if variant == "bayesian":
-        Sn, mSn, vSn = adam(s["log_S"], grads["log_S"], s["mS"], s["vS"], t, hlr)
-        s["log_S"] = jnp.where(upd_S, jnp.clip(Sn, -20.0, 5.0), s["log_S"])
-        s["mS"] = jnp.where(upd_S, mSn, s["mS"])
-        s["vS"] = jnp.where(upd_S, vSn, s["vS"])
+        s["log_S"], s["mS"], s["vS"] = adam_log_S(s["log_S"], grads["log_S"], s["mS"], s["vS"], t, hlr, upd_S)
     return s
 
 
@@ -577,14 +596,14 @@ class _Hyperboloid(LatentModel):
                 )
         for k in [k for k in vars(self) if k.endswith("_") and not k.startswith("_")]:
             delattr(self, k)  # an earlier fit's attributes (the two trainings set different ones)
+        from lvmcore.models.hgplvm_svi import fit_minibatch
+
+        t_start = time.perf_counter()
         if training == "full":
             self._fit_full(Y, callback)
         else:
-            from lvmcore.models.hgplvm_svi import fit_minibatch
-
-            t_start = time.perf_counter()
             fit_minibatch(self, Y)
-            self.fit_time_ = time.perf_counter() - t_start
+        self.fit_time_ = time.perf_counter() - t_start
         self.training_ = training
         self.minibatch_ = float(training == "minibatch")
         return self
@@ -593,7 +612,6 @@ class _Hyperboloid(LatentModel):
     def _fit_full(self, Y, callback=None):
         """The full-batch fit (every point every step) of Y (N, D), checked by :meth:`fit`."""
         n, d = Y.shape
-        t_start = time.perf_counter()
         mean = Y.mean(0)
         Yc = jnp.asarray(Y - mean)
         rng = np.random.default_rng(self.random_state)
@@ -702,7 +720,6 @@ class _Hyperboloid(LatentModel):
         self.drift_moves_ = moves
         self.restricted_ = restricted
         self._key = np.asarray(key)
-        self.fit_time_ = time.perf_counter() - t_start
 
     def _set_fitted(self, X, hyp, S, Z, hmask, Yc, mean, trace, converged):
         """The fitted state both trainings set: the points (means) X on the hyperboloid and in the
@@ -782,22 +799,20 @@ class _Hyperboloid(LatentModel):
         grad_fn = jax.grad(obj, argnums=(0, 1))
 
         @jax.jit
-        def step(Xn, log_S, mX, vX, mS, vS, t, eps):
-            gX, gS = grad_fn(Xn, log_S, eps)
-            Xn, mX, vX = adam(Xn, gX, mX, vX, t, lr, Lorentz)
-            log_S, mS, vS = adam(log_S, gS, mS, vS, t, lr)
-            return Xn, jnp.clip(log_S, -20.0, 5.0), mX, vX, mS, vS
+        def step(lo, mo, t, eps):
+            g = dict(zip(("X", "log_S"), grad_fn(lo["X"], lo["log_S"], eps)))
+            return adam_local(lo, g, mo, t, lr, lr)
 
-        Xn = Xtr[nearest]
-        log_S = jnp.full((n_new, q), np.log(np.median(self.embedding_var_)) if bayes else 0.0)
-        mX, vX = jnp.zeros_like(Xn), jnp.zeros(n_new)
-        mS, vS = jnp.zeros_like(log_S), jnp.zeros_like(log_S)
+        lo = {"X": Xtr[nearest]}
+        lo["log_S"] = jnp.full((n_new, q), np.log(np.median(self.embedding_var_)) if bayes else 0.0)
+        mo = {"mX": jnp.zeros_like(lo["X"]), "vX": jnp.zeros(n_new)}
+        mo.update(mS=jnp.zeros_like(lo["log_S"]), vS=jnp.zeros_like(lo["log_S"]))
         key = jax.random.fold_in(jnp.asarray(self._key), 10**6)
         n_it = int(max_iter) if max_iter is not None else 200
         for t in range(1, n_it + 1):
             eps = jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q)) if bayes else None
-            Xn, log_S, mX, vX, mS, vS = step(Xn, log_S, mX, vX, mS, vS, float(t), eps)
-        return np.asarray(_renorm(Xn))
+            lo, mo = step(lo, mo, float(t), eps)
+        return np.asarray(_renorm(lo["X"]))
 
 
 @dataclass(kw_only=True, eq=False, repr=False)

@@ -84,6 +84,7 @@ from lvmcore.models.hgplvm import (
     _Hyperboloid,
     _renorm,
     _rule_windows,
+    adam_local,
     kmeans_start,
     mc_statistics,
     new_rows,
@@ -197,19 +198,12 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
         local, glob, qu, Y, eps, N, scale, kappa, jitter
     )
     P_t, m_t = uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
-    P = (1.0 - r_ng) * qu["P"] + r_ng * P_t
-    P = 0.5 * (P + P.T)
-    eta = (1.0 - r_ng) * (qu["P"] @ qu["m"]) + r_ng * (P_t @ m_t)
-    qu_new = {"m": jnp.linalg.solve(P, eta), "P": P}
-    finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(P)) & jnp.all(jnp.isfinite(qu_new["m"]))
+    qu_new = uncollapsed.natural_step(qu, P_t, m_t, r_ng)
+    finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(qu_new["P"])) & jnp.all(jnp.isfinite(qu_new["m"]))
     # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
     tl = lmom["t"] + 1.0
-    X, mX, vX = adam(local["X"], g_lo["X"] / scale, lmom["mX"], lmom["vX"], tl, lr, Lorentz)
-    lo, lmo = {"X": X}, {"mX": mX, "vX": vX, "t": tl}
-    if "log_S" in local:  # wrapped-Gaussian q(x_n) (Bayesian); point latents have no variances
-        lS, mS, vS = adam(local["log_S"], g_lo["log_S"] / scale, lmom["mS"], lmom["vS"], tl[:, None], hlr)
-        lo["log_S"] = jnp.where(upd_S, jnp.clip(lS, -20.0, 5.0), local["log_S"])
-        lmo.update(mS=jnp.where(upd_S, mS, lmom["mS"]), vS=jnp.where(upd_S, vS, lmom["vS"]))
+    lo, lmo = adam_local(local, {k: g / scale for k, g in g_lo.items()}, lmom, tl, lr, hlr, upd_S)
+    lmo["t"] = tl
     Z, mZ, vZ = adam(glob["Z"], g_gl["Z"], gmom["mZ"], gmom["vZ"], t, lr, Lorentz)
     hyp, mh, vh = adam(glob["hyp"], g_gl["hyp"] * hmask, gmom["mh"], gmom["vh"], t, hlr)
     return (
@@ -237,15 +231,7 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
     def body(i, carry):
         lo, mo = carry
         eps = None if point else jax.random.normal(jax.random.fold_in(key, i), (H, B, Q))
-        g = grad_local(lo, eps)
-        t = i + 1.0
-        X, mX, vX = adam(lo["X"], g["X"], mo["mX"], mo["vX"], t, lr, Lorentz)
-        lo_new, mo_new = {"X": X}, {"mX": mX, "vX": vX}
-        if not point:
-            lS, mS, vS = adam(lo["log_S"], g["log_S"], mo["mS"], mo["vS"], t, hlr)
-            lo_new["log_S"] = jnp.clip(lS, -20.0, 5.0)
-            mo_new.update(mS=mS, vS=vS)
-        return lo_new, mo_new
+        return adam_local(lo, grad_local(lo, eps), mo, i + 1.0, lr, hlr)
 
     mom = {"mX": jnp.zeros_like(local["X"]), "vX": jnp.zeros(B)}
     if not point:
