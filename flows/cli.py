@@ -168,6 +168,20 @@ def _on_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _was_terminated(e: BaseException) -> bool:
+    """Whether ``e`` is, wraps or names Prefect's TerminationSignal: during a flow run Prefect puts
+    its own SIGTERM handler in place, which raises it; raised inside pydantic's serialiser it comes
+    out as a PydanticSerializationError (a ValueError) whose message names it, and Prefect's catch
+    that would pass the signal on to ``_on_interrupt`` does not see it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "TerminationSignal" or "TerminationSignal" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def cmd_run(a) -> int:
     _env_defaults()
     from flows.cluster import normalise_cluster, start_cluster
@@ -507,10 +521,15 @@ def main(argv=None) -> int:
     try:
         try:
             return a.fn(a)
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
             # a KeyboardInterrupt raised inside library code can come out as another exception
             # (pydantic wraps one raised in its serialiser in a PydanticSerializationError, a
-            # ValueError, which read as a refusal: exit 2 instead of 130)
+            # ValueError, which read as a refusal: exit 2 instead of 130); SIGTERM during a flow
+            # run can come out as Prefect's TerminationSignal, itself or so wrapped
+            if a.cmd == "run" and not _INTERRUPTED and _was_terminated(e):
+                _INTERRUPTED.append(signal.SIGTERM)
             if _INTERRUPTED:
                 raise KeyboardInterrupt from None
             raise

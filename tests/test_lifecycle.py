@@ -139,6 +139,47 @@ def test_an_interrupt_that_library_code_wraps_still_exits_130(monkeypatch, capsy
     assert signal.getsignal(sig) is not flows.cli._on_interrupt  # the CLI's handler is removed
 
 
+def test_sigterm_under_prefects_own_handler_wrapped_by_pydantic_still_exits_130(monkeypatch, capsys):
+    """During a flow run Prefect puts its own SIGTERM handler in place, which raises its
+    TerminationSignal; raised in pydantic's serialiser it comes out as a PydanticSerializationError
+    naming it, and the CLI's handler never runs: ``run`` read that as a refusal (exit 2, "error:
+    Error calling function `_ser_model`: TerminationSignal", seen once under load 15 in the SIGTERM
+    test below). It must end as an interrupt: 130, the one line."""
+    import pydantic
+    from prefect.exceptions import TerminationSignal
+
+    import flows.cli
+
+    class Payload(pydantic.BaseModel):
+        x: int = 0
+
+        @pydantic.field_serializer("x")
+        def _slow(self, v):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here and raises
+            return v
+
+    def prefects_handler(signum, frame):
+        raise TerminationSignal(signal=signum)
+
+    def fake_run(a):
+        old = signal.signal(signal.SIGTERM, prefects_handler)  # as Prefect's engine does in a flow run
+        try:
+            Payload().model_dump()
+        finally:
+            signal.signal(signal.SIGTERM, old)
+        return 0
+
+    monkeypatch.setattr(flows.cli, "cmd_run", fake_run)
+    rc = flows.cli.main(["run"])
+    err = capsys.readouterr().err
+    assert rc == 130, err
+    assert err.strip().splitlines() == [
+        "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "
+        "again to resume"
+    ]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_end_everything_with_one_line(prefect_template, tmp_path, sig):
     p, log = _start(tmp_path)

@@ -1,6 +1,5 @@
 """Embedding metrics against independent references."""
 
-import dcor
 import numpy as np
 import pytest
 from scipy.spatial import procrustes
@@ -130,6 +129,8 @@ def _dcor_loop(A, B):
 
 
 def test_distance_correlation_matches_loop_and_dcor(pair):
+    import dcor  # here, not at collection: its import recompiles a numba function each time (8-9 CPU s)
+
     Y, X = pair
     Y, X = Y[:50], X[:50]
     ours = metrics.distance_correlation(Y, X)
