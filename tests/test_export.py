@@ -11,6 +11,7 @@ from scipy.stats import spearmanr
 
 from flows.cli import main as cli_main
 from tasks.results import criterion_of, geodesic_agreement, open_store, parse_setting, select, to_anndata
+from tests.cli_checks import refused
 from tests.results_store import build_store
 
 ROLL = {"name": "swiss_roll", "n": 150, "seed": 1}
@@ -231,14 +232,6 @@ def _read(path):
         return sc.read_h5ad(path)
 
 
-def _refused(argv, capsys, *words) -> str:
-    assert cli_main(argv) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    for w in words:
-        assert w in err, err
-    return err
-
 
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
@@ -264,7 +257,7 @@ def test_a_clash_with_the_users_own_keys_is_refused_before_writing(own, tmp_path
     src, a, _ = own
     before = file_fingerprint(src)
     out = tmp_path / "out.h5ad"
-    err = _refused(
+    err = refused(
         ["export", str(a), "--to", str(out)],
         capsys,
         "obsm ['X_ppca']",
@@ -278,7 +271,7 @@ def test_a_clash_with_the_users_own_keys_is_refused_before_writing(own, tmp_path
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, not even partly
     # an existing --to is left as it was
     out.write_bytes(b"an earlier file")
-    _refused(["export", str(a), "--to", str(out)], capsys, "obsm ['X_ppca']")
+    refused(["export", str(a), "--to", str(out)], capsys, "obsm ['X_ppca']")
     assert out.read_bytes() == b"an earlier file"
     assert file_fingerprint(src) == before
     # the same rule in Python
@@ -314,7 +307,7 @@ def test_key_added_keeps_the_users_entries_and_adds_named_ones(own, tmp_path, ca
     sc.pp.neighbors(got, use_rep="X_ppca_sweepA", n_neighbors=10)
     # names that cannot be a key are refused
     for bad in ("a/b", "", "two words"):
-        _refused(
+        refused(
             ["export", str(a), "--to", str(tmp_path / "x.h5ad"), "--key-added", bad], capsys, "--key-added"
         )
     assert not (tmp_path / "x.h5ad").exists()
@@ -343,7 +336,7 @@ def test_chained_exports_with_key_added_keep_both_sweeps(own, tmp_path, capsys):
     first, second = tmp_path / "a.h5ad", tmp_path / "ab.h5ad"
     assert cli_main(["export", str(a), "--to", str(first), "--key-added", "a"]) == 0
     # the second sweep into the first's output: its key is taken, and refused as such
-    _refused(
+    refused(
         ["export", str(b), "--to", str(second), "--from", str(first), "--key-added", "a"],
         capsys,
         "obsm ['X_ppca_a', 'X_ppca_a_var']",
@@ -390,7 +383,7 @@ def test_the_mudata_export_keeps_the_users_keys_and_records_the_cells_the_join_d
         {"latent_dim": [2], "seed": [0]},
     )
     out = tmp_path / "cite_embedded.h5mu"
-    _refused(
+    refused(
         ["export", str(store), "--to", str(out)],
         capsys,
         "obsm ['X_ppca']",

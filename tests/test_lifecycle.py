@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tasks.store import read_status
+from tests.cli_checks import INTERRUPTED_LINE
 from tests.prefect_server import seed_home
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,10 +133,7 @@ def test_an_interrupt_that_library_code_wraps_still_exits_130(monkeypatch, capsy
     rc = flows.cli.main(["run"])
     err = capsys.readouterr().err
     assert rc == 130, err
-    assert err.strip().splitlines() == [
-        "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "
-        "again to resume"
-    ]
+    assert err.strip().splitlines() == [INTERRUPTED_LINE]
     assert signal.getsignal(sig) is not flows.cli._on_interrupt  # the CLI's handler is removed
 
 
@@ -174,10 +172,7 @@ def test_sigterm_under_prefects_own_handler_wrapped_by_pydantic_still_exits_130(
     rc = flows.cli.main(["run"])
     err = capsys.readouterr().err
     assert rc == 130, err
-    assert err.strip().splitlines() == [
-        "embed-sweep: interrupted; finished grid points are kept in the store, run the same command "
-        "again to resume"
-    ]
+    assert err.strip().splitlines() == [INTERRUPTED_LINE]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -22,6 +22,7 @@ from flows.cli import main as cli_main
 from lvmcore.checks import MISSING_LABEL
 from lvmcore.data import file_fingerprint, label_names, obs_names
 from tasks.results import select, to_anndata
+from tests.cli_checks import refused
 from tests.prefect_server import pointed_at
 from tests.results_store import build_store, hold_lock
 
@@ -114,14 +115,6 @@ def test_umap_runs_on_the_exported_embedding(exported):
     assert a.obsm["X_umap"].shape == (700, 2) and np.isfinite(a.obsm["X_umap"]).all()
 
 
-def _refused(argv, capsys, *words):
-    assert cli_main(argv) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    for w in words:
-        assert w in err, err
-    return err
-
 
 def test_a_moved_or_changed_source_is_refused_naming_from(pbmc, tmp_path, capsys):
     src, store = pbmc
@@ -131,7 +124,7 @@ def test_a_moved_or_changed_source_is_refused_naming_from(pbmc, tmp_path, capsys
     shutil.copyfile(src, keep)
     try:
         src.unlink()  # the file moved
-        _refused(export, capsys, f"the file the sweep read, {src}, is missing", "--from FILE")
+        refused(export, capsys, f"the file the sweep read, {src}, is missing", "--from FILE")
         assert not out.exists()
         assert cli_main([*export, "--from", str(keep)]) == 0
         assert read_h5ad(out).uns["embed_sweep"]["source"]["path"] == str(keep)
@@ -140,7 +133,7 @@ def test_a_moved_or_changed_source_is_refused_naming_from(pbmc, tmp_path, capsys
         a = read_h5ad(keep)
         a.obs["donor"] = "d1"
         a.write_h5ad(src)
-        _refused(export, capsys, f"{src} changed since the sweep read it", "--from FILE")
+        refused(export, capsys, f"{src} changed since the sweep read it", "--from FILE")
         assert not out.exists()
         # named with --from, the changed file is written into: its cells are the sweep's
         assert cli_main([*export, "--from", str(src)]) == 0
@@ -153,7 +146,7 @@ def test_a_moved_or_changed_source_is_refused_naming_from(pbmc, tmp_path, capsys
     assert file_fingerprint(src) == file_fingerprint(PBMC)
 
 
-def test_a_file_with_other_cells_is_refused(pbmc, tmp_path, capsys):
+def test_a_file_with_other_cells_isrefused(pbmc, tmp_path, capsys):
     src, store = pbmc
     out = tmp_path / "out.h5ad"
     a = read_h5ad(src)
@@ -167,9 +160,9 @@ def test_a_file_with_other_cells_is_refused(pbmc, tmp_path, capsys):
     b.obs_names = [f"cell-{i}" for i in range(a.n_obs)]
     b.write_h5ad(renamed)
     export = ["export", str(store), "--to", str(out), "--from"]
-    _refused([*export, str(fewer)], capsys, "lacks 100 of the sweep's 700 cells")
-    _refused([*export, str(more)], capsys, "has 5 cells the sweep did not fit", "extra-0")
-    _refused([*export, str(renamed)], capsys, "lacks 700 of the sweep's 700 cells")
+    refused([*export, str(fewer)], capsys, "lacks 100 of the sweep's 700 cells")
+    refused([*export, str(more)], capsys, "has 5 cells the sweep did not fit", "extra-0")
+    refused([*export, str(renamed)], capsys, "lacks 700 of the sweep's 700 cells")
     # the same cells in another order are the same cells: each gets its own row
     shuffled = tmp_path / "shuffled.h5ad"
     order = np.random.default_rng(0).permutation(a.n_obs)
@@ -179,9 +172,9 @@ def test_a_file_with_other_cells_is_refused(pbmc, tmp_path, capsys):
     np.testing.assert_array_equal(got.obsm["X_ppca"], select(store, "ppca")["embedding"][order])
     # and these are refused too: the user's own file as --to, the wrong kind of file
     out.unlink()
-    _refused(["export", str(store), "--to", str(src)], capsys, "that is the file the sweep read")
-    _refused(["export", str(store), "--to", str(tmp_path / "x.h5mu")], capsys, "must end in .h5ad")
-    _refused([*export, str(tmp_path / "nothing.h5ad")], capsys, "no such file")
+    refused(["export", str(store), "--to", str(src)], capsys, "that is the file the sweep read")
+    refused(["export", str(store), "--to", str(tmp_path / "x.h5mu")], capsys, "must end in .h5ad")
+    refused([*export, str(tmp_path / "nothing.h5ad")], capsys, "no such file")
     assert not out.exists()
 
 
@@ -193,7 +186,7 @@ def test_a_store_being_written_is_exported_only_with_partial(pbmc, tmp_path, cap
     out = tmp_path / "out.h5ad"
     holder = hold_lock(store)
     try:
-        _refused(
+        refused(
             ["export", str(store), "--to", str(out)],
             capsys,
             f"a sweep is running on {store} (pid {holder.pid}",
@@ -212,7 +205,7 @@ def test_a_store_being_written_is_exported_only_with_partial(pbmc, tmp_path, cap
     shutil.copytree(store, copy)
     shutil.copytree(inputs_dir(store), inputs_dir(copy))
     zarr.open_group(str(copy), mode="r+")["glle_em"]["status"][...] = 0
-    _refused(
+    refused(
         ["export", str(copy), "--to", str(out)],
         capsys,
         "has 1 of its 2 grid points pending",
@@ -308,7 +301,7 @@ def test_a_mudata_is_exported_into_a_copy_of_its_h5mu(tmp_path, capsys):
         store, {"path": str(f), "label_column": "rna:bulk_labels"}, ["ppca"], {"latent_dim": [2], "seed": [0]}
     )
     out = tmp_path / "cite_embedded.h5mu"
-    _refused(["export", str(store), "--to", str(tmp_path / "x.h5ad")], capsys, "must end in .h5mu")
+    refused(["export", str(store), "--to", str(tmp_path / "x.h5ad")], capsys, "must end in .h5mu")
     assert cli_main(["export", str(store), "--to", str(out)]) == 0
     assert "20 cells of it were not in every modality" in capsys.readouterr().out
     before, after = md.read_h5mu(f), md.read_h5mu(out)
