@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,11 +40,14 @@ def _browser(width: int, height: int):
     exe = chromium()
     if exe is None:
         raise FileNotFoundError("chromium is not installed (apt-get install -y chromium)")
-    with tempfile.TemporaryDirectory(prefix="embed-sweep-chromium-") as profile:
+    # the profile is removed below once every chromium process has gone (ignore_cleanup_errors: then
+    # the context's own cleanup finds nothing to do)
+    with tempfile.TemporaryDirectory(prefix="embed-sweep-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: its helpers end with it
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -56,12 +61,32 @@ def _browser(width: int, height: int):
                 pages = [t for t in json.load(r) if t["type"] == "page"]
             yield pages[0]["webSocketDebuggerUrl"]
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end_group(proc)
+            # chromium's helpers can still be writing the profile (its Default folder) for a moment
+            # after the browser exits: rmtree then fails with "Directory not empty"; retry briefly
+            for _ in range(50):
+                try:
+                    shutil.rmtree(profile)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _end_group(proc) -> None:
+    """SIGTERM to chromium's process group and a wait for the browser (15 s), then SIGKILL to the
+    group: the browser if it has not exited, and any helper of its still running."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def render(url: str, screenshot: str | Path | None = None, width: int = 1400, timeout: float = 60) -> dict:
