@@ -380,12 +380,11 @@ def cmd_export(a) -> int:
         print(res["partial"])
     if res["into"]:
         said = [f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells)"]
-        if describe_keys(res["added"]):
-            said.append(f"added {describe_keys(res['added'])}")
-        if describe_keys(res["replaced"]):
-            said.append(
-                f"replaced (--overwrite) {describe_keys(res['replaced'])}, everything else in it kept"
-            )
+        added, replaced = describe_keys(res["added"]), describe_keys(res["replaced"])
+        if added:
+            said.append(f"added {added}")
+        if replaced:
+            said.append(f"replaced (--overwrite) {replaced}, everything else in it kept")
         else:
             said.append("everything in it kept")
         print("; ".join(said))

@@ -81,9 +81,8 @@ def label_notes(labels, sel, names=None) -> tuple[bool, list[str]]:
     missing = int(np.sum(lab == MISSING_LABEL))
     if missing:
         notes.append(f"{missing} of {len(lab)} evaluated points have no label: left out of knn_accuracy")
-    labelled = lab[lab != MISSING_LABEL]
-    classes, counts = np.unique(labelled, return_counts=True)
-    single = classes[counts < 2].tolist()
+    keep = knn_rows(lab)
+    single = np.setdiff1d(lab[lab != MISSING_LABEL], lab[keep]).tolist()  # classes knn_rows leaves out
     if single:
         shown = [names[c] if names is not None and 0 <= c < len(names) else c for c in single]
         notes.append(
@@ -91,7 +90,7 @@ def label_notes(labels, sel, names=None) -> tuple[bool, list[str]]:
             f"point among the evaluated ones ({len(single)} in all): left out of knn_accuracy "
             "(cross-validation needs two of a class)"
         )
-    left = len(classes) - len(single)
+    left = len(np.unique(lab[keep]))
     if left < 2:
         notes.append(
             f"knn_accuracy cannot be computed: {left} label class(es) with two or more labelled points "

@@ -211,17 +211,17 @@ def check_counts(block, settings: dict | None, where: str, first_row: int = 0, f
     if not needs_counts(settings):
         return
     values = block.data if sp.issparse(block) else np.asarray(block)
-    if values.size == 0 or not np.nanmin(values) < 0:
+    smallest = np.nanmin(values) if values.size else 0.0
+    if not smallest < 0:
         return
     rows_neg = (block < 0).sum(axis=1) if sp.issparse(block) else (values < 0).sum(axis=1)
     neg = np.flatnonzero(np.asarray(rows_neg).ravel())
     steps = [k for k in ("normalize_total", "log1p") if settings.get(k) not in (None, False)]
     raise ValueError(
-        f"{where} has negative values (the smallest {float(np.nanmin(values)):.4g}; first in row "
+        f"{where} has negative values (the smallest {float(smallest):.4g}; first in row "
         f"{first_row + int(neg[0])}, {len(neg)} of rows {first_row}-{first_row + block.shape[0] - 1}), "
         f"so it is not counts, and preprocess {' and '.join(steps)} {'take' if len(steps) > 1 else 'takes'} "
-        "counts: name the raw counts"
-        f"{fix or ''}, or drop {' and '.join(steps)} (pca alone takes any values)"
+        f"counts: name the raw counts{fix}, or drop {' and '.join(steps)} (pca alone takes any values)"
     )
 
 
@@ -295,12 +295,8 @@ def _sum(parts):
     return out
 
 
-def _where(matrix) -> str:
-    return matrix.where() if hasattr(matrix, "where") else "the matrix"
-
-
 def _read_z(matrix, a, b, settings, target, columns=None):
-    z = transform_block(matrix.read(a, b), settings, target, _where(matrix), a)
+    z = transform_block(matrix.read(a, b), settings, target, matrix.where(), a)
     return z if columns is None else z[:, columns]  # after normalize_total: totals over every gene
 
 

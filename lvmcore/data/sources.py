@@ -541,7 +541,7 @@ def _dense_reader(view: View, results: dict):
         results[view.name] = {"target_sum": target}
 
         def read(a, b):
-            block = pp.transform_block(m.read(a, b), s, target, m.where() if hasattr(m, "where") else "X", a)
+            block = pp.transform_block(m.read(a, b), s, target, m.where(), a)
             return block.toarray() if hasattr(block, "toarray") else np.asarray(block, dtype=np.float64)
 
         return read
