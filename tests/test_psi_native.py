@@ -1,7 +1,6 @@
 """The native psi2 pair kernel (lvmcore.psi.native): against a slow loop reference, against the XLA
-path of rbf_psi (values and vector-Jacobian products), its exp against numpy, the store of the
-forward pass's exponentials, a one-core process (XLA's only thread runs the custom call), and the
-fallback when it cannot be built."""
+path of rbf_psi (values and vector-Jacobian products), its exp against numpy, a one-core process
+(XLA's only thread runs the custom call), and the fallback when it cannot be built."""
 
 import os
 import subprocess
@@ -54,7 +53,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("N,M,Q", [(70, 6, 3), (64, 5, 9), (3, 4, 1), (130, 3, 10)])
 def test_kernel_equals_loop_reference(N, M, Q):
     """Tiles with a tail (70, 130 rows), exactly one tile (64), fewer rows than a vector (3); the
-    compile-time Q variants (1, 3, 10) and the generic loop (9); with and without the store."""
+    compile-time Q variants (1, 3, 10) and the generic loop (9)."""
     rng = np.random.default_rng(N + Q)
     U = rng.normal(-1.0, 1.0, (N, M))
     A = rng.uniform(0.2, 1.0, (N, Q))
@@ -66,11 +65,6 @@ def test_kernel_equals_loop_reference(N, M, Q):
     gU, gA, gZc, acc_b = native.pairs_bwd_host(U, A, Zc, c, with_acc=True)
     for got, want in zip((acc_b, gU, gA, gZc), ref):
         assert _rel(got, want) < 1e-13
-    acc_s, Es = native.pairs_fwd_host(U, A, Zc, store=True)
-    assert np.array_equal(acc_s, acc)
-    assert Es.shape == (native.store_len(N, M),)
-    for got, want in zip(native.pairs_bwd_host(U, A, Zc, c, Es=Es)[:3], (gU, gA, gZc)):
-        assert np.array_equal(got, want)  # stored and recomputed exponentials are the same numbers
 
 
 def test_exp_against_numpy():
@@ -107,11 +101,9 @@ def _case(N=150, M=12, Q=4, D=3, seed=0):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store_mb", ["0", "64"])
-def test_rbf_psi_native_equals_xla(monkeypatch, store_mb):
-    """Values and the vector-Jacobian product for all six inputs, native (recomputing or storing)
-    against the XLA path, and the chunked backward task's primal=False form."""
-    monkeypatch.setenv(native.ENV_STORE, store_mb)
+def test_rbf_psi_native_equals_xla():
+    """Values and the vector-Jacobian product for all six inputs, native against the XLA path, and
+    the chunked backward task's primal=False form."""
     args = _case()
     M, D = args[2].shape[0], args[5].shape[1]
     rng = np.random.default_rng(1)
@@ -212,82 +204,20 @@ def test_vmap_over_test_points_equals_loop():
         assert _rel(batched[i], f(mu[i])) < 1e-14
 
 
-def _pair_case(seed, N=70, M=6, Q=3):
-    rng = np.random.default_rng(seed)
-    P = M * (M + 1) // 2
-    return -rng.uniform(0.5, 3.0, (N, M)), 0.3 * rng.standard_normal((N, Q)), rng.standard_normal((P, Q))
-
-
-def test_store_slots_generations_and_cap(monkeypatch):
-    """The library keeps the exponentials of the last few stored forward passes (one slot each,
-    oldest evicted first, within the byte cap; a slot read by its backward pass is free again). A
-    backward call whose forward pass was evicted since recomputes; either way the gradients are the
-    recomputing pass's, bit for bit."""
-    monkeypatch.setenv(native.ENV_STORE, "64")  # the store is opt-in
-    native.release_store()
-    assert native.store_bytes() == 0
-    cases = [_pair_case(s) for s in range(6)]
-    c = np.random.default_rng(9).standard_normal(cases[0][2].shape[0])
-    want = [native.pairs_bwd_host(*x, c)[:3] for x in cases]
-    toks = []
-    for x in cases:
-        acc, tok = native.pairs_fwd(*x, store=True)
-        assert np.array_equal(acc, native.pairs_fwd_host(*x))
-        toks.append(tok)
-    assert len({int(t[0]) for t in toks}) == 6 and min(int(t[0]) for t in toks) > 0
-    held = [native.store_holds(t) for t in toks]
-    assert held == [False, False, True, True, True, True]  # four slots, the oldest two evicted
-    assert native.store_bytes() == 4 * 8 * native.store_len(70, 6)
-    for x, tok, w in zip(cases, toks, want):  # evicted ones recompute, held ones read
-        got = native.pairs_bwd(*x, c, token=tok)
-        assert got[3] is None
-        for g, gw in zip(got[:3], w):
-            assert np.array_equal(g, gw)
-        assert not native.store_holds(tok)  # read once: consumed
-    # alternating forward and backward passes (one view) reuse one slot: no growth
-    native.release_store()
-    for x, w in zip(cases, want):
-        tok = native.pairs_fwd(*x, store=True)[1]
-        assert native.store_holds(tok)
-        for g, gw in zip(native.pairs_bwd(*x, c, token=tok)[:3], w):
-            assert np.array_equal(g, gw)
-        assert native.store_bytes() == 8 * native.store_len(70, 6)
-    # a cap of one and a half stores: each stored forward pass evicts the previous one
-    native.release_store()
-    monkeypatch.setenv(native.ENV_STORE, str(1.5 * 8 * native.store_len(70, 6) / (1 << 20)))
-    t0 = native.pairs_fwd(*cases[0], store=True)[1]
-    t1 = native.pairs_fwd(*cases[1], store=True)[1]
-    assert not native.store_holds(t0) and native.store_holds(t1)
-    assert native.store_bytes() == 8 * native.store_len(70, 6)
-    native.release_store()
-    assert native.store_bytes() == 0 and not native.store_holds(t1)
-    got = native.pairs_bwd(*cases[1], c, token=t1)  # released: recomputes
-    for g, gw in zip(got[:3], want[1]):
-        assert np.array_equal(g, gw)
-
-
 @pytest.mark.slow
-def test_store_only_when_differentiated(monkeypatch):
-    """An undifferentiated bound has no backward pass and stores nothing; a differentiated one
-    does, and its gradient under vmap (every call but the last finds its store overwritten)
+def test_gradient_under_vmap_equals_xla():
+    """A differentiated bound's gradient, alone and under vmap (the custom calls run one by one),
     equals the XLA path's."""
-    monkeypatch.setenv(native.ENV_STORE, "64")
-    native.release_store()
     mu, S, Z, var, ls, Y = _case(N=40, M=5, Q=2, D=3)
-    cf.rbf_psi(mu, S, Z, var, ls, Y, impl="native")[2].block_until_ready()
-    assert native.store_bytes() == 0
 
     def loss(m, impl):
         return jnp.sum(cf.rbf_psi(m, S, Z, var, ls, Y, impl=impl)[2] ** 2)
 
-    g_n = jax.grad(loss)(mu, "native")
-    assert native.store_bytes() > 0
-    assert _rel(g_n, jax.grad(loss)(mu, "xla")) < 1e-11
+    assert _rel(jax.grad(loss)(mu, "native"), jax.grad(loss)(mu, "xla")) < 1e-11
     batch = jnp.stack([mu, 1.1 * mu, 0.9 * mu])
     g_v = jax.vmap(jax.grad(loss), in_axes=(0, None))(batch, "native")
     for i in range(3):
         assert _rel(g_v[i], jax.grad(loss)(batch[i], "xla")) < 1e-11
-    native.release_store()
 
 
 @pytest.mark.parametrize("N,M,Q", [(70, 6, 3), (64, 5, 9), (3, 4, 1), (130, 3, 10)])
@@ -300,7 +230,7 @@ def test_qx_entry_equals_maps_then_kernel(N, M, Q):
     mu, S = rng.normal(size=(N, Q)), rng.uniform(0.05, 0.6, (N, Q))
     l2, Z, c = rng.uniform(0.5, 2.0, Q), rng.normal(size=(M, Q)), rng.normal(size=P)
     acc, vjp = jax.vjp(
-        lambda *a: cf._native_pairs(*a, 1.0, jnp.zeros(P), True, False),
+        lambda *a: cf._native_pairs(*a, 1.0, jnp.zeros(P), True),
         *(jnp.asarray(x) for x in (mu, S, l2, Z)),
     )
     want = vjp(jnp.asarray(c))

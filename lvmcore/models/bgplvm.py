@@ -43,7 +43,6 @@ from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
 from lvmcore.pca import pca_start
 from lvmcore.precision import x64
-from lvmcore.psi import native
 from lvmcore.psi.closed_form import kl_diag_gaussian, resolve_impl
 
 _KERNELS = tuple(KERNELS)
@@ -263,12 +262,6 @@ class _CollapsedGPLVM(LatentModel):
     # ------------------------------------------------------------------ fit
     @x64
     def _fit_views(self, views, times=None, sequences=None):
-        try:
-            self._optimise_views(views, times, sequences)
-        finally:
-            native.release_store()  # the pair exponentials kept between forward and backward passes
-
-    def _optimise_views(self, views, times=None, sequences=None):
         views, kinds, q, m = self._check_views(views)
         Yc, local, glob = self._start(views, kinds, q, m)
         N = Yc[0].shape[0]

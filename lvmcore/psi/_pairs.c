@@ -4,13 +4,11 @@
 
        x[p, n] = U[n, m] + U[n, m2] + sum_q A[n, q] Zc[p, q],      E[p, n] = exp(x[p, n])
 
-   pairs_fwd:  acc[p] = sum_n E[p, n]; if Es != NULL it also stores the exponentials there
-               (pairs_store_len(N, M) doubles, tile-major) for the backward pass.
+   pairs_fwd:  acc[p] = sum_n E[p, n].
    pairs_bwd:  for a cotangent c (P,) of acc, the gradients of L = sum_p c_p acc_p:
                gU[n, m] = sum over pairs p containing m of c_p E[p, n] (the pair (m, m) twice),
                gA[n, q] = sum_p c_p E[p, n] Zc[p, q],   gZc[p, q] = c_p sum_n E[p, n] A[n, q].
-               With Es (the forward pass's store) the exponentials are read, else recomputed per
-               tile; acc != NULL (only without Es) also returns acc.
+               The exponentials are recomputed per tile; acc != NULL also returns acc.
    pairs_qx_fwd / pairs_qx_bwd: the same from q(X) (mu, S, l2, Z; see qx_t), the backward pass
                returning the gradients with respect to them.
 
@@ -35,7 +33,6 @@
 #endif
 typedef double vd __attribute__((vector_size(8 * VW)));
 typedef int64_t vi __attribute__((vector_size(8 * VW)));
-typedef double vdu __attribute__((vector_size(8 * VW), aligned(8))); /* for the caller's store: any alignment */
 
 #define NB 64          /* rows per tile */
 #define NV (NB / VW)   /* vectors per tile row */
@@ -134,9 +131,6 @@ static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
     }
 }
 #endif
-
-/* length of the forward pass's store of the exponentials: whole tiles of NB rows */
-long long pairs_store_len(int N, int M) { return (long long)((N + NB - 1) / NB) * (M * (M + 1) / 2) * NB; }
 
 /* rows n0 .. n0 + nb of U (N x M) and A (N x Q) into UT[m][row], AT[q][row] (NB rows, padded) */
 static void load_tile(int n0, int nb, int M, int Q, const double *U, const double *A, double *ut, double *at) {
@@ -268,7 +262,7 @@ static inline __attribute__((always_inline)) vd pair_exps(const vd *restrict um,
 
 static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, const double *U,
                                                           const double *A, const double *Zc, double *acc,
-                                                          double *Es, const qx_t *x) {
+                                                          const qx_t *x) {
     const int P = M * (M + 1) / 2;
     /* UT: M x NV vectors; AT, MT, ST: Q x NV; with q(X), Zc: P x Q doubles */
     size_t nvec = (size_t)(M + 3 * Q) * NV + (x ? ((size_t)P * Q + VW - 1) / VW : 0);
@@ -294,10 +288,6 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
                 const vd *restrict um2 = UT + (size_t)m2 * NV;
                 vd e[NV];
                 acc[p] += hsum(pair_exps(um, um2, AT, Zc + (size_t)p * Q, Q, e));
-                if (Es) {
-                    vdu *restrict es = (vdu *)Es + ((size_t)(n0 / NB) * P + p) * NV;
-                    for (int j = 0; j < NV; j++) es[j] = e[j];
-                }
             }
         }
     }
@@ -307,8 +297,8 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
 
 static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const int Q, const double *U,
                                                           const double *A, const double *Zc, const double *c,
-                                                          const double *Es, double *gU, double *gA, double *gZc,
-                                                          double *acc, const qx_t *x) {
+                                                          double *gU, double *gA, double *gZc, double *acc,
+                                                          const qx_t *x) {
     const int P = M * (M + 1) / 2;
     /* UT, T, E: M x NV each; AT, K, MT, ST: Q x NV; cz: M x Q doubles; with q(X), Zc and gZc: P x Q
        doubles each */
@@ -329,8 +319,6 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
     }
     memset(gZc, 0, sizeof(double) * P * Q);
     if (acc) memset(acc, 0, sizeof(double) * P);
-    if (Es) acc = NULL; /* the sums come with the store's forward pass */
-    const size_t nstore = (size_t)pairs_store_len(N, M) / VW; /* vectors in the store */
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
         if (x)
@@ -345,10 +333,9 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
             const int np = M - m;
             for (int i = 0; i < np; i++)
                 for (int q = 0; q < Q; q++) cz[i * Q + q] = c[p0 + i] * Zc[(size_t)(p0 + i) * Q + q];
-            /* the exponentials of the pairs (m, m + i), i < np, for the tile's rows: from the forward
-               pass's store, or computed into the buffer E */
-            const vdu *E = Es ? (const vdu *)Es + ((size_t)(n0 / NB) * P + p0) * NV : (const vdu *)Ebuf;
-            for (int i = 0; i < np && !Es; i++) {
+            /* the exponentials of the pairs (m, m + i), i < np, for the tile's rows, into the buffer E */
+            const vd *E = Ebuf;
+            for (int i = 0; i < np; i++) {
                 const int p = p0 + i;
                 vd s = pair_exps(um, UT + (size_t)(m + i) * NV, AT, Zc + (size_t)p * Q, Q, Ebuf + (size_t)i * NV);
                 if (acc) acc[p] += hsum(s);
@@ -370,11 +357,6 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
             }
             /* gZc: contractions over the tile's rows */
             for (int i = 0; i < np; i++) {
-                /* the store is read in order: fetch its next block (the next pairs, or the next tile)
-                   while this one is used (the bwd pass from the store: 40% faster here) */
-                const size_t next = ((size_t)(n0 / NB) * P + p0 + np + i) * NV;
-                if (Es && next < nstore)
-                    for (int l = 0; l < NV * VW; l += 8) __builtin_prefetch(Es + next * VW + l);
                 vd r[Q];
                 for (int q = 0; q < Q; q++) r[q] = splat(0.0);
                 for (int j = 0; j < NV; j++) {
@@ -424,15 +406,15 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
         default: return CALL(Q);  \
     }
 
-int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc, double *Es) {
-#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, Es, NULL)
+int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc) {
+#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, NULL)
     DISPATCH(FWD)
 #undef FWD
 }
 
 int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
-              const double *Es, double *gU, double *gA, double *gZc, double *acc) {
-#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, Es, gU, gA, gZc, acc, NULL)
+              double *gU, double *gA, double *gZc, double *acc) {
+#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, gU, gA, gZc, acc, NULL)
     DISPATCH(BWD)
 #undef BWD
 }
@@ -442,7 +424,7 @@ int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const doubl
 int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
                  double *acc) {
     const qx_t x = {mu, S, l2, Z, NULL, NULL, NULL, NULL};
-#define FWD(q) fwd_impl(N, M, q, NULL, NULL, NULL, acc, NULL, &x)
+#define FWD(q) fwd_impl(N, M, q, NULL, NULL, NULL, acc, &x)
     DISPATCH(FWD)
 #undef FWD
 }
@@ -450,7 +432,7 @@ int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const d
 int pairs_qx_bwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
                  const double *c, double *gmu, double *gS, double *gl2, double *gZ) {
     const qx_t x = {mu, S, l2, Z, gmu, gS, gl2, gZ};
-#define BWD(q) bwd_impl(N, M, q, NULL, NULL, NULL, c, NULL, NULL, NULL, NULL, NULL, &x)
+#define BWD(q) bwd_impl(N, M, q, NULL, NULL, NULL, c, NULL, NULL, NULL, NULL, &x)
     DISPATCH(BWD)
 #undef BWD
 }

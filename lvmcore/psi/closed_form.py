@@ -295,39 +295,34 @@ def _pair_inputs(mu, S, l2, Z):
     return U, a, -0.5 * Z[iu] * Z[ju]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store):
-    """sum_n Psi2_n per pair m <= m' (P,), by the C kernel; ``primal=False`` as in :func:`_rbf_stats`
-    (zeros out, the backward pass computes the row sums it needs); ``store``: when differentiated,
-    the forward pass keeps its exponentials for the backward pass (``native.store_max_bytes``; an
-    undifferentiated call has no backward pass and stores nothing)."""
-    return _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, False)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _native_pairs(mu, S, l2, Z, variance, log_pair, primal):
+    """sum_n Psi2_n per pair m <= m' (P,), by the C kernel from q(X); ``primal=False`` as in
+    :func:`_rbf_stats` (zeros out, the backward pass computes the row sums it needs)."""
+    return _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal)[0]
 
 
-def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal, store):
+def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal):
     from lvmcore.psi import native
 
     if not primal:
-        return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None, None)
-    if store:  # the per-pair terms kept for the backward pass, from the (N, M) inputs
-        acc, token = native.pairs_fwd(*_pair_inputs(mu, S, l2, Z), store=True)
-    else:  # the kernel's inputs made per row tile from q(X) in C: no (N, M) array in between
-        acc, token = native.pairs_qx_fwd(mu, S, l2, Z), None
-    return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc, token)
+        return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None)
+    # the kernel's inputs made per row tile from q(X) in C: no (N, M) array in between
+    acc = native.pairs_qx_fwd(mu, S, l2, Z)
+    return variance * variance * jnp.exp(log_pair) * acc, (mu, S, l2, Z, variance, log_pair, acc)
 
 
-def _native_pairs_bwd(primal, store, res, g):
+def _native_pairs_bwd(primal, res, g):
     from lvmcore.psi import native
 
-    mu, S, l2, Z, variance, log_pair, acc, token = res
+    mu, S, l2, Z, variance, log_pair, acc = res
     el = jnp.exp(log_pair)
     pf = variance * variance * el
-    if acc is not None and token is None:  # the forward's sums at hand: gradients onto q(X) in C
+    if acc is not None:  # the forward's sums at hand: gradients onto q(X) in C
         g_mu, g_S, g_l2, g_Z = native.pairs_qx_bwd(mu, S, l2, Z, pf * g)
         return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
     inputs, vjp = jax.vjp(_pair_inputs, mu, S, l2, Z)
-    gU, gA, gZc, acc_b = native.pairs_bwd(*inputs, pf * g, with_acc=acc is None, token=token)
-    acc = acc_b if acc is None else acc
+    gU, gA, gZc, acc = native.pairs_bwd(*inputs, pf * g, with_acc=True)
     g_mu, g_S, g_l2, g_Z = vjp((gU, gA, gZc))
     return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
 
@@ -363,20 +358,14 @@ def rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size: int = DEFAULT_BLO
     C kernel of ``lvmcore.psi.native``, Psi1 by jax), ``"xla"`` (all jax, the row blocks above) or
     None, native where it is available (decided when the caller is traced).
     """
-    impl = resolve_impl(impl)
-    store = False
-    if impl == "native" and primal:
-        from lvmcore.psi import native
-
-        store = native.store_len(np.shape(mu)[0], np.shape(Z)[0]) * 8 <= native.store_max_bytes()
     return _rbf_psi(
         mu, S, Z, variance, lengthscale, Y, block_size=max(1, int(block_size)), primal=bool(primal),
-        impl=impl, store=store,
+        impl=resolve_impl(impl),
     )  # fmt: skip
 
 
-@jit64(static_argnames=("block_size", "primal", "impl", "store"))
-def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, store):
+@jit64(static_argnames=("block_size", "primal", "impl"))
+def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl):
     mu, S, Z, Y = _as64(mu, S, Z, Y)
     variance = jnp.asarray(variance, dtype=jnp.float64)
     N, Q = mu.shape
@@ -393,7 +382,7 @@ def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl, st
         # more in page faults of fresh memory than in arithmetic
         rows1 = max(block_size, PSI1_BLOCK_ENTRIES // M)
         psi1TY, _ = _rbf_stats(mu, S, Y, l2, Z, Z[:0], variance, log_pair[:0], rows1, primal)
-        pairs = _native_pairs(mu, S, l2, Z, variance, log_pair, primal, store)
+        pairs = _native_pairs(mu, S, l2, Z, variance, log_pair, primal)
     else:
         zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
         psi1TY, pairs = _rbf_stats(mu, S, Y, l2, Z, zbar, variance, log_pair, block_size, primal)

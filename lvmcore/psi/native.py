@@ -19,9 +19,8 @@ cross term of depth Q:
 ``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) and, for a
 cotangent c of acc, the gradients with respect to U (N, M), a (N, Q) and Zc (P, Q): contractions
 of depth Q instead of 2Q, over row tiles whose exponentials stay in L1; the backward pass
-recomputes them per tile. Opt-in (:func:`store_max_bytes`), a differentiated call's forward pass
-keeps them instead in a store the library holds between calls (an XLA output of that size would be
-page-faulted afresh at every call), which the backward pass reads, prefetching ahead. The small
+recomputes them per tile (faster than keeping them from the forward pass: a store of them, tried
+and removed, measured slower at every size, bench/README.md). The small
 maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff, or, by :func:`pairs_qx_fwd` /
 :func:`pairs_qx_bwd`, go into the kernel too: U and a made per row tile from q(X), the gradients
 returned with respect to (mu, S, l2, Z), no (N, M) array and no XLA operation in between (at
@@ -61,9 +60,7 @@ SOURCE = Path(__file__).with_name("_pairs.c")
 FFI_SOURCE = Path(__file__).with_name("_pairs_ffi.cc")
 FFI_TARGETS = {
     "fwd": ("embed_sweep_pairs_fwd", "EmbedSweepPairsFwd"),
-    "fwd_store": ("embed_sweep_pairs_fwd_store", "EmbedSweepPairsFwdStore"),
     "bwd": ("embed_sweep_pairs_bwd", "EmbedSweepPairsBwd"),
-    "bwd_stored": ("embed_sweep_pairs_bwd_stored", "EmbedSweepPairsBwdStored"),
     "qx_fwd": ("embed_sweep_pairs_qx_fwd", "EmbedSweepPairsQxFwd"),
     "qx_bwd": ("embed_sweep_pairs_qx_bwd", "EmbedSweepPairsQxBwd"),
 }
@@ -166,15 +163,11 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int
 #: the library's C functions: (argument types, result type)
 _SIGNATURES = {
-    "pairs_fwd": ([_I, _I, _I] + [_P] * 5, _I),
-    "pairs_bwd": ([_I, _I, _I] + [_P] * 9, _I),
+    "pairs_fwd": ([_I, _I, _I] + [_P] * 4, _I),
+    "pairs_bwd": ([_I, _I, _I] + [_P] * 8, _I),
     "pairs_qx_fwd": ([_I, _I, _I] + [_P] * 5, _I),
     "pairs_qx_bwd": ([_I, _I, _I] + [_P] * 9, _I),
-    "pairs_store_len": ([_I, _I], ctypes.c_longlong),
     "vexp_array": ([_I, _P, _P], None),
-    "pairs_store_release": ([], None),
-    "pairs_store_bytes": ([], ctypes.c_longlong),
-    "pairs_store_holds": ([ctypes.c_longlong], _I),
 }
 
 
@@ -216,21 +209,6 @@ def library():
     return _state["lib"]
 
 
-ENV_STORE = "EMBED_SWEEP_PSI_STORE_MB"
-
-
-def store_max_bytes() -> int:
-    """Largest store of the forward pass's pair exponentials (``store_len`` float64, about
-    N x M (M + 1) / 2) that a differentiated bound keeps for its backward pass instead of
-    recomputing them, over all the store's slots: ``EMBED_SWEEP_PSI_STORE_MB``, default 0 (always
-    recompute: recomputing the exponentials measured faster than reading them back from memory,
-    with the 4- and the 8-wide build alike; bench/README.md). The store lives in the library
-    (a few slots per process, reused across evaluations; ``release_store`` frees it, as the end
-    of a fit does). Decided when the bound is traced, per chunk shape; the Dask-chunked evaluation
-    never stores (its backward call recomputes)."""
-    return int(float(os.environ.get(ENV_STORE) or 0) * (1 << 20))
-
-
 def enabled() -> bool:
     """Whether the default path (``rbf_psi(impl=None)``) uses the kernel: yes unless
     ``EMBED_SWEEP_NATIVE`` is 0 / false / no / off; any other value than those and 1 / true / yes /
@@ -268,32 +246,22 @@ def _call(name: str, *args) -> None:
         raise MemoryError(f"{name}: could not allocate its workspace")
 
 
-def store_len(N: int, M: int) -> int:
-    """Length (float64 entries) of the forward pass's store of the pair exponentials."""
-    return int(library().pairs_store_len(N, M))
-
-
-def pairs_fwd_host(U, A, Zc, store: bool = False):
-    """acc (P,) = sum_n exp(U[n, m] + U[n, m'] + A[n] . Zc[p]) over the pairs p = (m <= m'); with
-    ``store``, (acc, the exponentials) for :func:`pairs_bwd_host`."""
+def pairs_fwd_host(U, A, Zc):
+    """acc (P,) = sum_n exp(U[n, m] + U[n, m'] + A[n] . Zc[p]) over the pairs p = (m <= m')."""
     U, A, Zc = _c64(U), _c64(A), _c64(Zc)
     (N, M), Q = U.shape, A.shape[1]
     acc = np.empty(M * (M + 1) // 2)
-    Es = np.empty(store_len(N, M)) if store else None
-    _call("pairs_fwd", N, M, Q, U, A, Zc, acc, Es)
-    return (acc, Es) if store else acc
+    _call("pairs_fwd", N, M, Q, U, A, Zc, acc)
+    return acc
 
 
-def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False, Es=None):
+def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False):
     """(gU, gA, gZc, acc): the gradients of sum_p c_p acc_p, and acc itself if ``with_acc`` (else
-    zeros, not computed; not with ``Es``, the forward pass's store, which saves recomputing)."""
+    zeros, not computed)."""
     U, A, Zc, c = _c64(U), _c64(A), _c64(Zc), _c64(c)
     (N, M), Q = U.shape, A.shape[1]
-    if Es is not None and with_acc:
-        raise ValueError("with_acc needs the recomputing pass (Es=None); the store's forward pass has acc")
     gU, gA, gZc, acc = np.empty_like(U), np.empty_like(A), np.empty_like(Zc), np.zeros(len(c))
-    Es = None if Es is None else _c64(Es)
-    _call("pairs_bwd", N, M, Q, U, A, Zc, c, Es, gU, gA, gZc, acc if with_acc else None)
+    _call("pairs_bwd", N, M, Q, U, A, Zc, c, gU, gA, gZc, acc if with_acc else None)
     return gU, gA, gZc, acc
 
 
@@ -331,24 +299,14 @@ def _ffi(kind: str, result, *args, **attributes):
     return jax.ffi.ffi_call(FFI_TARGETS[kind][0], result, vmap_method="sequential")(*args, **attributes)
 
 
-def pairs_fwd(U, A, Zc, store: bool = False):
-    """jax: acc (P,) by the kernel, an XLA custom call (CPU); with ``store``, (acc, token): the
-    forward pass's exponentials stay in the library's store (:func:`store_bytes`; a few slots, at
-    most :func:`store_max_bytes` in all), and ``token`` (shape (1,)) names them for
-    :func:`pairs_bwd`."""
-    P = U.shape[1] * (U.shape[1] + 1) // 2
-    if store:
-        return _ffi("fwd_store", (_f64(P), _f64(1)), U, A, Zc, max_doubles=np.int64(store_max_bytes() // 8))
-    return _ffi("fwd", _f64(P), U, A, Zc)
+def pairs_fwd(U, A, Zc):
+    """jax: acc (P,) by the kernel, an XLA custom call (CPU)."""
+    return _ffi("fwd", _f64(U.shape[1] * (U.shape[1] + 1) // 2), U, A, Zc)
 
 
-def pairs_bwd(U, A, Zc, c, with_acc: bool = False, token=None):
-    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``). With ``token`` (from
-    ``pairs_fwd(store=True)``) the exponentials are read from the store if it still holds that
-    forward call's, else recomputed; acc is then None (the forward pass has it)."""
+def pairs_bwd(U, A, Zc, c, with_acc: bool = False):
+    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``)."""
     shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
-    if token is not None:
-        return (*_ffi("bwd_stored", shapes, U, A, Zc, c, token), None)
     return _ffi("bwd", (*shapes, _f64(*c.shape)), U, A, Zc, c, with_acc=bool(with_acc))
 
 
@@ -362,22 +320,3 @@ def pairs_qx_bwd(mu, S, l2, Z, c):
     """jax: (gmu, gS, gl2, gZ), the gradients of sum_p c_p acc_p with respect to q(X) and Z (the
     exponentials recomputed)."""
     return _ffi("qx_bwd", tuple(_f64(*x.shape) for x in (mu, S, l2, Z)), mu, S, l2, Z, c)
-
-
-def store_bytes() -> int:
-    """Bytes the library's store of pair exponentials holds now (0 if none, or no library)."""
-    lib = _state.get("lib")
-    return int(lib.pairs_store_bytes()) if lib is not None else 0
-
-
-def store_holds(token) -> bool:
-    """Whether the store still holds the exponentials of the forward call that returned ``token``."""
-    lib = _state.get("lib")
-    return lib is not None and bool(lib.pairs_store_holds(int(np.asarray(token).ravel()[0])))
-
-
-def release_store() -> None:
-    """Frees the store of pair exponentials (the next stored forward pass allocates it again)."""
-    lib = _state.get("lib")
-    if lib is not None:
-        lib.pairs_store_release()
