@@ -270,6 +270,33 @@ def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
         np.testing.assert_array_equal(study[j], plain.sample(1, random_state=9, cov_scale=a))
 
 
+def test_inside_a_task_the_eigenproblems_run_on_the_other_workers(cluster_client):
+    """A sweep's GLLE fit runs in a worker task: its eigenproblems go to the other workers, so the
+    fit's worker holds its state and no factor beside it; the results equal the in-process fit's."""
+    from distributed import get_task_stream
+
+    Y, _ = S.swiss_roll(3000, seed=2)
+    plain = GLLE(n_components=2, n_neighbors=10, method="em", random_state=5).fit(Y)
+
+    def fit_in_a_task(Y):
+        from distributed import get_worker, worker_client
+
+        with worker_client(separate_thread=True):
+            m = GLLE(n_components=2, n_neighbors=10, method="em", random_state=5, chunks=700).fit(Y)
+            gens = m.sample(2, random_state=9)
+        return get_worker().address, m.embedding_, gens
+
+    workers = sorted(cluster_client.scheduler_info(n_workers=-1)["workers"])
+    with get_task_stream(cluster_client) as stream:
+        point = cluster_client.submit(fit_in_a_task, Y, workers=workers[:1], pure=False)
+        at, embedding, gens = point.result()
+    assert at == workers[0]
+    solved_on = [t["worker"] for t in stream.data if "_embed_draw" in str(t["key"])]
+    assert len(solved_on) == 4 and set(solved_on) == {workers[1]}, solved_on  # the fit's 2, 2 generations
+    np.testing.assert_array_equal(embedding, plain.embedding_)
+    np.testing.assert_array_equal(gens, plain.sample(2, random_state=9))
+
+
 def test_chunked_equals_unchunked_without_a_cluster():
     """chunks without a distributed client: Dask's local scheduler, Y held once in the graph."""
     Y, _ = S.swiss_roll(1500, seed=2)

@@ -412,9 +412,10 @@ class GLLE(LatentModel):
         (``lvmcore.lle.embed``, its start seeded by ``seeds``). In process one after the other; with
         ``chunks`` and a Dask client, one task per draw: the draws are dealt over the workers (a
         scattered list goes round the workers) and solved at once, each task holding one
-        eigenproblem, so a worker's memory holds one factor as in process. The list is emptied once
-        scattered: the calling worker (it also runs one of the eigenproblems) does not hold every
-        draw beside it. Identical results either way."""
+        eigenproblem, so a worker's memory holds one factor as in process. Called from a Dask task,
+        the draws go to the other workers (:func:`_other_workers`): the calling worker keeps the
+        fit's state and no factor beside it. The list is emptied once scattered. Identical results
+        either way."""
         from lvmcore.chunks import dask_client
 
         q = self.n_components
@@ -428,13 +429,31 @@ class GLLE(LatentModel):
 
         graph = source_of(self.graph_) or client.scatter(self.graph_, broadcast=True, hash=False)
         order = client.scatter(self._order, broadcast=True, hash=False) if self._order is not None else None
-        parts = client.scatter(list(weights), hash=False)
+        where = _other_workers(client)
+        parts = client.scatter(list(weights), hash=False, workers=where)
         weights.clear()  # the workers hold the scattered copies
         futures = [
-            client.submit(_embed_draw, graph, order, w, q=q, solver=self.eigen_solver, seed=s, pure=False)
+            client.submit(
+                _embed_draw, graph, order, w, q=q, solver=self.eigen_solver, seed=s, workers=where, pure=False
+            )
             for w, s in zip(parts, seeds, strict=True)
         ]
         return client.gather(futures)
+
+
+def _other_workers(client) -> list | None:
+    """The workers an eigenproblem task may run on: inside a Dask task (a sweep's fit), every
+    worker but this one, which holds the fit's state (data, per-point factors, weights) for the
+    whole point; an eigenproblem beside that state is the worker's largest peak (bench/README.md,
+    "GLLE at scale"). None (any worker) outside a task or on a one-worker cluster."""
+    try:
+        from distributed import get_worker
+
+        me = get_worker().address
+    except (ImportError, ValueError):
+        return None
+    others = [a for a in client.scheduler_info(n_workers=-1)["workers"] if a != me]
+    return others or None
 
 
 def _seeds(random_state, n: int) -> np.ndarray:
