@@ -91,6 +91,34 @@ def test_glle_pinned_lu_equals_dense_for_lle_and_generations():
         assert np.max(subspace_angles(G["dense"][g], G["pinned_lu"][g])) < 1e-6
 
 
+def test_pinned_lu_on_cells_whose_neighbour_graph_has_hubs():
+    """On pbmc68k_reduced's first 20 PCs (scanpy's bundled cells, k = 10) the directed neighbour
+    graph is not strongly connected: the left null vector u of I - W lives on 32 of the 700 cells,
+    and the last point of the METIS ordering is not one of them, so pinning it made A_pp singular
+    ("Factor is exactly singular" for the direct method's LLE weights). The pin is taken among
+    the cells where u can be nonzero; every embedding equals the dense solver's."""
+    import scanpy as sc
+    from scipy.linalg import subspace_angles
+
+    import lvmcore.lle as L
+
+    Y = np.asarray(sc.datasets.pbmc68k_reduced().obsm["X_pca"][:, :20], dtype=np.float64)
+    idx, _ = knn(Y, 10)
+    W = weight_matrix(barycenter_weights(Y, idx), idx)
+    order = fill_reducing_order(W)
+    closed = L._closed_class((sp.identity(700, format="csr") - W).tocsr()[order][:, order])
+    assert closed.sum() == 32 and not closed[-1]  # the case this test is about
+    fits = {
+        s: GLLE(n_components=2, n_neighbors=10, method="direct", eigen_solver=s, random_state=0).fit(Y, idx)
+        for s in ("dense", "pinned_lu")
+    }
+    assert np.max(subspace_angles(fits["dense"].lle_embedding_, fits["pinned_lu"].lle_embedding_)) < 1e-6
+    assert np.max(subspace_angles(fits["dense"].embedding_, fits["pinned_lu"].embedding_)) < 1e-6
+    G = {s: m.sample(2, random_state=5) for s, m in fits.items()}
+    for g in range(2):
+        assert np.max(subspace_angles(G["dense"][g], G["pinned_lu"][g])) < 1e-6
+
+
 def test_point_statistics_in_blocks_equal_one_block(monkeypatch):
     """The per-point functions run over blocks of BLOCK_POINTS rows (bounded temporaries at 10^6
     points): blocks of 7 rows give the one-block results (to rounding: batched BLAS may round a
