@@ -129,6 +129,31 @@ def _sweeps_from_args(a) -> list[dict]:
     return default_sweeps()
 
 
+class _NoteFormat(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        kind = "note" if record.levelno < logging.WARNING else record.levelname.lower()
+        return f"{kind}: {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _data_notes():
+    """The data code's log lines while the sweeps are planned (the genes a PCA uses, cells without
+    a label, a dropped index column), printed as the plan's lines: the root logger's level
+    (warnings) hid them. Not passed on to the root logger's handlers meanwhile (no line twice)."""
+    log = logging.getLogger("lvmcore.data")
+    handler, level, propagate = logging.StreamHandler(sys.stdout), log.level, log.propagate
+    handler.setFormatter(_NoteFormat())
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
 def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None) -> list[dict]:
     """Every sweep's refusals before any server or cluster starts: models, options, grid, data,
     each grid point's predicted cost on ``cluster`` (tasks.costs), an existing store's identity, a
@@ -141,7 +166,10 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
         raise ValueError(f"two sweeps write the same store: {stores}; give each its own 'store'")
     plans = []
     for sw, store in zip(sweeps, stores):
-        plan = plan_sweep(sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto")
+        with _data_notes():
+            plan = plan_sweep(
+                sw["dataset"], sw["models"], sw["grid"], store, sw.get("model_options"), 3, "auto"
+            )
         n, d = plan.size
         print(f"data {plan.dataset[0]}: {n} rows x {d} columns -> {store}")
         check_plan(plan, cluster or {"type": "local"}, max_point_hours)
