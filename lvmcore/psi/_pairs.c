@@ -4,13 +4,13 @@
 
        x[p, n] = U[n, m] + U[n, m2] + sum_q A[n, q] Zc[p, q],      E[p, n] = exp(x[p, n])
 
-   pairs_fwd:  acc[p] = sum_n E[p, n].
-   pairs_bwd:  for a cotangent c (P,) of acc, the gradients of L = sum_p c_p acc_p:
+   with U (N x M), A (N x Q) and Zc (P x Q) made from q(X) (mu, S, l2, Z; see qx_t) per tile.
+   pairs_qx_fwd:  acc[p] = sum_n E[p, n].
+   pairs_qx_bwd:  for a cotangent c (P,) of acc, the gradients of L = sum_p c_p acc_p with respect
+               to mu, S, l2 and Z, through those with respect to U, A and Zc:
                gU[n, m] = sum over pairs p containing m of c_p E[p, n] (the pair (m, m) twice),
                gA[n, q] = sum_p c_p E[p, n] Zc[p, q],   gZc[p, q] = c_p sum_n E[p, n] A[n, q].
                The exponentials are recomputed per tile; acc != NULL also returns acc.
-   pairs_qx_fwd / pairs_qx_bwd: the same from q(X) (mu, S, l2, Z; see qx_t), the backward pass
-               returning the gradients with respect to them.
 
    Rows go in tiles of NB, transposed into a workspace so that the vector lanes run over rows; a
    tile's exponentials of one pair row (m, m..M-1) are kept in an L1-sized buffer for the three
@@ -132,15 +132,7 @@ static inline __attribute__((always_inline)) void vexp_batch(vd *x) {
 }
 #endif
 
-/* rows n0 .. n0 + nb of U (N x M) and A (N x Q) into UT[m][row], AT[q][row] (NB rows, padded) */
-static void load_tile(int n0, int nb, int M, int Q, const double *U, const double *A, double *ut, double *at) {
-    for (int m = 0; m < M; m++)
-        for (int j = 0; j < NB; j++) ut[m * NB + j] = j < nb ? U[(size_t)(n0 + j) * M + m] : PAD_U;
-    for (int q = 0; q < Q; q++)
-        for (int j = 0; j < NB; j++) at[q * NB + j] = j < nb ? A[(size_t)(n0 + j) * Q + q] : 0.0;
-}
-
-/* q(X) in place of (U, A, Zc) (pairs_qx_fwd / pairs_qx_bwd): the kernel's inputs are made per
+/* q(X) (pairs_qx_fwd / pairs_qx_bwd): the kernel's inputs are made per
    tile from mu, S (N x Q), l2 (Q) and Z (M x Q), and the backward pass maps its gradients back
    onto them, so that no N x M array and no XLA operation lies between q(X) and the kernel:
        a = 1 / (l2 + 2 S),  r_n = -1/2 sum_q log1p(2 S_nq / l2_q) - sum_q a_nq mu_nq^2,
@@ -150,7 +142,8 @@ typedef struct {
     double *gmu, *gS, *gl2, *gZ; /* the backward pass's outputs */
 } qx_t;
 
-/* UT, AT of rows n0 .. n0 + nb as load_tile, from q(X); MT, ST: mu and S transposed */
+/* rows n0 .. n0 + nb of U and A into UT[m][row], AT[q][row] (NB rows, padded), from q(X); MT, ST:
+   mu and S transposed */
 static inline __attribute__((always_inline)) void load_tile_qx(int n0, int nb, int M, const int Q, const qx_t *x,
                                                                vd *UT, vd *AT, vd *MT, vd *ST) {
     double *at = (double *)AT, *mt = (double *)MT, *st = (double *)ST;
@@ -260,27 +253,20 @@ static inline __attribute__((always_inline)) vd pair_exps(const vd *restrict um,
     return s;
 }
 
-static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, const double *U,
-                                                          const double *A, const double *Zc, double *acc,
+static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const int Q, double *acc,
                                                           const qx_t *x) {
     const int P = M * (M + 1) / 2;
-    /* UT: M x NV vectors; AT, MT, ST: Q x NV; with q(X), Zc: P x Q doubles */
-    size_t nvec = (size_t)(M + 3 * Q) * NV + (x ? ((size_t)P * Q + VW - 1) / VW : 0);
+    /* UT: M x NV vectors; AT, MT, ST: Q x NV; Zc: P x Q doubles */
+    size_t nvec = (size_t)(M + 3 * Q) * NV + ((size_t)P * Q + VW - 1) / VW;
     vd *UT = aligned_alloc(8 * VW, sizeof(vd) * nvec);
     if (!UT) return -1;
     vd *AT = UT + (size_t)M * NV, *MT = AT + (size_t)Q * NV, *ST = MT + (size_t)Q * NV;
-    if (x) {
-        double *zc = (double *)(ST + (size_t)Q * NV);
-        pair_factors(M, Q, x->Z, zc);
-        Zc = zc;
-    }
+    double *Zc = (double *)(ST + (size_t)Q * NV);
+    pair_factors(M, Q, x->Z, Zc);
     memset(acc, 0, sizeof(double) * P);
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
-        if (x)
-            load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
-        else
-            load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
         int p = 0;
         for (int m = 0; m < M; m++) {
             const vd *restrict um = UT + (size_t)m * NV;
@@ -295,36 +281,27 @@ static inline __attribute__((always_inline)) int fwd_impl(int N, int M, const in
     return 0;
 }
 
-static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const int Q, const double *U,
-                                                          const double *A, const double *Zc, const double *c,
-                                                          double *gU, double *gA, double *gZc, double *acc,
-                                                          const qx_t *x) {
+static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const int Q, const double *c,
+                                                          double *acc, const qx_t *x) {
     const int P = M * (M + 1) / 2;
-    /* UT, T, E: M x NV each; AT, K, MT, ST: Q x NV; cz: M x Q doubles; with q(X), Zc and gZc: P x Q
-       doubles each */
+    /* UT, T, E: M x NV each; AT, K, MT, ST: Q x NV; cz: M x Q doubles; Zc and gZc: P x Q doubles each */
     const size_t pq = ((size_t)P * Q + VW - 1) / VW;
-    size_t nvec = (size_t)(3 * M + 4 * Q) * NV + ((size_t)M * Q + VW - 1) / VW + (x ? 2 * pq : 0);
+    size_t nvec = (size_t)(3 * M + 4 * Q) * NV + ((size_t)M * Q + VW - 1) / VW + 2 * pq;
     vd *UT = aligned_alloc(8 * VW, sizeof(vd) * nvec);
     if (!UT) return -1;
     vd *T = UT + (size_t)M * NV, *Ebuf = T + (size_t)M * NV, *AT = Ebuf + (size_t)M * NV, *K = AT + (size_t)Q * NV;
     vd *MT = K + (size_t)Q * NV, *ST = MT + (size_t)Q * NV;
     double *cz = (double *)(ST + (size_t)Q * NV);
-    if (x) {
-        double *zc = (double *)(ST + (size_t)Q * NV + ((size_t)M * Q + VW - 1) / VW);
-        pair_factors(M, Q, x->Z, zc);
-        Zc = zc;
-        gZc = zc + pq * VW;
-        memset(x->gl2, 0, sizeof(double) * Q);
-        memset(x->gZ, 0, sizeof(double) * M * Q);
-    }
+    double *Zc = (double *)(ST + (size_t)Q * NV + ((size_t)M * Q + VW - 1) / VW);
+    pair_factors(M, Q, x->Z, Zc);
+    double *gZc = Zc + pq * VW;
+    memset(x->gl2, 0, sizeof(double) * Q);
+    memset(x->gZ, 0, sizeof(double) * M * Q);
     memset(gZc, 0, sizeof(double) * P * Q);
     if (acc) memset(acc, 0, sizeof(double) * P);
     for (int n0 = 0; n0 < N; n0 += NB) {
         int nb = N - n0 < NB ? N - n0 : NB;
-        if (x)
-            load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
-        else
-            load_tile(n0, nb, M, Q, U, A, (double *)UT, (double *)AT);
+        load_tile_qx(n0, nb, M, Q, x, UT, AT, MT, ST);
         memset(T, 0, sizeof(vd) * (size_t)M * NV);
         memset(K, 0, sizeof(vd) * (size_t)Q * NV);
         int p0 = 0;
@@ -368,24 +345,16 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
             }
             p0 += np;
         }
-        if (x) {
-            finish_tile_qx(n0, nb, M, Q, x, T, K, AT, MT, ST);
-            continue;
-        }
-        const double *t = (const double *)T, *k = (const double *)K;
-        for (int j = 0; j < nb; j++) {
-            for (int m = 0; m < M; m++) gU[(size_t)(n0 + j) * M + m] = t[m * NB + j];
-            for (int q = 0; q < Q; q++) gA[(size_t)(n0 + j) * Q + q] = k[q * NB + j];
-        }
+        finish_tile_qx(n0, nb, M, Q, x, T, K, AT, MT, ST);
     }
-    if (x) /* gZ from gZc: Zc[p, q] = -z_mq z_m'q / 2 */
-        for (int m = 0, p = 0; m < M; m++)
-            for (int m2 = m; m2 < M; m2++, p++)
-                for (int q = 0; q < Q; q++) {
-                    const double g = -0.5 * gZc[(size_t)p * Q + q];
-                    x->gZ[(size_t)m * Q + q] += g * x->Z[(size_t)m2 * Q + q];
-                    x->gZ[(size_t)m2 * Q + q] += g * x->Z[(size_t)m * Q + q];
-                }
+    /* gZ from gZc: Zc[p, q] = -z_mq z_m'q / 2 */
+    for (int m = 0, p = 0; m < M; m++)
+        for (int m2 = m; m2 < M; m2++, p++)
+            for (int q = 0; q < Q; q++) {
+                const double g = -0.5 * gZc[(size_t)p * Q + q];
+                x->gZ[(size_t)m * Q + q] += g * x->Z[(size_t)m2 * Q + q];
+                x->gZ[(size_t)m2 * Q + q] += g * x->Z[(size_t)m * Q + q];
+            }
     free(UT);
     return 0;
 }
@@ -406,33 +375,20 @@ static inline __attribute__((always_inline)) int bwd_impl(int N, int M, const in
         default: return CALL(Q);  \
     }
 
-int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc) {
-#define FWD(q) fwd_impl(N, M, q, U, A, Zc, acc, NULL)
-    DISPATCH(FWD)
-#undef FWD
-}
-
-int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
-              double *gU, double *gA, double *gZc, double *acc) {
-#define BWD(q) bwd_impl(N, M, q, U, A, Zc, c, gU, gA, gZc, acc, NULL)
-    DISPATCH(BWD)
-#undef BWD
-}
-
-/* the same from q(X) (see qx_t): acc, and for a cotangent c of acc the gradients with respect to
-   mu, S (N x Q), l2 (Q) and Z (M x Q) */
+/* acc, and for a cotangent c of acc the gradients with respect to mu, S (N x Q), l2 (Q) and Z
+   (M x Q) (and acc itself where acc != NULL) */
 int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
                  double *acc) {
     const qx_t x = {mu, S, l2, Z, NULL, NULL, NULL, NULL};
-#define FWD(q) fwd_impl(N, M, q, NULL, NULL, NULL, acc, &x)
+#define FWD(q) fwd_impl(N, M, q, acc, &x)
     DISPATCH(FWD)
 #undef FWD
 }
 
 int pairs_qx_bwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
-                 const double *c, double *gmu, double *gS, double *gl2, double *gZ) {
+                 const double *c, double *gmu, double *gS, double *gl2, double *gZ, double *acc) {
     const qx_t x = {mu, S, l2, Z, gmu, gS, gl2, gZ};
-#define BWD(q) bwd_impl(N, M, q, NULL, NULL, NULL, c, NULL, NULL, NULL, NULL, &x)
+#define BWD(q) bwd_impl(N, M, q, c, acc, &x)
     DISPATCH(BWD)
 #undef BWD
 }

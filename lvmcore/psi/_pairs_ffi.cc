@@ -8,42 +8,14 @@
 namespace ffi = xla::ffi;
 
 extern "C" {
-int pairs_fwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, double *acc);
-int pairs_bwd(int N, int M, int Q, const double *U, const double *A, const double *Zc, const double *c,
-              double *gU, double *gA, double *gZc, double *acc);
 int pairs_qx_fwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
                  double *acc);
 int pairs_qx_bwd(int N, int M, int Q, const double *mu, const double *S, const double *l2, const double *Z,
-                 const double *c, double *gmu, double *gS, double *gl2, double *gZ);
+                 const double *c, double *gmu, double *gS, double *gl2, double *gZ, double *acc);
 }
 
 using F64 = ffi::Buffer<ffi::F64>;
 using F64Out = ffi::ResultBuffer<ffi::F64>;
-
-static ffi::Error PairsFwdImpl(F64 U, F64 A, F64 Zc, F64Out acc) {
-  auto u = U.dimensions(), a = A.dimensions();
-  if (u.size() != 2 || a.size() != 2) return ffi::Error::InvalidArgument("pairs_fwd: U and A must be 2-D");
-  int rc = pairs_fwd(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(a[1]), U.typed_data(),
-                     A.typed_data(), Zc.typed_data(), acc->typed_data());
-  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_fwd: workspace allocation failed");
-  return ffi::Error::Success();
-}
-
-static ffi::Error PairsBwdImpl(F64 U, F64 A, F64 Zc, F64 c, F64Out gU, F64Out gA, F64Out gZc, F64Out acc,
-                               bool with_acc) {
-  double *accp = acc->typed_data();
-  if (!with_acc) {
-    for (int64_t i = 0, n = acc->element_count(); i < n; i++) accp[i] = 0.0;
-    accp = nullptr;
-  }
-  auto u = U.dimensions(), a = A.dimensions();
-  if (u.size() != 2 || a.size() != 2) return ffi::Error::InvalidArgument("pairs_bwd: U and A must be 2-D");
-  int rc = pairs_bwd(static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(a[1]), U.typed_data(),
-                     A.typed_data(), Zc.typed_data(), c.typed_data(), gU->typed_data(), gA->typed_data(),
-                     gZc->typed_data(), accp);
-  if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_bwd: workspace allocation failed");
-  return ffi::Error::Success();
-}
 
 // from q(X): mu, S (N x Q), l2 (Q), Z (M x Q)
 static ffi::Error PairsQxFwdImpl(F64 mu, F64 S, F64 l2, F64 Z, F64Out acc) {
@@ -55,13 +27,19 @@ static ffi::Error PairsQxFwdImpl(F64 mu, F64 S, F64 l2, F64 Z, F64Out acc) {
   return ffi::Error::Success();
 }
 
+// the gradients, and acc (its sums over the rows) where with_acc, else zeros, not computed
 static ffi::Error PairsQxBwdImpl(F64 mu, F64 S, F64 l2, F64 Z, F64 c, F64Out gmu, F64Out gS, F64Out gl2,
-                                 F64Out gZ) {
+                                 F64Out gZ, F64Out acc, bool with_acc) {
+  double *accp = acc->typed_data();
+  if (!with_acc) {
+    for (int64_t i = 0, n = acc->element_count(); i < n; i++) accp[i] = 0.0;
+    accp = nullptr;
+  }
   auto n = mu.dimensions(), z = Z.dimensions();
   if (n.size() != 2 || z.size() != 2) return ffi::Error::InvalidArgument("pairs_qx_bwd: mu and Z must be 2-D");
   int rc = pairs_qx_bwd(static_cast<int>(n[0]), static_cast<int>(z[0]), static_cast<int>(n[1]), mu.typed_data(),
                         S.typed_data(), l2.typed_data(), Z.typed_data(), c.typed_data(), gmu->typed_data(),
-                        gS->typed_data(), gl2->typed_data(), gZ->typed_data());
+                        gS->typed_data(), gl2->typed_data(), gZ->typed_data(), accp);
   if (rc) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "pairs_qx_bwd: workspace allocation failed");
   return ffi::Error::Success();
 }
@@ -77,19 +55,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsQxBwd, PairsQxBwdImpl,
                                   .Arg<F64>()
                                   .Arg<F64>()
                                   .Ret<F64>()
-                                  .Ret<F64>()
-                                  .Ret<F64>()
-                                  .Ret<F64>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsFwd, PairsFwdImpl,
-                              ffi::Ffi::Bind().Arg<F64>().Arg<F64>().Arg<F64>().Ret<F64>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedSweepPairsBwd, PairsBwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<F64>()
-                                  .Arg<F64>()
-                                  .Arg<F64>()
-                                  .Arg<F64>()
                                   .Ret<F64>()
                                   .Ret<F64>()
                                   .Ret<F64>()

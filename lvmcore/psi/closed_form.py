@@ -284,17 +284,6 @@ def rbf_psi1(mu, S, Z, variance, lengthscale):
     return jnp.asarray(variance, dtype=jnp.float64) * jnp.exp(row[:, None] + A @ Bm)
 
 
-def _pair_inputs(mu, S, l2, Z):
-    """(U (N, M), a (N, Q), Zc (P, Q)) of the native pair kernel (``lvmcore.psi.native``): the
-    exponent of Psi2_n's pair p = (m, m') is U[n, m] + U[n, m'] + a_n . Zc[p] (plus the pair factor
-    log_pair), i.e. the module docstring's expansion with zbar = (z_m + z_m') / 2 split over m, m'."""
-    a = 1.0 / (l2 + 2.0 * S)
-    r = -0.5 * jnp.log1p(2.0 * S / l2).sum(1) - (a * mu * mu).sum(1)
-    U = jnp.concatenate([a * mu, a], 1) @ jnp.concatenate([Z, -0.25 * Z * Z], 1).T + 0.5 * r[:, None]
-    iu, ju = np.triu_indices(Z.shape[0])
-    return U, a, -0.5 * Z[iu] * Z[ju]
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _native_pairs(mu, S, l2, Z, variance, log_pair, primal):
     """sum_n Psi2_n per pair m <= m' (P,), by the C kernel from q(X); ``primal=False`` as in
@@ -318,12 +307,9 @@ def _native_pairs_bwd(primal, res, g):
     mu, S, l2, Z, variance, log_pair, acc = res
     el = jnp.exp(log_pair)
     pf = variance * variance * el
-    if acc is not None:  # the forward's sums at hand: gradients onto q(X) in C
-        g_mu, g_S, g_l2, g_Z = native.pairs_qx_bwd(mu, S, l2, Z, pf * g)
-        return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
-    inputs, vjp = jax.vjp(_pair_inputs, mu, S, l2, Z)
-    gU, gA, gZc, acc = native.pairs_bwd(*inputs, pf * g, with_acc=True)
-    g_mu, g_S, g_l2, g_Z = vjp((gU, gA, gZc))
+    # the gradients onto q(X) in C; without the forward's sums (primal=False) the same pass adds them up
+    g_mu, g_S, g_l2, g_Z, acc_b = native.pairs_qx_bwd(mu, S, l2, Z, pf * g, with_acc=acc is None)
+    acc = acc_b if acc is None else acc
     return g_mu, g_S, g_l2, g_Z, 2.0 * variance * jnp.sum(g * el * acc), g * pf * acc
 
 

@@ -16,16 +16,14 @@ cross term of depth Q:
     r_n     = -1/2 sum_q log(1 + 2 S_nq / l2_q) - sum_q a_nq mu_nq^2
 
 (x is the log of Psi2_n[m, m'] / (variance^2 exp(-sum_q (z_mq - z_m'q)^2 / (4 l2_q))), as in
-``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) and, for a
-cotangent c of acc, the gradients with respect to U (N, M), a (N, Q) and Zc (P, Q): contractions
-of depth Q instead of 2Q, over row tiles whose exponentials stay in L1; the backward pass
-recomputes them per tile (faster than keeping them from the forward pass: a store of them, tried
-and removed, measured slower at every size, bench/README.md). The small
-maps (mu, S, l2, Z) -> (U, a, Zc) and back stay with jax autodiff, or, by :func:`pairs_qx_fwd` /
-:func:`pairs_qx_bwd`, go into the kernel too: U and a made per row tile from q(X), the gradients
-returned with respect to (mu, S, l2, Z), no (N, M) array and no XLA operation in between (at
-(1000, 50, 5): 2.9 against 3.6-4.6 ms for the pair sums and their VJP, bench/README.md). Its exp is
-a vectorised polynomial (about 1 ulp; checked against numpy at load).
+``closed_form``). ``lvmcore/psi/_pairs.c`` computes acc[p] = sum_n exp(x[p, n]) from q(X)
+(:func:`pairs_qx_fwd`: U and a made per row tile from (mu, S, l2, Z), no (N, M) array and no XLA
+operation in between) and, for a cotangent c of acc (:func:`pairs_qx_bwd`), the gradients with
+respect to (mu, S, l2, Z) through those with respect to U, a and Zc: contractions of depth Q
+instead of 2Q, over row tiles whose exponentials stay in L1; the backward pass recomputes them per
+tile (faster than keeping them from the forward pass: a store of them, tried and removed, measured
+slower at every size, bench/README.md). Its exp is a vectorised polynomial (about 1 ulp; checked
+against numpy at load).
 jax calls the kernel as an XLA custom call (``jax.ffi``): on XLA's thread, on XLA's buffers, no
 Python in between (a ``jax.pure_callback`` deadlocked on a one-core worker: its arguments are
 device_put back to the CPU device from inside XLA's only thread).
@@ -59,8 +57,6 @@ import numpy as np
 SOURCE = Path(__file__).with_name("_pairs.c")
 FFI_SOURCE = Path(__file__).with_name("_pairs_ffi.cc")
 FFI_TARGETS = {
-    "fwd": ("embed_sweep_pairs_fwd", "EmbedSweepPairsFwd"),
-    "bwd": ("embed_sweep_pairs_bwd", "EmbedSweepPairsBwd"),
     "qx_fwd": ("embed_sweep_pairs_qx_fwd", "EmbedSweepPairsQxFwd"),
     "qx_bwd": ("embed_sweep_pairs_qx_bwd", "EmbedSweepPairsQxBwd"),
 }
@@ -159,23 +155,10 @@ def _build() -> Path:
     return target
 
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int
-#: the library's C functions: (argument types, result type)
-_SIGNATURES = {
-    "pairs_fwd": ([_I, _I, _I] + [_P] * 4, _I),
-    "pairs_bwd": ([_I, _I, _I] + [_P] * 8, _I),
-    "pairs_qx_fwd": ([_I, _I, _I] + [_P] * 5, _I),
-    "pairs_qx_bwd": ([_I, _I, _I] + [_P] * 9, _I),
-    "vexp_array": ([_I, _P, _P], None),
-}
-
-
 def _load(path: Path):
     lib = ctypes.CDLL(str(path))
-    for name, (argtypes, restype) in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = restype
+    lib.vexp_array.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.vexp_array.restype = None
     # self check: the vectorised exp against numpy over the range the kernel uses
     x = np.ascontiguousarray(np.concatenate([np.linspace(-750.0, 20.0, 4092), [0.0, -1e-300, 1.0, -1.0]]))
     y = np.empty_like(x)
@@ -230,58 +213,8 @@ def unavailable_reason() -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# host functions (numpy in, numpy out) and their jax wrappers
+# the kernel's jax entries (XLA custom calls)
 # ---------------------------------------------------------------------------------------------
-
-
-def _c64(a):
-    return np.ascontiguousarray(a, dtype=np.float64)
-
-
-def _call(name: str, *args) -> None:
-    """The library's C function ``name`` on ``args`` (numbers as they are, arrays by their data
-    pointers, None as NULL); a non-zero return (its workspace could not be allocated) raises
-    MemoryError."""
-    if getattr(library(), name)(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in args)):
-        raise MemoryError(f"{name}: could not allocate its workspace")
-
-
-def pairs_fwd_host(U, A, Zc):
-    """acc (P,) = sum_n exp(U[n, m] + U[n, m'] + A[n] . Zc[p]) over the pairs p = (m <= m')."""
-    U, A, Zc = _c64(U), _c64(A), _c64(Zc)
-    (N, M), Q = U.shape, A.shape[1]
-    acc = np.empty(M * (M + 1) // 2)
-    _call("pairs_fwd", N, M, Q, U, A, Zc, acc)
-    return acc
-
-
-def pairs_bwd_host(U, A, Zc, c, with_acc: bool = False):
-    """(gU, gA, gZc, acc): the gradients of sum_p c_p acc_p, and acc itself if ``with_acc`` (else
-    zeros, not computed)."""
-    U, A, Zc, c = _c64(U), _c64(A), _c64(Zc), _c64(c)
-    (N, M), Q = U.shape, A.shape[1]
-    gU, gA, gZc, acc = np.empty_like(U), np.empty_like(A), np.empty_like(Zc), np.zeros(len(c))
-    _call("pairs_bwd", N, M, Q, U, A, Zc, c, gU, gA, gZc, acc if with_acc else None)
-    return gU, gA, gZc, acc
-
-
-def pairs_qx_fwd_host(mu, S, l2, Z):
-    """acc (P,) from q(X) (mu, S (N, Q), l2 (Q,), Z (M, Q)): :func:`pairs_fwd_host` of
-    ``closed_form._pair_inputs(mu, S, l2, Z)``, the inputs made per tile in the kernel."""
-    mu, S, l2, Z = _c64(mu), _c64(S), _c64(l2), _c64(Z)
-    (N, Q), M = mu.shape, Z.shape[0]
-    acc = np.empty(M * (M + 1) // 2)
-    _call("pairs_qx_fwd", N, M, Q, mu, S, l2, Z, acc)
-    return acc
-
-
-def pairs_qx_bwd_host(mu, S, l2, Z, c):
-    """(gmu, gS, gl2, gZ): the gradients of sum_p c_p acc_p with respect to q(X) and Z."""
-    mu, S, l2, Z, c = _c64(mu), _c64(S), _c64(l2), _c64(Z), _c64(c)
-    (N, Q), M = mu.shape, Z.shape[0]
-    gmu, gS, gl2, gZ = np.empty_like(mu), np.empty_like(S), np.empty_like(l2), np.empty_like(Z)
-    _call("pairs_qx_bwd", N, M, Q, mu, S, l2, Z, c, gmu, gS, gl2, gZ)
-    return gmu, gS, gl2, gZ
 
 
 def _f64(*shape):
@@ -299,24 +232,13 @@ def _ffi(kind: str, result, *args, **attributes):
     return jax.ffi.ffi_call(FFI_TARGETS[kind][0], result, vmap_method="sequential")(*args, **attributes)
 
 
-def pairs_fwd(U, A, Zc):
-    """jax: acc (P,) by the kernel, an XLA custom call (CPU)."""
-    return _ffi("fwd", _f64(U.shape[1] * (U.shape[1] + 1) // 2), U, A, Zc)
-
-
-def pairs_bwd(U, A, Zc, c, with_acc: bool = False):
-    """jax: (gU, gA, gZc, acc) by the kernel (acc zeros unless ``with_acc``)."""
-    shapes = tuple(_f64(*x.shape) for x in (U, A, Zc))
-    return _ffi("bwd", (*shapes, _f64(*c.shape)), U, A, Zc, c, with_acc=bool(with_acc))
-
-
 def pairs_qx_fwd(mu, S, l2, Z):
-    """jax: acc (P,) from q(X) by the kernel (an XLA custom call): ``pairs_fwd`` of
-    ``closed_form._pair_inputs(mu, S, l2, Z)`` without the (N, M) input or its XLA operations."""
+    """jax: acc (P,) from q(X) (mu, S (N, Q), l2 (Q,), Z (M, Q)) by the kernel."""
     return _ffi("qx_fwd", _f64(Z.shape[0] * (Z.shape[0] + 1) // 2), mu, S, l2, Z)
 
 
-def pairs_qx_bwd(mu, S, l2, Z, c):
-    """jax: (gmu, gS, gl2, gZ), the gradients of sum_p c_p acc_p with respect to q(X) and Z (the
-    exponentials recomputed)."""
-    return _ffi("qx_bwd", tuple(_f64(*x.shape) for x in (mu, S, l2, Z)), mu, S, l2, Z, c)
+def pairs_qx_bwd(mu, S, l2, Z, c, with_acc: bool = False):
+    """jax: (gmu, gS, gl2, gZ, acc), the gradients of sum_p c_p acc_p with respect to q(X) and Z
+    (the exponentials recomputed), and acc itself if ``with_acc`` (else zeros, not computed)."""
+    shapes = tuple(_f64(*x.shape) for x in (mu, S, l2, Z, c))
+    return _ffi("qx_bwd", shapes, mu, S, l2, Z, c, with_acc=bool(with_acc))
