@@ -101,7 +101,6 @@ __all__ = [
     "bayesian_objective",
 ]
 
-_LOG2PI = float(np.log(2.0 * np.pi))
 #: ``training="auto"`` (sparse and Bayesian variants): the full-batch fit up to this many points,
 #: the minibatch fit (``lvmcore.models.hgplvm_svi``) above (bench/README.md, "hGP-LVM Bayesian at
 #: scale": the crossover measurement)
@@ -149,33 +148,11 @@ def point_statistics(X, Z, log_sigma, Y, kappa):
 
 
 @x64
-def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa, restricted=False):
-    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z);
-    ``restricted``: with a constant mean per column integrated out (:func:`_bound_reml`)."""
+def sparse_objective(X, Z, log_sigma, log_beta, Y, kappa):
+    """Titsias collapsed bound (eq. 5) with inducing inputs Z (M, Q+1) (differentiable in Z)."""
     n, d = Y.shape
-    if restricted:
-        return _bound_reml(he_kernel(X, Z, jnp.exp(log_sigma), kappa), Z, log_sigma, log_beta, Y, kappa)
     psi0, p1y, p2, tryy = point_statistics(X, Z, log_sigma, Y, kappa)
     return _bound(psi0, p1y, p2, Z, log_sigma, log_beta, tryy, n, d, kappa)
-
-
-def _bound_reml(Knm, Z, log_sigma, log_beta, Y, kappa):
-    """The sparse bound (eq. 5) with its Gaussian term restricted: a flat-prior constant mean per
-    column integrated out of N(y_d | m_d 1, Q + beta^-1 I).  With A = Q + beta^-1 I and the ones
-    vector as an extra column, [Y 1]^T A^-1 [Y 1] = beta [Y 1]^T [Y 1] - beta^2 c^T c (c the
-    bound's L_A^-1 L_m^-1 Knm^T [Y 1]); the restricted term replaces y^T A^-1 y by
-    y^T A^-1 y - (1^T A^-1 y)^2 / (1^T A^-1 1) and adds -D/2 log(1^T A^-1 1) + D/2 log 2 pi."""
-    n, d = Y.shape
-    sigma, beta = jnp.exp(log_sigma), jnp.exp(log_beta)
-    one = jnp.ones((n, 1), Y.dtype)
-    Ya = jnp.concatenate([Y, one], axis=1)
-    Kmm = he_kernel(Z, Z, sigma, kappa)
-    t = collapsed.terms(Kmm, Knm.T @ Ya, Knm.T @ Knm, beta, linalg.KERNEL_JITTER)
-    cy, c1 = t.c[:, :d], t.c[:, d]
-    f = collapsed.bound(t._replace(c=cy), n * sigma, jnp.sum(Y * Y), log_beta, n, d)
-    m11 = beta * n - beta**2 * jnp.sum(c1 * c1)
-    m1d = beta * jnp.sum(Y, axis=0) - beta**2 * (c1 @ cy)
-    return f + 0.5 * jnp.sum(m1d * m1d) / m11 - 0.5 * d * jnp.log(m11) + 0.5 * d * _LOG2PI
 
 
 def mc_statistics(X, log_S, Z, hyp, Y, eps, kappa):
@@ -204,11 +181,11 @@ def _renorm(X):
     return lift(X[..., 1:])
 
 
-def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa, restricted=False):
+def _objective(variant, X, hyp, log_S, Z, eps, Y, kappa):
     """The sparse (eq. 5) or Bayesian (eq. 6) bound; the point variant's step and transform have
     their own (eq. 4)."""
     if variant == "sparse":
-        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa, restricted)
+        return sparse_objective(X, Z, hyp[0], hyp[1], Y, kappa)
     return bayesian_objective(X, log_S, Z, hyp[0], hyp[1], Y, kappa, eps, hyp[2])
 
 
@@ -253,13 +230,13 @@ def _apply_updates(state, grads, t, upd_S, lr, hlr, scale, variant, use_radam):
 _apply_updates_jit = jax.jit(_apply_updates, static_argnames=("variant", "use_radam"))
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "use_radam", "restricted"))
-def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam, restricted=False):
+@functools.partial(jax.jit, static_argnames=("variant", "use_radam"))
+def _fit_step(state, t, eps, upd_S, Y, kappa, lr, hlr, scale, hmask, variant, use_radam):
     """One step of the sparse or Bayesian variant (compiled once per variant/optimizer/shape,
     shared by all instances): objective and gradients by autodiff, then the updates.  ``hmask``
     (3,) zeroes the gradient of a fixed hyperparameter (log sigma, log beta, log prior variance).
     """
-    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa, restricted=restricted)
+    obj = functools.partial(_objective, variant, eps=eps, Y=Y, kappa=kappa)
     args = (state["X"], state["hyp"], state["log_S"], state["Z"])
     f, g = jax.value_and_grad(obj, argnums=(0, 1, 2, 3))(*args)
     grads = {"X": g[0], "hyp": g[1] * hmask, "log_S": g[2], "Z": g[3]}
@@ -442,7 +419,7 @@ class _Hyperboloid(LatentModel):
     init_scale: float | str = "auto"
     fix_variance_iter: int = 50
     noise: float | str = "auto"
-    prior_scale: float | str = 1.0
+    prior_scale: float = 1.0
     chunks: int | None = None
     training: str = "auto"
     batch_size: int = 1000
@@ -461,11 +438,11 @@ class _Hyperboloid(LatentModel):
         "hyper_learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
         "optimizer": [StrOptions({"rsgd", "radam"})],
         "n_samples": [Interval(numbers.Integral, 1, None, closed="left")],
-        "init": [StrOptions({"pca", "random", "sparse"})],
+        "init": [StrOptions({"pca", "random"})],
         "init_scale": [StrOptions({"auto"}), Interval(numbers.Real, 0, None, closed="neither")],
         "fix_variance_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "noise": [StrOptions({"auto", "learn", "ppca"}), Interval(numbers.Real, 0, None, closed="neither")],
-        "prior_scale": [StrOptions({"learn"}), Interval(numbers.Real, 0, None, closed="neither")],
+        "prior_scale": [Interval(numbers.Real, 0, None, closed="neither")],
         "chunks": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "training": [StrOptions({"auto", "full", "minibatch"})],
         "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
@@ -489,16 +466,16 @@ class _Hyperboloid(LatentModel):
                 "of points and has no minibatch bound; use variant='sparse' (minibatch above "
                 f"{FULL_BATCH_MAX_N:,} points with training='auto') or training='auto'"
             )
-        if self.init == "sparse" and self.variant != "bayesian":
-            raise ValueError(
-                f"init='sparse' (a warm start from the sparse variant) is for the Bayesian model, got "
-                f"variant={self.variant!r}; use init='auto' or 'pca'"
-            )
         if self.variant != "point" and self.drift_every not in ("auto", 0):
             raise ValueError(
                 f"drift_every={self.drift_every!r} with variant={self.variant!r}: the drift line search "
                 "is for the point variant (with the sparse one it carried unused inducing inputs "
                 "outward without bound, to NaN); use drift_every='auto' or 0"
+            )
+        if self.variant != "point" and self.mean == "integrated":
+            raise ValueError(
+                f"mean='integrated' with variant={self.variant!r}: the constant mean integrated out "
+                "is the point variant's (eq. 4); use mean='auto' or 'zero'"
             )
         nz = self.noise
         if not isinstance(nz, str) and (isinstance(nz, bool) or not np.isfinite(nz)):
@@ -512,14 +489,12 @@ class _Hyperboloid(LatentModel):
     def _hyper_start(self, Y):
         """(log sigma, log beta, log s^2) at the start of a fit to Y (N, D) and the mask (3,) that
         zeroes the gradient of a fixed one: sigma = var(Y), beta the ``noise`` setting's (learned:
-        from 100 / var(Y)), s the ``prior_scale`` (learned: from 1)."""
+        from 100 / var(Y)), s the ``prior_scale`` (fixed)."""
         var_y = float(np.sum(np.var(Y, axis=0)) / Y.shape[1]) or 1.0
         noise_var = noise_variance(Y, int(self.n_components), self._setting("noise"), var_y)
         log_beta0 = np.log(100.0 / var_y) if noise_var is None else -np.log(noise_var)
-        prior0 = 1.0 if self.prior_scale == "learn" else float(self.prior_scale)
-        learn_prior = self.variant == "bayesian" and self.prior_scale == "learn"
-        hmask = jnp.array([1.0, 0.0 if noise_var is not None else 1.0, 1.0 if learn_prior else 0.0])
-        return jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(prior0)]), hmask
+        hmask = jnp.array([1.0, 0.0 if noise_var is not None else 1.0, 0.0])
+        return jnp.array([np.log(var_y), log_beta0, 2.0 * np.log(float(self.prior_scale))]), hmask
 
     # ------------------------------------------------------------------ helpers
     def _init_tangent(self, Y, rng):
@@ -557,17 +532,6 @@ class _Hyperboloid(LatentModel):
                     f"{name}={p[name]!r} is a setting of the full-batch fit, but the minibatch fit "
                     f"was chosen ({why}); drop {name} (default {default!r}) or set training='full'"
                 )
-        if self.init == "sparse":
-            raise ValueError(
-                f"init='sparse' (a warm start from the sparse variant) is a setting of the full-batch "
-                f"fit, but the minibatch fit was chosen ({why}); use init='pca' or 'random', or set "
-                "training='full'"
-            )
-        if self._setting("mean") == "integrated":
-            raise ValueError(
-                f"mean='integrated' (the restricted bound) is a setting of the full-batch fit, but the "
-                f"minibatch fit was chosen ({why}); use mean='auto' or 'zero', or set training='full'"
-            )
         if self.batch_size > n:
             raise ValueError(
                 f"batch_size ({self.batch_size}) exceeds the number of points ({n}); use batch_size <= {n}"
@@ -623,18 +587,8 @@ class _Hyperboloid(LatentModel):
         restricted = self._setting("mean") == "integrated"
         P = self._init_tangent(Y, rng)
         X = expmap0(jnp.asarray(P))
-        warm_fit, Z = None, None
-        if self.init == "sparse":
-            # warm start: the sparse variant's fit (same settings) gives the means, Z and sigma
-            own = HyperboloidGPLVM._get_param_names()
-            params = {k: v for k, v in self.get_params().items() if k in own}
-            params.update(
-                variant="sparse", init="pca", noise="ppca", mean="zero", drift_every=0, training="full"
-            )
-            warm_fit = HyperboloidGPLVM(**params).fit(Y)
-            X, Z = jnp.asarray(warm_fit.lorentz_embedding_), jnp.asarray(warm_fit.inducing_)
-            hyp0 = hyp0.at[0].set(np.log(warm_fit.sigma_))
-        elif variant != "point":  # k-means centres of the initial latent points, or all of them (M = N)
+        Z = None
+        if variant != "point":  # k-means centres of the initial latent points, or all of them (M = N)
             m = _auto_inducing(n) if self.n_inducing == "auto" else min(int(self.n_inducing), n)
             Z = expmap0(jnp.asarray(P.copy() if m == n else kmeans_start(P, m, rng)))
         state = {
@@ -691,7 +645,7 @@ class _Hyperboloid(LatentModel):
             else:
                 state, f = _fit_step(
                     state, float(it), eps, upd_S, Yc, kappa, lr, hlr, scale, hmask,
-                    variant=variant, use_radam=use_radam, restricted=restricted,
+                    variant=variant, use_radam=use_radam,
                 )  # fmt: skip
             f = float(f)
             if not np.isfinite(f):
@@ -716,7 +670,6 @@ class _Hyperboloid(LatentModel):
                 break
         S = None if state["log_S"] is None else np.asarray(jnp.exp(state["log_S"]))
         self._set_fitted(state["X"], state["hyp"], S, state["Z"], hmask, Yc, mean, trace, converged)
-        self.warm_start_n_iter_ = warm_fit.n_iter_ if warm_fit is not None else 0
         self.drift_moves_ = moves
         self.restricted_ = restricted
         self._key = np.asarray(key)
@@ -793,7 +746,7 @@ class _Hyperboloid(LatentModel):
             def obj(Xn, log_S, eps):
                 Xall = jnp.concatenate([Xtr, Xn])
                 Sall = None if log_S_tr is None else jnp.concatenate([log_S_tr, log_S])
-                return _objective(self.variant, Xall, hyp, Sall, Z, eps, Yall, kappa, self.restricted_)
+                return _objective(self.variant, Xall, hyp, Sall, Z, eps, Yall, kappa)
 
         lr = float(self.learning_rate)
         grad_fn = jax.grad(obj, argnums=(0, 1))
@@ -842,9 +795,8 @@ class HyperboloidGPLVM(_Hyperboloid):
     hyper_learning_rate : Adam step size of log sigma, log beta, log S.
     optimizer : "radam" (default) or "rsgd".
     n_samples : H Monte-Carlo samples per point (bayesian), drawn afresh every iteration.
-    init : "pca" (default; PCA scaled to max norm ``init_scale``, mapped by expmap0), "random"
-        (U(-1e-3, 1e-3) as in the paper's appendix) or "sparse" (bayesian only: a warm start from
-        the sparse variant fitted with the same settings, which gives the means, Z and sigma).
+    init : "pca" (default; PCA scaled to max norm ``init_scale``, mapped by expmap0) or "random"
+        (U(-1e-3, 1e-3) as in the paper's appendix).
     init_scale : the PCA start's largest tangent radius; "auto" (default) = 0.2 for the point
         variant, 1 otherwise.  A start near the origin (the paper's init is at 1e-3), where the HE
         kernel's distances are nearly Euclidean, keeps PCA's order and lets the points spread from
@@ -862,15 +814,14 @@ class HyperboloidGPLVM(_Hyperboloid):
         Bayesian bound learns its noise (eq. 6; its variances S take up the jitter).
     mean : "auto" (default: "integrated" for point, "zero" for sparse and bayesian), "integrated"
         (a constant mean per column of Y integrated out under a flat prior: the restricted
-        likelihood, see the module docstring; point and sparse only) or "zero" (eq. 4 / 5 as
-        written, on the centred Y).
+        likelihood, see the module docstring; point only) or "zero" (eq. 4 / 5 as written, on the
+        centred Y).
     drift_every : "auto" (default: 250 for point, 0 for sparse and bayesian) or a number of
         iterations: the period of the drift line search (module docstring); 0 switches it off.
         The sparse and Bayesian variants accept only 0 (module docstring; the Bayesian bound is a
         Monte-Carlo estimate, too noisy to compare trial moves).
-    prior_scale : tangent standard deviation s of the prior N^w(mu0, s^2 I) of the Bayesian variant:
-        a fixed number (default 1, the paper's prior) or "learn" (from s = 1, by Adam on the bound,
-        i.e. empirical Bayes).
+    prior_scale : tangent standard deviation s of the prior N^w(mu0, s^2 I) of the Bayesian variant
+        (default 1, the paper's prior).
     chunks : rows per chunk for the Bayesian MC statistics map-reduced over Dask workers
         (:class:`lvmcore.chunks.RowChunks`); None computes them in-process.
     training : "auto" (default), "full" or "minibatch" (sparse and Bayesian; the point variant
@@ -881,8 +832,7 @@ class HyperboloidGPLVM(_Hyperboloid):
         with q(u) at its optimum: for the sparse variant the collapsed eq. 5 of the fitted state).
         ``training_`` and ``minibatch_`` (0.0 / 1.0, stored by the sweep) say which ran. There
         ``max_iter`` counts batches, M = ``n_inducing="auto"`` is min(N, 64), and ``chunks``,
-        ``optimizer="rsgd"``, ``mean="integrated"`` and ``callback`` (full-batch settings) are
-        refused before any work.
+        ``optimizer="rsgd"`` and ``callback`` (full-batch settings) are refused before any work.
     batch_size, local_iter, ng_step, chunk_size : the minibatch fit's B, steps of its per-point
         pass, natural-gradient step on q(u), and rows per vectorised chunk of its per-point and
         final passes.
@@ -892,7 +842,7 @@ class HyperboloidGPLVM(_Hyperboloid):
     of the points (means); ``embedding_var_`` (N, Q) variances S of q(x_i) in the tangent space at
     the mean (bayesian; None otherwise); ``sigma_``, ``beta_``, ``prior_scale_`` (bayesian),
     ``noise_fixed_``, ``elbo_`` (the variant's objective), ``elbo_trace_`` (one value per
-    iteration), ``n_iter_`` (``warm_start_n_iter_``: the sparse warm start's, bayesian),
+    iteration), ``n_iter_``,
     ``converged_``, ``drift_moves_`` ((iteration, a) per drift search; a = 0: no move),
     ``inducing_`` (M, Q+1) or None, ``restricted_`` (the mean integrated out), ``fit_time_``,
     ``training_``, ``minibatch_``; after a minibatch fit (instead of ``drift_moves_``,

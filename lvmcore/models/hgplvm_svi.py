@@ -25,8 +25,8 @@ Training, three phases:
    epoch; H fresh draws per point every step): a natural-gradient step of size ``ng_step`` on q(v)
    toward the batch's optimum (the first of size one), Riemannian Adam (Becigneul & Ganea) on Z and on
    the batch's means (per-point moments and step counts, the exponential map of
-   ``lvmcore.manifolds.lorentz``), Adam on log sigma, log beta (and log s^2 with
-   ``prior_scale="learn"``) and on the batch's log S (held for the first ``fix_variance_iter``
+   ``lvmcore.manifolds.lorentz``), Adam on log sigma and log beta (log s^2 held at the
+   ``prior_scale``'s) and on the batch's log S (held for the first ``fix_variance_iter``
    steps, as the full-batch fit does). ``tol`` stops the phase by the full-batch fit's plateau
    rule (patience 2 windows, after the warm-up) on the bound of one pass over all points after
    every window of whole epochs of at least 50 steps: the statistics at one draw per point, the
@@ -470,8 +470,8 @@ class BayesianHyperboloidGPLVM(_Hyperboloid):
     pass; ``ng_step`` the natural-gradient step on q(u); ``local_samples`` draws per point and step
     of that pass (1: the reparameterisation gradient of one draw, as in SVI generally);
     ``eval_samples`` draws per point for ``elbo_``; ``chunk_size`` rows per vectorised chunk of the
-    per-point and final passes. ``chunks``, ``optimizer`` and ``init="sparse"`` are the full-batch
-    fit's, and refused (before any work) when minibatch training is chosen with a non-default value.
+    per-point and final passes. ``chunks`` and ``optimizer`` are the full-batch fit's, and refused
+    (before any work) when minibatch training is chosen with a non-default value.
     The training parameters and the choice are ``hgplvm._Hyperboloid``'s, shared with the sparse
     variant of ``HyperboloidGPLVM`` (whose minibatch fit is the same three phases with point latents);
     ``local_samples`` and ``eval_samples`` are this model's alone (the sparse one has no draws).

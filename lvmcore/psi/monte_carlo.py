@@ -38,7 +38,7 @@ from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.manifolds.lorentz import expmap, logmap0, origin, transp
 from lvmcore.precision import x64
 
-__all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk", "mc_psi"]
+__all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk"]
 
 _LOG2PI = 1.8378770664093453  # log(2 pi)
 
@@ -111,17 +111,3 @@ def mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa, prior_log_var=0.0):
     )
     e_log_p = jnp.sum(jnp.mean(wrapped_log_density_origin(x, prior_log_var), axis=0))
     return psi0, psi1ty, psi2, e_log_q - e_log_p
-
-
-@x64
-def mc_psi(mu, S, eps, Y, Z, variance, kappa, chunk_size=None, prior_log_var=0.0):
-    """Full-data statistics by summing :func:`mc_psi_chunk` over row chunks (plain loop)."""
-    n = mu.shape[0]
-    if chunk_size is None or chunk_size >= n:
-        return mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa, prior_log_var)
-    out = None
-    for s in range(0, n, chunk_size):
-        sl = slice(s, s + chunk_size)
-        part = mc_psi_chunk(mu[sl], S[sl], eps[:, sl], Y[sl], Z, variance, kappa, prior_log_var)
-        out = part if out is None else tuple(a + p for a, p in zip(out, part))
-    return out
