@@ -27,6 +27,25 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 TEMPLATE_ENV = "EMBED_SWEEP_TEST_PREFECT_TEMPLATE"
 _DB, _MEMO = "prefect.db", "memo_store.toml"
 
+#: the server's loop services that no test here uses, off in the test servers (not in the servers the
+#: CLI starts for itself): each wakes every 5-60 s for the server's life (a whole test run), together
+#: ~0.55 of the idle server's ~1.7 CPU s a minute. The deployments' schedules are inactive (scheduler);
+#: no test pauses or cancels a run (pause expirations, cancellation clean-up), reads a late or a
+#: worker's health state (late runs, foreman), or uses automations or concurrency leases (triggers,
+#: repossessor). The event persister and task-run recorder stay on (flow and task runs the tests read).
+SERVICES_OFF = {
+    f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+    for name in (
+        "SCHEDULER",
+        "LATE_RUNS",
+        "PAUSE_EXPIRATIONS",
+        "CANCELLATION_CLEANUP",
+        "FOREMAN",
+        "TRIGGERS",
+        "REPOSSESSOR",
+    )
+}
+
 
 def seed_home(home: Path) -> bool:
     """Copy the run's template database into ``home`` if it has none yet and a template has been
@@ -85,7 +104,7 @@ def prefect_server(home: Path, extra_env: dict | None = None):
     log = open(home / "server.log", "w")  # noqa: SIM115
     proc = start_child(  # ends with the test process, even if that is killed
         [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
+        env=dict(env, **SERVICES_OFF),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
