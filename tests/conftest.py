@@ -83,17 +83,71 @@ def cluster_client(shared_cluster):
         yield client
 
 
+#: {"url": ..., "home": ...} of the test run's Prefect server when pytest-xdist's controller started it
+SHARED_PREFECT = "EMBED_SWEEP_TEST_PREFECT_SERVER"
+_shared_server: list = []  # (process, log, home) in the controller
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (.ci/test: two test processes), the controller starts the run's one
+    Prefect server before it starts the test processes, and stops it when they have ended: each
+    process had its own (a start, 8-14 CPU s, and ~1.1 CPU s a minute idle for the whole run); the
+    processes find it through ``$EMBED_SWEEP_TEST_PREFECT_SERVER`` (``prefect_api``). The start is
+    not waited for here: the processes collect meanwhile, and the first to need it waits."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    if os.environ.get(SHARED_PREFECT):
+        return
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from tests.prefect_server import start_server
+
+    home = Path(tempfile.mkdtemp(prefix="embed-sweep-test-prefect-home-"))
+    proc, log, env, seeded = start_server(home)
+    _shared_server.append((proc, log, home))
+    os.environ[SHARED_PREFECT] = json.dumps({"url": env["PREFECT_API_URL"], "home": str(home)})
+
+
+def pytest_unconfigure(config):
+    while _shared_server:
+        import shutil
+
+        from tests.prefect_server import stop_server
+
+        proc, log, home = _shared_server.pop()
+        stop_server(proc, log)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
-    """One real Prefect API server per test process for every module that needs one (its start
-    costs 10-35 s on the test machine); a module points itself at it with
-    ``tests.prefect_server.pointed_at``, or passes its environment to the commands it starts.
-    Flow runs and artifacts are told apart by store path; work pools are created with
-    ``--overwrite``."""
+    """One real Prefect API server for every module that needs one (its start costs 10-35 s on the
+    test machine): the run's, started by pytest-xdist's controller (``pytest_configure``), else
+    this process's own; a module points itself at it with ``tests.prefect_server.pointed_at``, or
+    passes its environment to the commands it starts. Flow runs and artifacts are told apart by
+    store path; work pools are created with ``--overwrite``."""
     from tests.prefect_server import prefect_server
 
-    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
-        yield env
+    shared = os.environ.get(SHARED_PREFECT)
+    if not shared:
+        with prefect_server(tmp_path_factory.mktemp("prefect-home")) as env:
+            yield env
+        return
+    import json
+    from pathlib import Path
+
+    from flows.server import flush_prefect_logs, wait_healthy
+    from tests.prefect_server import _save_template, server_env
+
+    where = json.loads(shared)
+    wait_healthy(where["url"])
+    _save_template(Path(where["home"]))  # the first process here saves it; a no-op once saved
+    try:
+        yield server_env(where["home"], where["url"])
+    finally:
+        flush_prefect_logs()  # this process's buffered run logs, while the server is up
 
 
 @pytest.fixture(scope="session")

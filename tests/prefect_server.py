@@ -85,15 +85,9 @@ def _save_template(home: Path) -> None:
     os.replace(Path(dst) / (_DB + tag), Path(dst) / _DB)
 
 
-@contextlib.contextmanager
-def prefect_server(home: Path, extra_env: dict | None = None):
-    """Start `prefect server start` on a free loopback port; yield the environment to use. A fresh
-    ``home`` starts from the run's template database when there is one, else its own database
-    becomes the template."""
-    seeded = seed_home(home)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(
+def server_env(home, url: str, extra_env: dict | None = None) -> dict:
+    """This process's environment pointed at the server on ``url`` with its ``home``."""
+    return dict(
         os.environ,
         PREFECT_HOME=str(home),
         PREFECT_API_URL=url,
@@ -101,27 +95,48 @@ def prefect_server(home: Path, extra_env: dict | None = None):
         PREFECT_UI_ENABLED="false",
         **(extra_env or {}),
     )
+
+
+def start_server(home: Path, extra_env: dict | None = None):
+    """Start `prefect server start` on a free loopback port without waiting for it; returns
+    (process, log file, environment, whether ``home`` was seeded from the template)."""
+    seeded = seed_home(home)
+    port = free_port()
+    env = server_env(home, f"http://127.0.0.1:{port}/api", extra_env)
     log = open(home / "server.log", "w")  # noqa: SIM115
-    proc = start_child(  # ends with the test process, even if that is killed
+    proc = start_child(  # ends with the process that started it, even if that is killed
         [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=dict(env, **SERVICES_OFF),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    return proc, log, env, seeded
+
+
+def stop_server(proc, log) -> None:
+    proc.terminate()
     try:
-        wait_healthy(url, proc)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path, extra_env: dict | None = None):
+    """Start `prefect server start` on a free loopback port; yield the environment to use. A fresh
+    ``home`` starts from the run's template database when there is one, else its own database
+    becomes the template."""
+    proc, log, env, seeded = start_server(home, extra_env)
+    try:
+        wait_healthy(env["PREFECT_API_URL"], proc)
         if not seeded:
             _save_template(home)
         yield env
     finally:
         flush_prefect_logs()
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_server(proc, log)
 
 
 @contextlib.contextmanager
