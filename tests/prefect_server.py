@@ -1,12 +1,14 @@
-"""A real Prefect API server on 127.0.0.1 for the pipeline tests: one per test run
-(``prefect_api`` in tests/conftest.py), each module pointed at it in turn.
+"""A real Prefect API server on 127.0.0.1 for the pipeline tests: one per test run (``prefect_api``
+in tests/conftest.py; under pytest-xdist its controller starts it for both test processes), each
+module pointed at it in turn.
 
 A server on a fresh PREFECT_HOME spends ~7 of its ~12 CPU s to healthy creating its database
 (migrations) and registering the block types; with a copy of a database that a server of the same
 Prefect made and nothing has used yet (and its ``memo_store.toml``), it starts in ~5 CPU s. The
 first server of a test run saves that copy (the folder named by ``$EMBED_SWEEP_TEST_PREFECT_TEMPLATE``,
 made per run by tests/conftest.py) before any test uses it; :func:`seed_home` gives it to the other
-fresh homes: the second test process's server and the CLI's own servers in tests/test_lifecycle.py.
+fresh homes: the CLI's own servers in tests/test_lifecycle.py (and a second test process's server
+when the processes start their own: without pytest-xdist's controller).
 """
 
 from __future__ import annotations
