@@ -37,6 +37,14 @@ def _dense_reference(mu, S, l2, Z):
     return jnp.exp(U[:, iu] + U[:, ju] + a @ (-0.5 * Z[iu] * Z[ju]).T).sum(0)
 
 
+@jax.jit
+def _reference_vjp(mu, S, l2, Z, c):
+    """The dense reference and its VJP with ``c``, compiled as one program (op by op, each of its
+    primitives compiled alone, it cost most of the test's time)."""
+    acc, vjp = jax.vjp(_dense_reference, mu, S, l2, Z)
+    return acc, vjp(c)
+
+
 def _rel(a, b):
     return np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(np.asarray(b)).max(), 1e-300)
 
@@ -50,8 +58,7 @@ def test_kernel_equals_dense_reference(N, M, Q):
     rng = np.random.default_rng(N + M + Q)
     mu, S = rng.normal(size=(N, Q)), rng.uniform(0.05, 0.6, (N, Q))
     l2, Z, c = rng.uniform(0.5, 2.0, Q), rng.normal(size=(M, Q)), rng.normal(size=M * (M + 1) // 2)
-    acc, vjp = jax.vjp(_dense_reference, *(jnp.asarray(x) for x in (mu, S, l2, Z)))
-    want = vjp(jnp.asarray(c))
+    acc, want = _reference_vjp(mu, S, l2, Z, c)
     assert _rel(jax.jit(native.pairs_qx_fwd)(mu, S, l2, Z), acc) < 1e-13
     for with_acc in (False, True):
         *got, acc_b = jax.jit(native.pairs_qx_bwd, static_argnames="with_acc")(mu, S, l2, Z, c, with_acc)
