@@ -293,6 +293,14 @@ def _rbf_direct(mu, S, Z, variance, lengthscale, Y):
     return mu.shape[0] * variance, psi1.T @ Y, psi2n.sum(0)
 
 
+@jax.jit
+def _rbf_direct_vjp(args, cot):
+    """The direct formulas and their VJP with ``cot``, compiled as one program (op by op, each
+    primitive compiled alone, it cost most of the test's time)."""
+    out, vjp = jax.vjp(_rbf_direct, *args)
+    return out, vjp(cot)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [256, 7, 3, 1])
 def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
@@ -306,17 +314,17 @@ def test_rbf_backward_equals_autodiff_of_direct_formulas(case, block_size):
         jnp.asarray(c[k], dtype=jnp.float64) for k in ("mu", "S", "Z", "variance", "lengthscale", "Y")
     )
     out, vjp = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, impl="xla"), *args)
-    ref_out, ref_vjp = jax.vjp(_rbf_direct, *args)
+    ref_out, ref_grads = _rbf_direct_vjp(args, cot)
     for a, b in zip(out, ref_out):
         _rel_close(a, b, 1e-12)
-    for k, (g, r) in enumerate(zip(vjp(cot), ref_vjp(cot))):
+    for k, (g, r) in enumerate(zip(vjp(cot), ref_grads)):
         assert np.shape(g) == np.shape(r), k
         _rel_close(g, r, 1e-10)
     # primal=False (the chunked backward task): zero sums, no forward row pass, the same VJP; its
     # backward pass accumulates the row sums that the variance and pair gradients need itself
     out0, vjp0 = jax.vjp(lambda *a: cf.rbf_psi(*a, block_size=block_size, primal=False, impl="xla"), *args)
     assert not np.any(np.asarray(out0[1])) and not np.any(np.asarray(out0[2]))
-    for k, (g, r) in enumerate(zip(vjp0(cot), ref_vjp(cot))):
+    for k, (g, r) in enumerate(zip(vjp0(cot), ref_grads)):
         assert np.shape(g) == np.shape(r), k
         _rel_close(g, r, 1e-10)
 
