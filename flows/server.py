@@ -60,6 +60,16 @@ def start_child(cmd, **kw) -> subprocess.Popen:
     return subprocess.Popen([*wrapper, *map(str, cmd)], **kw)
 
 
+def stop_child(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """End a helper process: SIGTERM, up to ``timeout`` s for it to exit, then SIGKILL (reaped)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def use_api(url: str):
     """Point this process's Prefect client at ``url`` (the settings are read at import time, so
@@ -100,10 +110,6 @@ def local_server(log_path: Path | None = None):
     finally:
         flush_prefect_logs()
         os.environ.pop("PREFECT_API_URL", None)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_child(proc)
         if log is not subprocess.DEVNULL:
             log.close()

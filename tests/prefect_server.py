@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.server import flush_prefect_logs, free_port, start_child, wait_healthy
+from flows.server import flush_prefect_logs, free_port, start_child, stop_child, wait_healthy
 
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
@@ -117,11 +117,7 @@ def start_server(home: Path, extra_env: dict | None = None):
 
 
 def stop_server(proc, log) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_child(proc, timeout=30)
     log.close()
 
 

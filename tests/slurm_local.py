@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from flows.server import stop_child
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
@@ -117,12 +119,7 @@ def one_node_slurm(root: Path, port: int = 6917):
     finally:
         subprocess.run(["scancel", "--user", "root"], env=env, capture_output=True)
         for p in reversed(started):
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_child(p)
 
 
 def _wait(cond, seconds, message):
