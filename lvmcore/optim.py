@@ -95,8 +95,11 @@ def lbfgs(fg, x, *, n_values, max_iter, tol, gtol=1e-8, bounds=None, callback=No
             break
         if r.nit < 1 or r.status != 0 or "REDUCTION OF F" not in str(r.message):
             # status 0: L-BFGS-B's own test fired (the projected gradient); 1: the budget;
-            # 2: an abnormal stop (a failed line search), not a certified optimum
-            converged = r.status == 0
+            # 2: an abnormal stop (a failed line search), not a certified optimum, except as the
+            # first step of a restart after L-BFGS-B's ftol stop: then not even a steepest-descent
+            # step lowers f, so x is stationary to f's round-off (data scaled by 1e-12 or 1e6 put
+            # f's constant N D log c, and its round-off, far above the last steps' gains)
+            converged = r.status == 0 or (r.nit < 1 and nit > 0)
             break
     return LbfgsResult(np.asarray(x), converged, nit)
 

@@ -122,9 +122,19 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11 * np.abs(b).max())
     assert abs(v1 - v7) <= 1e-10 * abs(v1)
     # relative to each gradient block's norm (elementwise, entries that are sums of large
-    # cancelling terms, such as d/d log beta, carry absolute round-off of the full terms)
-    for a, b in ((gl7["mu"], gl1["mu"]), (gl7["logS"], gl1["logS"]), (gg7["Z"], gg1["Z"])):
-        assert np.linalg.norm(a - b) <= 1e-10 * np.linalg.norm(b)
+    # cancelling terms, such as d/d log beta, carry absolute round-off of the full terms), or within
+    # 10 times what summing the rows in reverse order moves it: d/dZ sums 700 per-point terms of both
+    # signs, and on an AVX-512 machine the reversed one-piece sum alone moved it by 7e-11 of its norm
+    p = np.arange(len(Y))[::-1]
+    _, glr, ggr = _runner(["rbf", "linear"], [Y[p], Y2[p]]).value_and_grad(
+        {k: v[p] for k, v in local.items()}, glob, 0.0
+    )
+    reversed_ = {"mu": np.asarray(glr["mu"])[p], "logS": np.asarray(glr["logS"])[p], "Z": ggr["Z"]}
+    chunked = {"mu": gl7["mu"], "logS": gl7["logS"], "Z": gg7["Z"]}
+    for name, a in chunked.items():
+        b = np.asarray(gl1[name] if name != "Z" else gg1["Z"])
+        order = np.linalg.norm(np.asarray(reversed_[name]) - b)
+        assert np.linalg.norm(np.asarray(a) - b) <= max(1e-10 * np.linalg.norm(b), 10 * order), name
     assert np.linalg.norm(gg7["log_beta"] - gg1["log_beta"]) <= 1e-10 * np.linalg.norm(gg1["log_beta"])
     for key in ("log_var", "log_ls"):
         a, b = np.asarray(gg7["kern"][0][key]), np.asarray(gg1["kern"][0][key])
