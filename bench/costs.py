@@ -308,10 +308,12 @@ ROUND6 = {
 }
 
 
+ROUNDS = {"2": ROUND2, "3": ROUND3, "4": ROUND4, "5": ROUND5, "6": ROUND6}
+
+
 def _plan(entry: str) -> dict:
     """The entry's plan in the round ``COSTS_ROUND`` names (1, the default: ``PLAN``)."""
-    rounds = {"2": ROUND2, "3": ROUND3, "4": ROUND4, "5": ROUND5, "6": ROUND6}
-    rounds = rounds.get(os.environ.get("COSTS_ROUND", "1"), {})
+    rounds = ROUNDS.get(os.environ.get("COSTS_ROUND", "1"), {})
     return dict(PLAN[entry], **rounds.get(entry, {}))
 
 

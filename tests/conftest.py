@@ -111,11 +111,13 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    if not _shared_server:
+        return
+    import shutil
+
+    from tests.prefect_server import stop_server
+
     while _shared_server:
-        import shutil
-
-        from tests.prefect_server import stop_server
-
         proc, log, home = _shared_server.pop()
         stop_server(proc, log)
         shutil.rmtree(home, ignore_errors=True)

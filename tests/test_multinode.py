@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from flows.server import free_port
 from flows.sweep import embed_sweep
 from lvmcore.chunks import scheduler_workers
 from tasks.store import read_status
+from tests.polling import wait_until
 from tests.prefect_server import pointed_at
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,15 +59,6 @@ def _node_env(base: Path, api_url: str) -> dict:
         OPENBLAS_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
     )
-
-
-def _wait(cond, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture
@@ -120,7 +111,7 @@ def separate_cluster(env, tmp_path):
         )
     try:
         with Client(address, timeout=60) as client:
-            _wait(lambda: len(scheduler_workers(client)) == 2, 90, "two workers")
+            wait_until(lambda: len(scheduler_workers(client)) == 2, 90, "two workers")
             yield address, procs, client
     finally:
         for p in procs.values():
@@ -176,7 +167,7 @@ def test_sweep_on_separately_started_scheduler_and_workers_survives_a_lost_worke
                     return True
             return False
 
-        _wait(fitting, 300, "a worker running a grid point")
+        wait_until(fitting, 300, "a worker running a grid point")
         killed_at = _n_done(store)
         os.kill(pid_of[victim["name"]], signal.SIGKILL)
         out, _ = flow.communicate(timeout=400)

@@ -73,7 +73,6 @@ def test_lbfgs_stops_by_the_gain_per_data_value_whatever_the_shift():
     assert not budget.converged and budget.nit == 2
 
 
-
 def test_lbfgs_at_fs_round_off_converges_but_a_failed_first_step_does_not():
     """f known only to a grid of 1e-4 (the round-off of a bound whose constant is large: data
     scaled by 1e-12 or 1e6), the gradient exact: L-BFGS-B stops by its ftol, the restart's first
@@ -93,6 +92,7 @@ def test_lbfgs_at_fs_round_off_converges_but_a_failed_first_step_does_not():
     wrong = lambda x: (0.5 * x @ A @ x - x.sum(), -(A @ x - 1.0))  # noqa: E731
     r = lbfgs(wrong, np.zeros(3), n_values=1.0, max_iter=200, tol=1e-12)
     assert not r.converged and r.nit == 0
+
 
 def test_the_window_rule_is_the_stopping_rule_on_window_means_and_ignores_the_bounds_level():
     """plateau: the best recent window mean's gain over the best earlier one, per data value; a

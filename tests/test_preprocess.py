@@ -8,7 +8,6 @@ the ingested store and reused, not recomputed, when the sweep resumes."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from scipy.linalg import subspace_angles
 
 from lvmcore.data import describe, load
 from lvmcore.data import preprocess as pp
+from tests.polling import wait_until
 
 sc = pytest.importorskip("scanpy")
 ad = pytest.importorskip("anndata")
@@ -200,10 +200,7 @@ def test_every_route_runs_on_the_cluster_shares_and_frees_them(tmp_path, cluster
         assert _check(load(str(path), preprocess=pre), want)["solver"] == solver
     assert shares == [[(0, 256), (256, 500)]] * 4
     held = lambda: set(cluster_client.run(lambda dask_worker: len(dask_worker.state.actors)).values())  # noqa: E731
-    t0 = time.monotonic()
-    while held() != {0} and time.monotonic() - t0 < 10.0:
-        time.sleep(0.05)
-    assert held() == {0}
+    wait_until(lambda: held() == {0}, 10.0, "the workers to drop the preprocessing actors")
 
 
 def test_auto_is_block_lanczos_above_the_covariance_width_and_restarts_keep_it_exact(tmp_path, monkeypatch):
