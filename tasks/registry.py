@@ -17,7 +17,8 @@ import numpy as np
 SWEEP_DIMS = ("k", "latent_dim", "kappa", "seed")
 #: covariance scales a of GLLE's scale study (paper 001 section VI-C): one generation per a
 COV_SCALES = (0.01, 0.1, 1.0, 5.0, 10.0)
-_PARAM_OF_DIM = {"k": "n_neighbors", "latent_dim": "n_components", "kappa": "kappa", "seed": "random_state"}
+#: the constructor argument each sweep dimension sets
+PARAM_OF_DIM = {"k": "n_neighbors", "latent_dim": "n_components", "kappa": "kappa", "seed": "random_state"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ModelSpec:
         args = dict(self.fixed)
         args.update(options)
         for d in self.dims:
-            args[_PARAM_OF_DIM[d]] = point[d]
+            args[PARAM_OF_DIM[d]] = point[d]
         return args
 
 
@@ -264,6 +265,14 @@ DEFAULT_DIM_VALUE = {"k": 10, "latent_dim": 2, "kappa": 100.0, "seed": 0}
 def model_grid(spec: ModelSpec, grid: dict) -> dict[str, list]:
     """The part of the grid that applies to one model (a missing dimension takes its default)."""
     return {d: grid.get(d, [DEFAULT_DIM_VALUE[d]]) for d in spec.dims}
+
+
+def options_for(spec: ModelSpec, model_options: dict) -> dict:
+    """The constructor options of one model from a sweep's ``{family_or_key: {option: value}}``: its
+    family's, then its key's (which win)."""
+    opts = dict(model_options.get(spec.family, {}))
+    opts.update(model_options.get(spec.key, {}))
+    return opts
 
 
 def grid_points(spec: ModelSpec, grid: dict):
