@@ -159,8 +159,8 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
     each grid point's predicted cost on ``cluster`` (tasks.costs), an existing store's identity, a
     writable location. Returns each sweep's plan (a dict, handed to the flow: the data is loaded
     and the options checked once per run)."""
-    from flows.sweep import check_store, check_writable, plan_sweep
-    from tasks.costs import check_plan
+    from tasks.costs import check_plan  # imported here, as the plan: the CLI starts without them
+    from tasks.sweep_plan import check_store, check_writable, plan_sweep
 
     if len(set(stores)) != len(stores):
         raise ValueError(f"two sweeps write the same store: {stores}; give each its own 'store'")
@@ -311,8 +311,8 @@ def _sweep_entry(sw, i: int) -> dict:
 def _set_aside_if_different(store: str, identity: dict) -> None:
     """--replace: a store holding a different sweep (not ``identity``) is renamed aside (never
     deleted)."""
-    from flows.sweep import check_store
     from tasks.store import inputs_dir
+    from tasks.sweep_plan import check_store  # imported here: the CLI starts without the pipeline
 
     if not Path(store).exists():
         return
@@ -516,7 +516,7 @@ def main(argv=None) -> int:
         "--max-point-hours",
         type=float,
         default=None,
-        help="refuse a sweep with a grid point predicted to run longer (default 24; tasks/costs.py)",
+        help="refuse a sweep with a grid point predicted to run longer (default 24; tasks/costs/plan.py)",
     )
     r.add_argument(
         "--replace",

@@ -162,7 +162,7 @@ def pin_threads() -> None:
 
 
 #: what a local cluster's fork server imports once, before it forks each worker process
-WORKER_IMPORTS = ["distributed", "tasks.point"]
+WORKER_IMPORTS = ["distributed", "flows.tasks"]
 
 #: {pid: (environment, sys.path, working directory)} of the fork server this module last used
 _FORK_SERVER: dict = {}
@@ -263,7 +263,7 @@ def start_cluster(spec: dict):
                 "memory_limit": "auto",
                 # pin each worker to a core (bounds XLA's threads), a lost scheduler as one log line,
                 # then import the task code while the workers start, not at their first task
-                "preload": ["flows.pin_cores", "flows.worker_heap", "flows.worker_logs", "tasks.point"],
+                "preload": ["flows.pin_cores", "flows.worker_heap", "flows.worker_logs", "flows.tasks"],
             }
             kw.update(spec)
             cluster = LocalCluster(**kw)

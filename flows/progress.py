@@ -1,6 +1,6 @@
 """How a running sweep tells its story: a progress bar with counts and the estimated time left on a
 terminal (one plain line per finished grid point otherwise), and the same progress as a Prefect
-progress artifact (tasks.artifacts) that the UI shows while the run goes on."""
+progress artifact (flows.artifacts) that the UI shows while the run goes on."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import xarray as xr
 from scipy.spatial.distance import pdist, squareform
 
 from lvmcore import metrics
@@ -21,6 +22,12 @@ EVAL_NEIGHBORS = 10
 EVAL_SEED = 0
 #: a label class keeps at least this many members in a stratified evaluation subset (all it has if fewer)
 MIN_PER_CLASS = 10
+
+
+def read_labels(data_path: str):
+    """The ingested data's label codes (None without labels), read alone (not the data)."""
+    ds = xr.open_zarr(data_path, consolidated=False)
+    return ds["label"].values if "label" in ds else None
 
 
 def eval_subset_attrs(n: int, labels=None) -> dict:

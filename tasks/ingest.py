@@ -5,8 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from prefect import task
-
 from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, recipe, recipe_fingerprint, stream
 from lvmcore.data.loaders import write_store
 from lvmcore.data.sources import VIEWS_SOURCE
@@ -103,8 +101,3 @@ def ingested_attrs(data_path) -> dict:
     except ValueError:
         return {}
     return {"data_preprocess": attrs["preprocess"]} if "preprocess" in attrs else {}
-
-
-@task(name="ingest", retries=2, retry_delay_seconds=2)
-def ingest_task(dataset: str | dict, data_path: str, expect: str | None = None) -> str:
-    return ingest_dataset(dataset, data_path, expect)

@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 
 import xarray as xr
-from prefect import task
 
 from lvmcore.graph import choose_knn_method, knn
 from tasks.inputs import data_fingerprint, load_data
@@ -60,10 +59,3 @@ def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto
     ds.to_zarr(tmp, mode="w", consolidated=False)
     tmp.rename(p)
     return str(p)
-
-
-@task(name="knn", retries=1)
-def knn_task(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
-    if k_max < 1:
-        return ""
-    return build_graph(data_path, int(k_max), graph_path, method)

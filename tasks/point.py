@@ -1,5 +1,6 @@
-"""Grid points as Prefect tasks: each point is fitted, evaluated and written as plain calls inside
-one task, and a task runs a small batch of points.
+"""Grid points, fitted, evaluated and written: :func:`run_point` does one, :func:`run_points` a
+small batch (what one Prefect task of the sweep runs: flows.tasks.grid_points_task), and
+:func:`work_batches` cuts a run's points into those batches.
 
 The three steps run as plain calls, not separate tasks: that keeps a point's arrays on the
 worker that computed them, and batching
@@ -15,13 +16,11 @@ import math
 import time
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.costs import PointOverrun, point_guard
+from tasks.costs.guard import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
-from tasks.registry import MODELS
+from tasks.registry import MODELS, ModelSpec
 from tasks.store import (
     STATUS_FAILED,
     STATUS_PENDING,
@@ -79,6 +78,18 @@ def batches(items: list, sizes: list[int]) -> list[list]:
     return [[items[i] for i in order[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def work_batches(specs: list[ModelSpec], todo: list, n_workers: int, requested: int | None = None) -> list:
+    """A run's grid points ``todo`` ((spec, index, point) triples) as (spec, batch of (index, point))
+    pairs, one per task run: each model's points cut by :func:`batches` into :func:`batch_sizes`,
+    larger batches first (a stable sort: grid order kept among equal sizes)."""
+    work = []
+    for s in specs:
+        mine = [(idx, point) for spec, idx, point in todo if spec is s]
+        work += [(s, b) for b in batches(mine, batch_sizes(len(mine), n_workers, requested))]
+    work.sort(key=lambda sb: -len(sb[1]))
+    return work
+
+
 def run_point(
     key: str,
     options: dict,
@@ -90,7 +101,7 @@ def run_point(
     layout: Layout,
 ) -> str:
     """Fit, evaluate and write one grid point; returns ``done`` or ``failed``. A fit that runs past
-    its predicted time by the set factor is stopped and recorded failed (tasks.costs)."""
+    its predicted time by the set factor is stopped and recorded failed (tasks.costs.guard)."""
     n_gen = layout.n_generations if "generations" in MODELS[key].extras else 0
     try:
         with point_guard(key, options, point, data_path, n_gen):
@@ -111,8 +122,7 @@ def run_point(
     return res.status
 
 
-@task(name="grid-points", cache_policy=NO_CACHE, task_run_name="{key}-{n}-points")
-def grid_points_task(
+def run_points(
     key: str,
     options: dict,
     data_path: str,
@@ -120,7 +130,6 @@ def grid_points_task(
     items: list,
     store: str,
     layout: Layout,
-    n: int = 0,
     retry_failed: bool = False,
 ) -> list[str]:
     """Run a batch of grid points (``items``: (index, point) pairs) of one model, skipping any

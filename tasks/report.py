@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-from prefect import task
 
 from tasks.results import QUALITY, criterion_of, model_groups, quality_grid, select
 from tasks.store import STATUS_DONE, open_results
@@ -485,8 +484,3 @@ def make_report(store, out_dir=None) -> str:
     body.append("</body></html>")
     (out / "index.html").write_text("\n".join(body))
     return str(out / "index.html")
-
-
-@task(name="report", retries=1)
-def report_task(store: str) -> str:
-    return make_report(store)

@@ -36,7 +36,7 @@ def assert_failed_in_prefect(client, flow_run_id, store: str) -> None:
         FlowRunFilterParentFlowRunId,
     )
 
-    from tasks.artifacts import artifact_key
+    from flows.artifacts import artifact_key
 
     assert client.read_flow_run(flow_run_id).state.is_failed()
     subs = client.read_flow_runs(

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.sweep import input_paths, plan_sweep
 from tasks.ingest import ingest_dataset
 from tasks.knn import build_graph
 from tasks.point import run_point
 from tasks.registry import grid_points, model_grid
 from tasks.store import prepare_store
+from tasks.sweep_plan import input_paths, plan_sweep
 
 
 def build_store(store: Path, dataset, models, grid, options=None, n_generations: int = 2) -> Path:

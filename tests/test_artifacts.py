@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.artifacts import artifact_key
 from flows.progress import Progress
 from flows.sweep import embed_sweep
-from tasks.artifacts import artifact_key
 from tests.prefect_server import pointed_at
 
 TINY = {"name": "swiss_roll", "n": 120, "seed": 2}

@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from flows.cli import main as cli_main
-from flows.sweep import plan_sweep
 from tasks import costs
+from tasks.costs.calibrate import calibrate_machine
 from tasks.store import read_status
+from tasks.sweep_plan import plan_sweep
 from tests.results_store import build_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def test_predictions_and_refusals_come_from_the_cost_data_file(no_server, tmp_pa
     slow = costs.check_plan(plan, {"type": "local"}, out=None)
     for b, a in zip(before, slow):
         assert a["seconds"] == pytest.approx(2.0 * b["seconds"], rel=1e-9)
-    cal = costs.calibrate(repeats=3)
+    cal = calibrate_machine(repeats=3)
     assert costs.speed_factor() == pytest.approx(cal["probe_seconds"] / ref) == pytest.approx(cal["factor"])
     (tmp_path / "no-calibration.json").unlink()
     # a model the shipped data lets through is refused once its data says it is slow

@@ -13,9 +13,10 @@ import xarray as xr
 
 import flows.sweep
 from flows.cli import main as cli_main
-from flows.sweep import check_store, embed_sweep, plan_sweep
+from flows.sweep import embed_sweep
 from tasks.registry import MODELS, resolve_models
 from tasks.report import make_report, summary_table
+from tasks.sweep_plan import check_store, plan_sweep
 from tests.prefect_server import pointed_at
 
 TINY = {"name": "swiss_roll", "n": 150, "seed": 1}
@@ -258,9 +259,9 @@ def test_queued_grid_points_do_not_run_side_by_side_on_a_one_thread_worker(tmp_p
 
     from distributed import Client, LocalCluster
 
-    from flows.sweep import input_paths
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph
+    from tasks.sweep_plan import input_paths
 
     data_path, graph_path = input_paths(str(tmp_path / "s.zarr"))
     Path(data_path).parent.mkdir(parents=True)
