@@ -463,6 +463,7 @@ def test_predict_view_equals_dense_formula():
 
     from lvmcore.kernels.euclidean import get_kernel
     from lvmcore.models.bgplvm import kmm
+    from lvmcore.psi import psi1, psi_statistics
 
     rng = np.random.default_rng(4)
     Y = rng.standard_normal((40, 3))
@@ -481,10 +482,9 @@ def test_predict_view_equals_dense_formula():
         mean, var = m.predict_view(mu, S, 0)
         for i in range(4):
             with jax.enable_x64(True):  # the kernel's own statistics of one row, as the reference's input
-                p0, _, p2 = (
-                    np.asarray(a) for a in kern.psi(mu[i : i + 1], S[i : i + 1], Z, kp, np.zeros((1, 1)))
-                )
-                p1 = np.asarray(kern.psi1(mu[i : i + 1], S[i : i + 1], Z, kp))[0]
+                row = (mu[i : i + 1], S[i : i + 1], Z, kp)
+                p0, _, p2 = (np.asarray(a) for a in psi_statistics(kern, *row, np.zeros((1, 1))))
+                p1 = np.asarray(psi1(kern, mu[i : i + 1], S[i : i + 1], Z, kp))[0]
             want_mean = p1 @ W
             trace = np.trace(_solve_refined(Kmm, p2) - _solve_refined(B, p2))
             want_var = p0 - trace + 1 / beta + np.diag(W.T @ p2 @ W) - want_mean**2

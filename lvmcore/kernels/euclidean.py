@@ -1,5 +1,5 @@
 """Euclidean ARD kernels of the Bayesian GP-LVM and MRD (paper 004, section 3 and appendix A),
-one object each, with their psi statistics beside them.
+one object each; they hold K only (their psi statistics are ``lvmcore.psi``'s, by kernel type).
 
 * RBF:    k(x, z) = variance * exp(-1/2 sum_q (x_q - z_q)^2 / lengthscale_q^2)
 * linear: k(x, z) = sum_q variances_q x_q z_q
@@ -9,12 +9,11 @@ unconstrained coordinates) passed to every method. Each kernel gives
 
 * ``init(var, Q)``: the parameters at the start of a fit (signal variance ``var`` of the data);
 * ``K(X, Z, kp)``: the kernel matrix [N, M];
-* ``psi(mu, S, Z, kp, Y)``: the chunk sums (psi0, Psi1^T Y [M, D], Psi2 [M, M]) of eq. 39 under
-  q(X) = prod_n N(mu_n, diag S_n) (``lvmcore.psi.closed_form``);
-* ``psi1(mu, S, Z, kp)``: Psi1 [N, M] row by row (prediction at uncertain inputs, appendix C);
 * ``ard(kp)``: the input sensitivities [Q] that ARD switches off (RBF: variance / lengthscale^2).
 
-A new kernel brings these five; the collapsed bound (``lvmcore.collapsed``) does not change.
+A new kernel brings these three, and registers its psi statistics under q(X) with
+``lvmcore.psi`` (the closed forms of these two: ``lvmcore.psi.closed_form``); the collapsed bound
+(``lvmcore.collapsed``) does not change.
 """
 
 from __future__ import annotations
@@ -60,21 +59,6 @@ class RBF:
         return rbf_K(X, Z, jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"]))
 
     @staticmethod
-    @x64
-    def psi(mu, S, Z, kp, Y, *, primal: bool = True, impl: str | None = None):
-        from lvmcore.psi.closed_form import psi_block, rbf_psi
-
-        var, ls = jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"])
-        return rbf_psi(mu, S, Z, var, ls, Y, block_size=psi_block(Z.shape[0]), primal=primal, impl=impl)
-
-    @staticmethod
-    @x64
-    def psi1(mu, S, Z, kp):
-        from lvmcore.psi.closed_form import rbf_psi1
-
-        return rbf_psi1(mu, S, Z, jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"]))
-
-    @staticmethod
     def ard(kp) -> np.ndarray:
         return np.exp(np.asarray(kp["log_var"])) / np.exp(2.0 * np.asarray(kp["log_ls"]))
 
@@ -92,20 +76,6 @@ class Linear:
     @x64
     def K(X, Z, kp):
         return linear_K(X, Z, jnp.exp(kp["log_vars"]))
-
-    @staticmethod
-    @x64
-    def psi(mu, S, Z, kp, Y, *, primal: bool = True, impl: str | None = None):
-        from lvmcore.psi.closed_form import linear_psi
-
-        return linear_psi(mu, S, Z, jnp.exp(kp["log_vars"]), Y)
-
-    @staticmethod
-    @x64
-    def psi1(mu, S, Z, kp):
-        from lvmcore.psi.closed_form import linear_psi1
-
-        return linear_psi1(mu, S, Z, jnp.exp(kp["log_vars"]))
 
     @staticmethod
     def ard(kp) -> np.ndarray:

@@ -12,9 +12,9 @@ This module is the kernel's one home: the hyperboloid GP-LVM (:mod:`lvmcore.mode
 its Monte-Carlo psi statistics (:mod:`lvmcore.psi.monte_carlo`) both evaluate it through
 :func:`he_kernel` (any points) or :func:`he_kernel_chords` (from squared chord lengths, with the
 derivative the hand-written point-variant gradient needs). :class:`HyperboloidExponential` is the
-kernel as an object beside ``lvmcore.kernels.euclidean``'s RBF-ARD and linear-ARD, with its psi
-statistics under a wrapped-Gaussian q(X) (Monte Carlo, eqs. 13-20); ``lvmcore.kernels.expectations``
-dispatches on the kernel's type.  Everything is float64 under a scoped
+kernel as an object beside ``lvmcore.kernels.euclidean``'s RBF-ARD and linear-ARD; it holds K only,
+and its psi statistics under a wrapped-Gaussian q(X) (Monte Carlo, eqs. 13-20) are
+``lvmcore.psi``'s, dispatched on the kernel's type.  Everything is float64 under a scoped
 ``jax.enable_x64(True)`` (:func:`x64`): importing this module changes no global JAX setting.
 """
 
@@ -87,9 +87,8 @@ def he_kernel_diag(X, variance):
 
 class HyperboloidExponential:
     """The HE kernel (eq. 10) as an object: parameters ``{"log_var": []}`` (log sigma); kappa is
-    the paper's fixed hyper-parameter, held by the object. ``psi`` gives the chunk sums (psi0,
-    Psi1^T Y, Psi2) and the KL of q(X) = prod_n N^w(mu_n, diag S_n) from the prior, by the
-    reparameterised Monte-Carlo estimate of eqs. 13-20 with the draws ``eps`` (H, B, Q)."""
+    the paper's fixed hyper-parameter, held by the object. Its psi statistics are
+    ``lvmcore.psi.psi_statistics(kernel, ...)`` (Monte Carlo, :mod:`lvmcore.psi.monte_carlo`)."""
 
     name = "he"
 
@@ -104,9 +103,3 @@ class HyperboloidExponential:
     @x64
     def K(self, X, Z, kp):
         return he_kernel(X, Z, jnp.exp(kp["log_var"]), self.kappa)
-
-    @x64
-    def psi(self, mu, S, Z, kp, Y, *, eps, prior_log_var=0.0):
-        from lvmcore.psi.monte_carlo import mc_psi_chunk
-
-        return mc_psi_chunk(mu, S, eps, Y, Z, jnp.exp(kp["log_var"]), self.kappa, prior_log_var)

@@ -43,6 +43,7 @@ from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
 from lvmcore.pca import pca_start
 from lvmcore.precision import x64
+from lvmcore.psi import psi1, psi_statistics
 from lvmcore.psi.closed_form import kl_diag_gaussian, resolve_impl
 
 _KERNELS = tuple(KERNELS)
@@ -94,7 +95,8 @@ class ViewStats(JitStats):
             out = []
             for v, kern in enumerate(kernels):
                 Z = glob["Z"][0 if shared else v]
-                p0, p1, p2 = kern.psi(mu, S, Z, glob["kern"][v], data[v], primal=primal, impl=impl)
+                kp = glob["kern"][v]
+                p0, p1, p2 = psi_statistics(kern, mu, S, Z, kp, data[v], primal=primal, impl=impl)
                 out.append((p0, p1, p2, jnp.sum(data[v] ** 2)))
             return {"views": out, "kl": kl_diag_gaussian(mu, S) if with_kl else jnp.zeros(())}
 
@@ -417,7 +419,7 @@ class _CollapsedGPLVM(LatentModel):
             F = -kl_diag_gaussian(mu, S)
             for v, Y in obs.items():
                 kp, Z = glob["kern"][v], self._Z(v)
-                p0, p1, p2 = get_kernel(kinds[v]).psi(mu, S, Z, kp, Y)
+                p0, p1, p2 = psi_statistics(get_kernel(kinds[v]), mu, S, Z, kp, Y)
                 t = train["views"][v]
                 stats = (t[0] + p0, t[1] + p1, t[2] + p2, t[3] + jnp.sum(Y**2))
                 F = F + view_bound(
@@ -455,11 +457,11 @@ class _CollapsedGPLVM(LatentModel):
         t = collapsed.terms(kmm(kind, Z, kp, self.kmm_jitter_[view]), psi1TY, psi2, beta, self.extra_jitter_)
 
         def one(m, s):  # a single row's psi0 and Psi2_n
-            p0, _, p2 = kern.psi(m[None], s[None], Z, kp, jnp.zeros((1, 1)))
+            p0, _, p2 = psi_statistics(kern, m[None], s[None], Z, kp, jnp.zeros((1, 1)))
             return p0, p2
 
         p0, p2 = jax.vmap(one)(mu, S)
-        mean, var = collapsed.predict(t, beta, p0, kern.psi1(mu, S, Z, kp), p2)
+        mean, var = collapsed.predict(t, beta, p0, psi1(kern, mu, S, Z, kp), p2)
         mean, var = np.asarray(mean), np.asarray(var)
         return mean + self.view_means_[view], var
 

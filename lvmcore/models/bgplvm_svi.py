@@ -50,6 +50,7 @@ from lvmcore.linalg import KMM_JITTER
 from lvmcore.models.bgplvm import RULES, BayesianGPLVM, _CollapsedGPLVM, kmm
 from lvmcore.optim import adam, window_plateau
 from lvmcore.precision import jit64, x64
+from lvmcore.psi import psi_statistics
 from lvmcore.psi.closed_form import kl_diag_gaussian
 from lvmcore.uncollapsed import jitter_tries
 
@@ -100,7 +101,7 @@ def _optimal_qu_jit(kind, stats, glob, scale, rel_jitter, kmm_jitter):
 @x64
 def batch_statistics(kind, mu, S, Y, glob):
     """(psi0, Psi1^T Y, Psi2, tr(Y^T Y)) summed over the given points (the kernel's psi statistics)."""
-    p0, p1y, p2 = get_kernel(kind).psi(mu, S, glob["Z"][0], glob["kern"][0], Y)
+    p0, p1y, p2 = psi_statistics(get_kernel(kind), mu, S, glob["Z"][0], glob["kern"][0], Y)
     return (p0, p1y, p2, jnp.sum(jnp.asarray(Y) ** 2))
 
 

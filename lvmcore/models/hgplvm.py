@@ -76,7 +76,7 @@ from lvmcore import collapsed, linalg
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
 from lvmcore.graph import knn_query
-from lvmcore.kernels import HyperboloidExponential, expectations
+from lvmcore.kernels import HyperboloidExponential
 from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, expmap0, logmap, logmap0, proj, to_poincare, transp
 from lvmcore.models._base import LatentModel
@@ -91,6 +91,7 @@ from lvmcore.models.hgplvm_point import (
 from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.pca import pca_start, ppca_noise_variance
 from lvmcore.precision import jit64, x64
+from lvmcore.psi import psi_statistics
 
 __all__ = [
     "HyperboloidGPLVM",
@@ -161,7 +162,7 @@ def mc_statistics(X, log_S, Z, hyp, Y, eps, kappa):
     (eqs. 15-20: the HE kernel's expectations), with hyp = (log sigma, log beta, log s^2). The
     full-batch bound, its row chunks and the minibatch bound all take them from here."""
     kp = {"log_var": hyp[0]}
-    *psi, kl = expectations(
+    *psi, kl = psi_statistics(
         HyperboloidExponential(kappa), X, jnp.exp(log_S), Z, kp, Y, eps=eps, prior_log_var=hyp[2]
     )
     return (*psi, jnp.sum(Y * Y)), kl

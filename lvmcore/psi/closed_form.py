@@ -72,7 +72,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lvmcore.kernels.euclidean import linear_K
-from lvmcore.precision import jit64
+from lvmcore.precision import jit64, x64
+from lvmcore.psi import native
 
 __all__ = [
     "rbf_psi",
@@ -80,6 +81,10 @@ __all__ = [
     "linear_psi",
     "linear_psi1",
     "kl_diag_gaussian",
+    "rbf_statistics",
+    "rbf_rows",
+    "linear_statistics",
+    "linear_rows",
 ]
 
 DEFAULT_BLOCK = 256
@@ -292,8 +297,6 @@ def _native_pairs(mu, S, l2, Z, variance, log_pair, primal):
 
 
 def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal):
-    from lvmcore.psi import native
-
     if not primal:
         return jnp.zeros_like(log_pair), (mu, S, l2, Z, variance, log_pair, None)
     # the kernel's inputs made per row tile from q(X) in C: no (N, M) array in between
@@ -302,8 +305,6 @@ def _native_pairs_fwd(mu, S, l2, Z, variance, log_pair, primal):
 
 
 def _native_pairs_bwd(primal, res, g):
-    from lvmcore.psi import native
-
     mu, S, l2, Z, variance, log_pair, acc = res
     el = jnp.exp(log_pair)
     pf = variance * variance * el
@@ -321,8 +322,6 @@ IMPLS = ("native", "xla")
 def resolve_impl(impl):
     """'native' (the C pair kernel), 'xla' (pure jax) or None: the native kernel where it builds,
     unless ``EMBED_SWEEP_NATIVE=0`` turns it off, else the XLA path (``lvmcore.psi.native``)."""
-    from lvmcore.psi import native
-
     if impl is None:
         return "native" if native.enabled() and native.available() else "xla"
     if impl not in IMPLS:
@@ -404,6 +403,39 @@ def linear_psi(mu, S, Z, variances, Y):
     C = mu.T @ mu + jnp.diag(S.sum(0))
     psi2 = Zv @ C @ Zv.T
     return psi0, psi1TY, psi2
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels' entries (``lvmcore.psi``'s dispatch table): parameters as the kernel objects hold
+# them (log-values, ``lvmcore.kernels.euclidean``)
+# ---------------------------------------------------------------------------------------------
+
+
+@x64
+def rbf_statistics(kernel, mu, S, Z, kp, Y, *, primal: bool = True, impl: str | None = None):
+    """The RBF-ARD kernel's chunk sums (psi0, Psi1^T Y [M, D], Psi2 [M, M]) of eq. 39 under
+    q(X) = prod_n N(mu_n, diag S_n): :func:`rbf_psi` in blocks of :func:`psi_block` rows."""
+    var, ls = jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"])
+    return rbf_psi(mu, S, Z, var, ls, Y, block_size=psi_block(Z.shape[0]), primal=primal, impl=impl)
+
+
+@x64
+def rbf_rows(kernel, mu, S, Z, kp):
+    """The RBF-ARD kernel's Psi1 [N, M] row by row (prediction at uncertain inputs, appendix C)."""
+    return rbf_psi1(mu, S, Z, jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"]))
+
+
+@x64
+def linear_statistics(kernel, mu, S, Z, kp, Y, *, primal: bool = True, impl: str | None = None):
+    """The linear-ARD kernel's chunk sums (psi0, Psi1^T Y, Psi2): :func:`linear_psi` (``primal``
+    and ``impl`` are the RBF path's options: nothing to choose here)."""
+    return linear_psi(mu, S, Z, jnp.exp(kp["log_vars"]), Y)
+
+
+@x64
+def linear_rows(kernel, mu, S, Z, kp):
+    """The linear-ARD kernel's Psi1 [N, M] row by row."""
+    return linear_psi1(mu, S, Z, jnp.exp(kp["log_vars"]))
 
 
 # ---------------------------------------------------------------------------------------------

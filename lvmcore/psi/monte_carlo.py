@@ -38,7 +38,7 @@ from lvmcore.kernels.hyperbolic import he_kernel
 from lvmcore.manifolds.lorentz import expmap, logmap0, origin, transp
 from lvmcore.precision import x64
 
-__all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk"]
+__all__ = ["log_sinhc", "sample_wrapped", "wrapped_log_density_origin", "mc_psi_chunk", "he_statistics"]
 
 _LOG2PI = 1.8378770664093453  # log(2 pi)
 
@@ -111,3 +111,12 @@ def mc_psi_chunk(mu, S, eps, Y, Z, variance, kappa, prior_log_var=0.0):
     )
     e_log_p = jnp.sum(jnp.mean(wrapped_log_density_origin(x, prior_log_var), axis=0))
     return psi0, psi1ty, psi2, e_log_q - e_log_p
+
+
+@x64
+def he_statistics(kernel, mu, S, Z, kp, Y, *, eps, prior_log_var=0.0):
+    """The HE kernel's (:class:`~lvmcore.kernels.hyperbolic.HyperboloidExponential`, parameters
+    ``{"log_var": log sigma}``, its ``kappa``) chunk sums (psi0, Psi1^T Y, Psi2) and the KL of
+    q(X) = prod_n N^w(mu_n, diag S_n) from the prior: :func:`mc_psi_chunk` at the draws ``eps``
+    (H, B, Q)."""
+    return mc_psi_chunk(mu, S, eps, Y, Z, jnp.exp(kp["log_var"]), kernel.kappa, prior_log_var)
