@@ -25,15 +25,15 @@ Stages, each in a fresh process (its own peak RSS; the Dask workers' peaks read 
 Each stage prints one JSON line; the summary gives wall time and peak RSS per process, and the
 ratios ours / scanpy for the preprocessing.
 
-    python bench/atlas.py --cells 20000 --genes 5000 --out /tmp/atlas
-    python bench/atlas.py --cells 200000 --genes 20000 --out /tmp/atlas-full --stages gen,ours,scanpy,compare
+    python -m bench.data.atlas --cells 20000 --genes 5000 --out /tmp/atlas
+    python -m bench.data.atlas --cells 200000 --genes 20000 --out /tmp/atlas-full \
+        --stages gen,ours,scanpy,compare
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT, module_command
+
 PRE = {"normalize_total": 1e4, "log1p": True, "pca": 50}
 BLOCK = 2000
 
@@ -340,8 +341,6 @@ def main():
     p.add_argument("--stages", default="gen,ours,scanpy,compare,knn,sweep")
     p.add_argument("--stage", help=argparse.SUPPRESS)
     a = p.parse_args()
-    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(v, "1")
     if a.stage:
         print(json.dumps(STAGES[a.stage](a)), flush=True)
         return
@@ -358,7 +357,7 @@ def main():
                 skip = True
                 continue
             rest.append(x)
-        argv = [sys.executable, __file__, "--stage", stage, *rest]
+        argv = module_command(__spec__.name, "--stage", stage, *rest)
         r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
         if r.returncode or not line:

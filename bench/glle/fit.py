@@ -1,19 +1,15 @@
 """LLE and GLLE timings against scikit-learn's LLE in one run (paper 001 datasets: Swiss roll).
 
-    python bench/glle.py [--sizes 5000 50000] [--k 10]
+    python -m bench.glle.fit [--sizes 5000 50000] [--k 10]
 
 For each n: scikit-learn LocallyLinearEmbedding (arpack, its own kNN), our LLE (exact kNN, batched
 weights, sparse eigensolver), GLLE-EM fit with 10 EM iterations (plus its first generation),
 GLLE direct-sampling fit, and the GLLE-EM fit chunked over a 2-process LocalCluster. Every time is
 printed with its ratio to scikit-learn's LLE fit (targets: our LLE <= 1.2, GLLE-EM <= 5)."""
 
-import os
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
-
-import argparse  # noqa: E402
-import time  # noqa: E402
+import argparse
+import time
 
 
 def timed(f):
@@ -27,9 +23,9 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[5000, 50000])
     ap.add_argument("--k", type=int, default=10)
     a = ap.parse_args()
-    from _cluster import local_client
     from sklearn.manifold import LocallyLinearEmbedding
 
+    from bench.common import local_client
     from lvmcore.data.synthetic import swiss_roll
     from lvmcore.graph import knn
     from lvmcore.lle import lle

@@ -5,7 +5,7 @@
    coordinate (any direction: ``lvmcore.metrics.unfolding``) with the manifold parameter over 5
    generations, and the mean Procrustes disparity of the generations to the LLE embedding.
 
-       python bench/glle_scale.py
+       python -m bench.glle.scale
 
 2. Eigensolver of the embedding (``lvmcore.lle.embed``, Q = 2) on a 3-D swiss roll, k = 10, at
    each n given: the LLE weights W are built once and saved; each solver then runs in a fresh
@@ -18,7 +18,7 @@
    (``lvmcore.metrics.unfolding``) of the vectors against the roll's parameter on a seeded
    subsample of ``UNFOLD_POINTS``.
 
-       python bench/glle_scale.py eigen 10000 100000 1000000 [solver ...]
+       python -m bench.glle.scale eigen 10000 100000 1000000 [solver ...]
 
 3. The sweep's fit, ``GLLE(method="em", n_neighbors=10, n_components=2, random_state=0)``, on a
    3-D swiss roll of each n given, with the exact kNN graph by cKDTree passed in (the anchor):
@@ -27,33 +27,21 @@
    unfolding score of both embeddings. ``--chunks C`` runs the per-point work in chunks of C
    points over a 2-worker ``distributed.LocalCluster``.
 
-       python bench/glle_scale.py fit 1000000 [--chunks 250000] [--data roll50] [--sweep] [--graph-dir D]
+       python -m bench.glle.scale fit 1000000 [--chunks 250000] [--data roll50] [--sweep] [--graph-dir D]
            [--k K]
 
-   ``--data roll50``: bench/scale.py's 50-D roll (pynndescent graph, cached in D); ``--data
-   atlas:DIR/data.zarr``: n cells of an ingested atlas's 50-D PCA (``bench/atlas.py``); ``--sweep``:
+   ``--data roll50``: bench/sweep/scale.py's 50-D roll (pynndescent graph, cached in D); ``--data
+   atlas:DIR/data.zarr``: n cells of an ingested atlas's 50-D PCA (``bench/data/atlas.py``); ``--sweep``:
    then the sweep's generations (3 + one per covariance scale), with the peak RSS per phase.
 
 4. The pinned LU's size (``fill``): stored entries per point, CPU time and off-diagonal pivots of
    the factor for the LLE weights and for a generation's draw at a = 10, with static and with
    threshold pivoting, on roll3 and roll50 at each n.
 
-       python bench/glle_scale.py fill 10000 30000 100000 300000 [roll3|roll50] [--graph-dir D]
-
-5. The Lanczos basis of the pinned-LU eigensolve (``basis``): products, CPU seconds and the angle
-   to dense ``eigh`` (n <= 10^4) with ARPACK's default basis of 20 and with 2q + 2, for the LLE
-   weights and generations at a = 0.1 and 1.
-
-       python bench/glle_scale.py basis 10000 100000 [roll3|roll50] [--graph-dir D]
-6. The sweep's GLLE point on a 2-worker ``distributed.LocalCluster`` (``parallel``): the fit with
-   ``chunks``, ``sample(3)`` and the five-scale study, its eigenproblems solved one after the other
-   in the calling process (as before: ``GLLE._embed_all`` forced to its in-process loop) against at
-   once as tasks (one per draw), the two arms alternating; wall and the calling process's CPU per
-   arm, and whether the two arms' arrays are identical.
-
-       python bench/glle_scale.py parallel 100000 [roll50] [--graph-dir D] [--rounds 2]
+       python -m bench.glle.scale fill 10000 30000 100000 300000 [roll3|roll50] [--graph-dir D]
 """
 
+import contextlib
 import json
 import os
 import resource
@@ -65,6 +53,7 @@ import time
 import numpy as np
 from scipy.spatial import procrustes
 
+from bench.common import ROOT, local_client, module_command
 from lvmcore.data import synthetic as S
 from lvmcore.metrics import unfolding
 from lvmcore.models.glle import GLLE
@@ -179,7 +168,8 @@ def eigen(ns, solvers=SOLVERS):
             out = os.path.join(tmp, f"v{n}_{solver}.npy")
             try:
                 r = subprocess.run(
-                    [sys.executable, __file__, "_solve", path, solver, out],
+                    module_command(__spec__.name, "_solve", path, solver, out),
+                    cwd=ROOT,
                     capture_output=True,
                     text=True,
                     timeout=CAP_S,
@@ -208,10 +198,10 @@ def eigen(ns, solvers=SOLVERS):
 
 def roll(kind: str, n: int):
     """(Y, t) of the bench's data: ``atlas:PATH``, n cells drawn (seeded, without replacement) from
-    the 50-D PCA of an ingested atlas store (``bench/atlas.py``'s data.zarr; t the cells' order in
-    the store, no manifold parameter), or ``bench/scale.py``'s data: ``roll3`` the 3-D swiss roll,
+    the 50-D PCA of an ingested atlas store (``bench/data/atlas.py``'s data.zarr; t the cells' order in
+    the store, no manifold parameter), or ``bench/sweep/scale.py``'s data: ``roll3`` the 3-D swiss roll,
     ``roll50`` the same roll through a fixed random orthonormal 3 -> 50 map plus N(0, 0.05^2) noise
-    per dimension (the same generator and seeds as ``bench/scale.py make_data``, so the same array)."""
+    per dimension (the same generator and seeds as ``bench/sweep/scale.py make_data``, so the same array)."""
     from lvmcore.data.synthetic import swiss_roll
 
     if kind.startswith("atlas:"):
@@ -293,52 +283,71 @@ class RssSampler:
         self.peaks[label] = max(self.peaks.get(label, 0), r)
 
 
-def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None, k=10):
-    """Time ``GLLE(method="em").fit`` by phase (the model's module-level calls are wrapped), with
-    the peak RSS of each phase sampled by a thread and, for every sparse factorisation, its
-    stored entries (SuperLU's ``nnz``: the supernodal L blocks and U) and CPU time; phases are
-    reported as CPU seconds of the process (the machine is shared: wall measures the load), the
-    total also as wall. ``sweep``:
-    then the sweep's generations as ``tasks/fit.py`` runs them (``sample(3, random_state=seed)``
-    and one ``sample(1, random_state=seed, cov_scale=a)`` per ``COV_SCALES`` value)."""
-    from contextlib import nullcontext
+@contextlib.contextmanager
+def observe_calls(funcs: dict, on_start, on_return):
+    """Calls ``on_start(name)`` when a function of ``funcs`` ({name: function}) starts and
+    ``on_return(name, value)`` when it returns, through ``sys.monitoring``'s start and return events
+    enabled on those functions' code objects only: the functions are observed, not replaced, and
+    every other call runs without a hook."""
+    mon, ev = sys.monitoring, sys.monitoring.events
+    tool = mon.PROFILER_ID
+    names = {f.__code__: name for name, f in funcs.items()}
+    mon.use_tool_id(tool, "bench.glle.scale")
+    mon.register_callback(tool, ev.PY_START, lambda code, offset: on_start(names[code]))
+    mon.register_callback(tool, ev.PY_RETURN, lambda code, offset, value: on_return(names[code], value))
+    try:
+        for code in names:
+            mon.set_local_events(tool, code, ev.PY_START | ev.PY_RETURN)
+        yield
+    finally:
+        for code in names:
+            mon.set_local_events(tool, code, 0)
+        mon.register_callback(tool, ev.PY_START, None)
+        mon.register_callback(tool, ev.PY_RETURN, None)
+        mon.free_tool_id(tool)
 
+
+#: the stages of ``GLLE.fit`` timed by ``fit`` (functions of ``lvmcore.models.glle``'s namespace)
+PHASES = ("map_points", "em_iterations", "fill_reducing_order", "embed", "weight_matrix")
+
+
+def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None, k=10):
+    """Time ``GLLE(method="em").fit`` by phase (the calls of the model module's functions in
+    ``PHASES`` are observed by :func:`observe_calls`), with the peak RSS of each phase sampled by
+    a thread and, for every sparse factorisation, its stored entries (SuperLU's ``nnz``: the
+    supernodal L blocks and U) and CPU time; phases are reported as CPU seconds of the process (the
+    machine is shared: wall measures the load), the total also as wall. ``chunks``: the per-point
+    work on a 2-worker local cluster (``bench.common.local_client``). ``sweep``: then the sweep's
+    generations as ``tasks/fit.py`` runs them (``sample(3, random_state=seed)`` and one
+    ``sample(1, random_state=seed, cov_scale=a)`` per ``COV_SCALES`` value)."""
     import scipy.sparse.linalg as sla
 
     import lvmcore.models.glle as G
 
-    spent, lus = {}, []
+    spent, lus, started = {}, [], {}
     sampler = RssSampler()
 
-    def wrap(name, f):
-        def timed_call(*a, **kw):
+    def on_start(name):
+        if name != "splu":
             sampler.phase(f"{name}#{len(spent.get(name, []))}")
-            t0 = time.process_time()
-            out = f(*a, **kw)
-            spent.setdefault(name, []).append(time.process_time() - t0)
-            sampler.phase("other")
-            return out
+        started.setdefault(name, []).append(time.process_time())
 
-        return timed_call
+    def on_return(name, value):
+        took = time.process_time() - started[name].pop()
+        if name == "splu":
+            lus.append((value.nnz, took, sampler.rss()))
+            return
+        spent.setdefault(name, []).append(took)
+        sampler.phase("other")
 
-    for name in ("map_points", "em_iterations", "fill_reducing_order", "embed", "weight_matrix"):
-        setattr(G, name, wrap(name, getattr(G, name)))
-    real_splu = sla.splu
+    watched = {name: getattr(G, name) for name in PHASES} | {"splu": sla.splu}
+    with observe_calls(watched, on_start, on_return):
+        _fit_rows(G, ns, chunks, kind, sweep, graph_dir, k, spent, lus, sampler)
 
-    def splu(*a, **kw):
-        t0 = time.process_time()
-        lu = real_splu(*a, **kw)
-        lus.append((lu.nnz, time.process_time() - t0, sampler.rss()))
-        return lu
 
-    sla.splu = splu
-    if chunks:
-        from distributed import Client, LocalCluster
-
-        ctx = Client(LocalCluster(n_workers=2, threads_per_worker=1, processes=True))
-    else:
-        ctx = nullcontext()
-    with ctx:
+def _fit_rows(G, ns, chunks, kind, sweep, graph_dir, k, spent, lus, sampler):
+    """The rows of :func:`fit`, one per n."""
+    with local_client(2) if chunks else contextlib.nullcontext():
         for n in ns:
             spent.clear()
             lus.clear()
@@ -392,12 +401,7 @@ def fill(ns, kinds=("roll3", "roll50"), graph_dir=None):
         for n in ns:
             Y, _ = roll(kind, n)
             idx, _ = neighbours(kind, Y, graph_dir)
-            real = G.embed
-            G.embed = lambda W, q, **kw: (np.zeros((W.shape[0], q)), None)  # the fit without eigensolves
-            try:
-                m = G.GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(Y, idx)
-            finally:
-                G.embed = real
+            m = G.GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(Y, idx)
             del Y
             for name, w in (("mean", m.weights_), ("a=10", m.sample_weights(random_state=3, cov_scale=10.0))):
                 A = (sp.identity(n, format="csr") - lle.weight_matrix(w, idx)).tocsr()[m._order][:, m._order]
@@ -409,86 +413,6 @@ def fill(ns, kinds=("roll3", "roll50"), graph_dir=None):
                     off = int(np.sum(lu.perm_r != np.arange(n - 1)))
                     print(kind, n, pivot, name, f"{lu.nnz / n:.0f} {cpu:.1f} {off}", flush=True)
                     del lu
-
-
-# --------------------------------------------------------------------------- Lanczos basis
-def basis(ns, kind="roll3", graph_dir=None):
-    """The pinned-LU eigensolve with ARPACK's default basis (20 vectors, the solver before) and
-    with ``lle.lanczos_basis`` (2q + 2), q = 2, on the LLE weights and on one generation's draw
-    at a = 0.1 and a = 1 of the fit: Lanczos products (two pinned solves each), CPU seconds of
-    the eigensolve, and the largest principal angle of the subspace to dense ``eigh`` of M
-    (n <= 10^4) or to the default basis's answer."""
-    import scipy.linalg
-    import scipy.sparse.linalg as sla
-
-    from lvmcore import lle
-
-    real = sla.eigsh
-    for n in ns:
-        Y, _ = roll(kind, n)
-        m = GLLE(method="em", n_neighbors=10, n_components=2, random_state=0).fit(
-            Y, graph=neighbours(kind, Y, graph_dir)[0]
-        )
-        draws = {"LLE": m.weights_, "a=0.1": m._draw_weights(5, 0.1), "a=1": m._draw_weights(5, 1.0)}
-        for name, w in draws.items():
-            W = lle.weight_matrix(w, m.graph_)
-            ref = lle.embed(W, 2, solver="dense")[0] if n <= 10_000 else None
-            for label, ncv in (("default 20", 20), ("2q+2", lle.lanczos_basis(2, n))):
-                count = [0]
-
-                def counted(op, *a, basis_size=ncv, count=count, **kw):
-                    def mv(x, f=op.matvec):
-                        count[0] += 1
-                        return f(x)
-
-                    counting_op = sla.LinearOperator(op.shape, matvec=mv, dtype=op.dtype)
-                    return real(counting_op, *a, **{**kw, "ncv": basis_size})
-
-                sla.eigsh = counted
-                c0 = time.process_time()
-                emb = lle.embed(W, 2, solver="pinned_lu", random_state=5, order=m._order)[0]
-                cpu = time.process_time() - c0
-                sla.eigsh = real
-                if ref is None:
-                    ref = emb
-                angle = float(np.max(scipy.linalg.subspace_angles(ref, emb)))
-                print(kind, n, name, label, count[0], f"{cpu:.2f}", f"{angle:.1e}", flush=True)
-
-
-# --------------------------------------------------------------------------- eigenproblems at once
-def parallel(n, kind="roll50", graph_dir=None, rounds=2):
-    from distributed import Client, LocalCluster
-
-    import lvmcore.models.glle as G
-
-    Y, _ = roll(kind, n)
-    idx, _ = neighbours(kind, Y, graph_dir)
-
-    def one_by_one(self, weights, seeds):
-        return [
-            G._embed_draw(self.graph_, self._order, w, q=self.n_components, solver=self.eigen_solver, seed=s)
-            for w, s in zip(weights, seeds, strict=True)
-        ]
-
-    def point():
-        m = GLLE(method="em", n_neighbors=10, n_components=2, random_state=0, chunks=max(n // 8, 1))
-        m.fit(Y, idx)
-        return m.embedding_, m.sample(3, random_state=0), m.sample(1, random_state=0, cov_scale=SCALES)
-
-    at_once = G.GLLE._embed_all
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-    with cluster, Client(cluster):
-        print("arm round wall_s cpu_s_caller", flush=True)
-        got = {}
-        for r in range(rounds):
-            for arm in ("one_by_one", "at_once"):
-                G.GLLE._embed_all = one_by_one if arm == "one_by_one" else at_once
-                t0, c0 = time.perf_counter(), time.process_time()
-                got[arm] = point()
-                print(arm, r, f"{time.perf_counter() - t0:.1f} {time.process_time() - c0:.1f}", flush=True)
-        G.GLLE._embed_all = at_once
-        same = all(np.array_equal(a, b) for a, b in zip(got["one_by_one"], got["at_once"], strict=True))
-        print("identical:", same, flush=True)
 
 
 if __name__ == "__main__":
@@ -513,17 +437,6 @@ if __name__ == "__main__":
         gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
         kinds = tuple(a for a in args if a in ("roll3", "roll50")) or ("roll3", "roll50")
         fill([int(a) for a in args if a.isdigit()], kinds, gdir)
-    elif len(sys.argv) > 1 and sys.argv[1] == "basis":
-        args = sys.argv[2:]
-        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
-        kind = "roll50" if "roll50" in args else "roll3"
-        basis([int(a) for a in args if a.isdigit()], kind, gdir)
-    elif len(sys.argv) > 1 and sys.argv[1] == "parallel":
-        args = sys.argv[2:]
-        gdir = args[args.index("--graph-dir") + 1] if "--graph-dir" in args else None
-        rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else 2
-        kind = "roll3" if "roll3" in args else "roll50"
-        parallel(int(args[0]), kind, gdir, rounds)
     elif len(sys.argv) > 1 and sys.argv[1] == "eigen":
         args = sys.argv[2:]
         picked = tuple(a for a in args if not a.isdigit()) or SOLVERS

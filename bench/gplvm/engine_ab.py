@@ -2,13 +2,13 @@
 processes pinned to one core, alternating A and B every round, medians reported.
 
     git worktree add /tmp/base <commit>        # the "before" checkout (same .venv)
-    python bench/engine_ab.py --a /tmp/base --b . [--rounds 5] [--what bound hgplvm]
+    python -m bench.gplvm.engine_ab --a /tmp/base --b . [--rounds 5] [--what bound hgplvm]
 
 Measured per round and side (one process each, so each side compiles its own code):
 
 * ``bound``: the Bayesian GP-LVM bound + gradient (RBF-ARD, one chunk, ``RowChunks``) at (N, M, Q, D)
   = (1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50): the best of 5 calls after a
-  warm-up call (the same problem as ``bench/psi.py``).
+  warm-up call (the same problem as ``bench/gplvm/psi.py``).
 * ``hgplvm``: one fit per hGP-LVM variant on the depth-5 binary tree (620 points), seed 0, a fixed
   300 iterations (tol = 0, so both sides run the same steps): after a first fit of 100 iterations
   that compiles, the wall time of a 300-iteration fit and the milliseconds per iteration from fits
@@ -17,27 +17,24 @@ Measured per round and side (one process each, so each side compiles its own cod
 Prints, per item, the median over rounds of A and B and B / A (< 1: B is faster). The machine is
 shared: read the ratio, not the absolute times."""
 
+import argparse
+import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[v] = "1"
-os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+from bench import common
 
 SIZES = ((1000, 50, 5, 20), (5000, 50, 5, 20), (20000, 50, 10, 50))
 VARIANTS = ("point", "sparse", "bayesian")
 
 
 def one_bound(repeats=5):
-    from psi import ours_runner, problem
+    from bench.gplvm.psi import ours_runner, problem
 
     out = {}
     for N, M, Q, D in SIZES:
@@ -77,7 +74,7 @@ def one_hgplvm(iters=(100, 300)):
 
 
 def child(what, iters):
-    from _pin import pin_one_core
+    from bench.common import pin_one_core
 
     pin_one_core()
     import lvmcore
@@ -106,10 +103,13 @@ def main():
     got = {"A": [], "B": []}
     for r in range(a.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
-            env = dict(os.environ, PYTHONPATH=sides[name])
+            # lvmcore from the side's checkout, the bench package from this one; -P: neither the
+            # working directory nor the script's folder goes before PYTHONPATH on sys.path
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([sides[name], str(common.ROOT)]))
+            args = ("--child", "--what", *a.what, "--iters", *map(str, a.iters))
+            cmd = common.module_command(__spec__.name, *args)
             p = subprocess.run(
-                [sys.executable, __file__, "--child", "--what", *a.what, "--iters", *map(str, a.iters)],
-                env=env, capture_output=True, text=True, check=False,
+                [cmd[0], "-P", *cmd[1:]], env=env, capture_output=True, text=True, check=False,
             )  # fmt: skip
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             if not line:

@@ -4,21 +4,18 @@ the segmentation they imply (threshold 1e-3), learned noise variances (truth 0.0
 cross-view prediction error (view 1 from noisy view 0) on the shared-signal columns: ours by
 Algorithm 1, ours without its completion step, and GPy's (InferenceX on view 0, then predict).
 
-    python bench/mrd_toy.py [--seed 0]
+    python -m bench.gplvm.mrd [--seed 0]
 
-Runs on one CPU core (``bench/_pin.py``: XLA's thread pool follows the process's affinity), so that
+Runs on one CPU core (``bench/common.py``: XLA's thread pool follows the process's affinity), so that
 the fit times compare one core with one core."""
 
-import os
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import argparse
+import time
 
-import argparse  # noqa: E402
-import time  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _pin import pin_one_core  # noqa: E402
+from bench.common import pin_one_core
 
 
 def segment(rel, thr=1e-3):

@@ -1,11 +1,11 @@
 """Bound + gradient of the Bayesian GP-LVM (RBF-ARD): ours (fused jitted map-reduce, one chunk)
 against GPy 1.15's BayesianGPLVM at the same parameters, in one run, on one CPU core (the process
 is pinned to it: XLA's thread pool follows the affinity, not the thread variables; see
-``bench/_pin.py``); then the chunked Dask evaluation at large N on 1 vs 2 worker processes, one
+``bench/common.py``); then the chunked Dask evaluation at large N on 1 vs 2 worker processes, one
 core each.
 
-    python bench/psi.py [--big 200000] [--repeats 5]
-    python bench/psi.py --native [--repeats 7]      # native pair kernel vs XLA path, sweep sizes
+    python -m bench.gplvm.psi [--big 200000] [--repeats 5]
+    python -m bench.gplvm.psi --native [--repeats 7]      # native pair kernel vs XLA path, sweep sizes
 Prints ratios (GPy time / our time; 1-worker time / 2-worker time). Ours and GPy: the timed calls
 of the two sides alternate, ``--repeats`` each, and the best of each side is reported. The
 clusters: one at a time, ``--cluster-rounds`` lifetimes each, alternating, best of ``--repeats``
@@ -18,17 +18,13 @@ its slower process), once in each of the clusters' rounds. That is what the mach
 give for this work at the time: on the shared VMs here, anything from 1.58x to 1.88x within one
 hour (eighth session, bench/README.md)."""
 
+import argparse
 import os
+import time
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[v] = "1"
-os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+import numpy as np
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-from _pin import pin_one_core, unpin  # noqa: E402
+from bench.common import pin_one_core, unpin
 
 
 def problem(N, M, Q, D, seed=0):
@@ -204,7 +200,7 @@ def main():
     print(f"load average at end: {_load()}")
     if a.big <= 0:
         return
-    from _cluster import local_client
+    from bench.common import local_client
 
     unpin()  # the workers start with every core; flows.pin_cores gives each its own
 

@@ -13,10 +13,11 @@ elbo_ / n:
   equal to the collapsed bound there) and elbo_uncollapsed_ the full bound with q(u) as trained;
 * the SVI fit again at n / 10 and the same settings, for the growth of its peak RSS with n.
 
-    python bench/svi.py [--n 100000] [--batch 1000] [--epochs 100] [--dim 3] [--only svi]
+    python -m bench.gplvm.svi [--n 100000] [--batch 1000] [--epochs 100] [--dim 3] [--only svi]
                         [--opt NAME=VALUE ...] [--anchor-opt NAME=VALUE ...]
 
-``--dim D`` > 3: the D-dimensional roll of ``bench/costs.py`` (the cost table's data) instead.
+``--dim D`` > 3: the D-dimensional roll of ``tasks.costs.calibrate.make_data`` (the cost table's
+data) instead.
 ``--opt`` / ``--anchor-opt``: constructor options of the SVI fits / the anchor (e.g.
 ``--opt local_learning_rate=0.1``, ``--anchor-opt max_iter=5000``; VALUE read as JSON). Each fit
 reports its CPU seconds (``cpu_s``, the process's own: the machine is shared) and ``elbo_per_value``
@@ -33,12 +34,14 @@ import subprocess
 import sys
 import time
 
+from bench.common import ROOT, module_command
+
 
 def _one(kind, n, batch, epochs, dim=3, opts="{}"):
     import numpy as np
-    from costs import make_data
 
     from lvmcore.models import BayesianGPLVM, StochasticBayesianGPLVM
+    from tasks.costs.calibrate import make_data
 
     Y, _ = make_data("bgplvm_svi", n, dim)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -103,9 +106,9 @@ def main():
         kind = "anchor" if name == "anchor" else "svi"
         print("load", open("/proc/loadavg").read().strip(), flush=True)
         r = subprocess.run(
-            [sys.executable, __file__, "_one", kind, str(n), str(a.batch), str(a.epochs), str(a.dim),
-             json.dumps(opts if kind == "svi" else anchor_opts)],
-            capture_output=True, text=True, env=env,
+            module_command(__spec__.name, "_one", kind, str(n), str(a.batch), str(a.epochs), str(a.dim),
+                           json.dumps(opts if kind == "svi" else anchor_opts)),
+            capture_output=True, text=True, env=env, cwd=ROOT,
         )
         if r.returncode != 0:
             print(name, "failed:", r.stderr[-2000:], flush=True)

@@ -1,10 +1,10 @@
 """kNN engines by regime (crossovers for ``knn(method="auto")``), and the exact blocked search
 against scikit-learn brute force and faiss IndexFlatL2.
 
-    .venv/bin/python bench/knn.py --crossover    # n = 10^4..10^6 x d = 3, 10, 50; the 10^6 anchors
-    .venv/bin/python bench/knn.py --crossover --ns 10000,100000 --budget 30   # quick look
-    .venv/bin/python bench/knn.py                # n = 100,000, d = 50, k = 15; pynndescent at 200,000
-    .venv/bin/python bench/knn.py --n 20000 --approx-n 20000 --repeat 1   # quick look
+    .venv/bin/python -m bench.graph.knn --crossover    # n = 10^4..10^6 x d = 3, 10, 50; the 10^6 anchors
+    .venv/bin/python -m bench.graph.knn --crossover --ns 10000,100000 --budget 30   # quick look
+    .venv/bin/python -m bench.graph.knn                # n = 100,000, d = 50, k = 15; pynndescent at 200,000
+    .venv/bin/python -m bench.graph.knn --n 20000 --approx-n 20000 --repeat 1   # quick look
 
 Crossover mode: every method ("tree": scipy cKDTree, "exact": the blocked search, "approx":
 pynndescent) on every (n, d) cell, data of low intrinsic dimension (a Swiss roll in 3-D, a smooth
@@ -25,10 +25,9 @@ and one merge task at the block size used, and the process's peak RSS.
 
 from __future__ import annotations
 
-import os
+from bench import common
 
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_v] = "2"  # pools may grow to 2; lvmcore's tasks are limited to 1 below
+common.set_threads(2, force=True)  # pools may grow to 2; lvmcore's tasks are limited to 1 below
 
 import argparse  # noqa: E402
 import resource  # noqa: E402
@@ -261,8 +260,7 @@ def main():
     if not args.skip_cluster:
         from distributed import Client, LocalCluster
 
-        for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[v] = "1"  # the workers' BLAS
+        common.set_threads(1, force=True)  # the workers' BLAS
         with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cl:
             with Client(cl):
                 graph.knn(Y[:2000], k, method="exact", block_rows=512)  # warm the workers (numba cache load)

@@ -1,9 +1,9 @@
 """hGP-LVM against the authors' code (koshi-lmd/hyperboloid_gplvm, MIT, NumPy), in the same run.
 
-    python bench/hgplvm.py [--authors PATH] [--data tree5 myeloid] [--variants point sparse bayesian]
+    python -m bench.hgplvm.authors [--authors PATH] [--data tree5 myeloid] [--variants point sparse bayesian]
                            [--kw '{"learning_rate": 0.1}'] [--seed 0] [--author-iters 1500]
                            [--author-bayes-iters 250]
-    python bench/hgplvm.py --point-steps      # the point variant's gradient step against a Cholesky
+    python -m bench.hgplvm.authors --point-steps      # the point variant's gradient step against a Cholesky
 
 The authors' code is copied from PATH (a git directory, e.g. the mirror made by
 ``fetch github:koshi-lmd/hyperboloid_gplvm``, or a checkout) into a temporary directory and run
@@ -25,22 +25,18 @@ time and final score; our time to their score (the fit time of the first budget 
 and the ratio; our converged fit's time, iterations and score.
 """
 
-import os
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+from bench.common import ROOT
 
-import numpy as np  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 MIRROR = Path("/work/.mirror/koshi-lmd+hyperboloid_gplvm/repo")
 
 #: run inside the temporary copy of the authors' code (argv: variant, data.npy, out.json, seed, iters)
@@ -244,8 +240,7 @@ def point_steps(iters):
 def chunked(iters, big):
     """The Bayesian variant's MC psi statistics map-reduced over row chunks on 1 vs 2 Dask worker
     processes, against the in-process fused step (M = 50, H = 5)."""
-    from _cluster import local_client
-
+    from bench.common import local_client
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 

@@ -1,6 +1,6 @@
 """The Bayesian hGP-LVM's collapsed bound term by term at the end of a fit, against M (issue 24).
 
-    python bench/hgplvm_bayes_m.py --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
+    python -m bench.hgplvm.bayes_m --data 4 5 myeloid --seeds 0 1 --m 64 128 256 [--kw '{...}']
                                    [--out /tmp/bm.csv] [--max-iter 3000]
                                    [--noise-c 0.25] [--estimates]
 
@@ -24,21 +24,17 @@ covariance of each point's k nearest neighbours, k = 10, 20, 40, as a multiple o
 Minka's PPCA dimension, scikit-learn ``n_components="mle"``) and the sparse bound (eq. 5) of the
 raw Y minus that of the centred Y at a PCA layout of radius 2.2 (Z every 5th point)."""
 
+import argparse
+import csv
+import json
 import os
+import time
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import numpy as np
+from scipy.spatial.distance import cdist
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+from bench.common import ROOT
 
-import numpy as np  # noqa: E402
-from scipy.spatial.distance import cdist  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = [
     "data", "seed", "m", "kw", "pearson", "qlocal", "qglobal", "seconds", "n_iter", "sigma", "beta",
     "rmax", "median_S", "bound", "fit", "trace", "kl",

@@ -1,7 +1,7 @@
 """hGP-LVM point / sparse convergence probe (issue 24): one fit with a trace of the objective's
 window means, sigma, the largest latent radius and the score, for comparing likelihood settings.
 
-    python bench/hgplvm_conv.py --data 4 --seed 0 [--variant point] [--max-iter 6000]
+    python -m bench.hgplvm.convergence --data 4 --seed 0 [--variant point] [--max-iter 6000]
                                 [--kw '{"mean": "integrated"}'] [--every 250] [--json out.json]
 
 --kw: constructor overrides (JSON).  Printed every
@@ -11,16 +11,12 @@ fit: the objective's means over windows of --every iterations, n_iter and whethe
 rule stopped it.
 """
 
-import os
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import argparse
+import json
+import time
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def main():
@@ -33,9 +29,8 @@ def main():
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from hgplvm import load  # bench/hgplvm.py: the data and their scorer, as the anchor uses them
-
     import lvmcore.models.hgplvm as hg
+    from bench.hgplvm.authors import load  # the data and their scorer, as the anchor uses them
 
     Y, scorer = load(a.data if a.data == "myeloid" else f"tree{a.data}", a.seed)
 

@@ -1,34 +1,30 @@
 """Minibatch Bayesian hyperboloid GP-LVM (lvmcore.models.hgplvm_svi) against the full-batch fit.
 
-    python bench/hgplvm_svi.py tree [--depth 5] [--seeds 0 1 2]      # SBT, paper 002 section 5.1
-    python bench/hgplvm_svi.py roll --n 100000 [--anchor]            # 3-D swiss roll, Q = 2
-    python bench/hgplvm_svi.py one --n N --method svi|full [...]      # one fit in this process
+    python -m bench.hgplvm.minibatch tree [--depth 5] [--seeds 0 1 2]      # SBT, paper 002 section 5.1
+    python -m bench.hgplvm.minibatch roll --n 100000 [--anchor]            # 3-D swiss roll, Q = 2
+    python -m bench.hgplvm.minibatch one --n N --method svi|full [...]      # one fit in this process
 
 Every fit runs in its own process (``one``), so its peak RSS (/proc/self/status VmHWM) is its own;
 the line it prints has the wall time and CPU seconds of the fit, the bound per point (the
 full-batch fit: its last collapsed-bound MC estimate; the minibatch fit: ``elbo_``, an unbiased MC
 estimate over all points, with its standard error per point), the steps, whether the plateau rule
 stopped it, and the peak RSS before and after the fit.
-``tree``: SBT of the given depth (bench/hgplvm_tree.py's generator and score: Pearson correlation of
+``tree``: SBT of the given depth (bench/hgplvm/tree.py's generator and score: Pearson correlation of
 hyperbolic latent distances with Hamming distances of the node codes), kappa = 100, Q = 2, the
 full-batch Bayesian fit (``BayesianHyperboloidGPLVM(training="full")``, defaults) as the anchor, its
 time and score beside the minibatch fit's in the same run. ``roll``: the minibatch fit at --n (and
 the full-batch one with --anchor, at most --anchor-iter iterations).
 """
 
-import os
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import argparse
+import json
+import subprocess
+import time
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _mem import status_mb  # noqa: E402
+from bench.common import ROOT, module_command, status_mb
 
 
 def one(a):
@@ -88,8 +84,8 @@ def one(a):
 
 
 def run_one(args):
-    cmd = [sys.executable, __file__, "one", *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = module_command(__spec__.name, "one", *map(str, args))
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         print(p.stderr[-2000:], flush=True)
         return None

@@ -1,23 +1,19 @@
 """The sparse hyperboloid GP-LVM's minibatch fit against its full-batch fit on a binary tree (paper
 002 section 5.1's data; kappa = 100, Q = 2, the constructor's defaults otherwise): final bound
-(eq. 5 at the fitted state; the minibatch fit's is exact too), the tree score of bench/hgplvm_tree.py
+(eq. 5 at the fitted state; the minibatch fit's is exact too), the tree score of bench/hgplvm/tree.py
 (Pearson of hyperbolic latent against tree distances), steps and CPU seconds. One JSON line per fit.
 
-    .venv/bin/python bench/hgplvm_sparse_mb.py --seed 0 --training minibatch --kw '{"batch_size": 100}'
-    .venv/bin/python bench/hgplvm_sparse_mb.py --seed 0 --training full
+    .venv/bin/python -m bench.hgplvm.sparse_minibatch --seed 0 --training minibatch --kw '{"batch_size": 100}'
+    .venv/bin/python -m bench.hgplvm.sparse_minibatch --seed 0 --training full
 """
 
-import os
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import argparse
+import json
+import time
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-from scipy.spatial.distance import cdist  # noqa: E402
+import numpy as np
+from scipy.spatial.distance import cdist
 
 
 def main():

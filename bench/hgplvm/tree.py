@@ -1,10 +1,10 @@
 """Paper 002 section 5.1 (Table 2): synthetic binary trees, and the myeloid progenitors; kappa = 100, Q = 2.
 
-    python bench/hgplvm_tree.py [--data 4 5 6 myeloid] [--seeds 10] [--first-seed 0]
+    python -m bench.hgplvm.tree [--data 4 5 6 myeloid] [--seeds 10] [--first-seed 0]
                                 [--variants point sparse bayesian] [--max-iter N]
-                                [--out bench/hgplvm_tree.csv] [--append] [--no-pca]
+                                [--out bench/hgplvm/tree.csv] [--append] [--no-pca]
                                 [--kw '{"noise": "ppca"}'] [--trace] [--label int]
-    python bench/hgplvm_tree.py --summary bench/hgplvm_tree.csv     # markdown table from the rows
+    python -m bench.hgplvm.tree --summary bench/hgplvm/tree.csv     # markdown table from the rows
 
 Trees (depth 4, 5, 6; our generator, seed = the run's seed): per seed and variant, the Pearson
 correlation between pairwise hyperbolic latent distances and pairwise Hamming distances of the
@@ -17,23 +17,19 @@ iterations, default the constructor's) except kappa = 100, Q = 2. Paper row (hGP
 0.816, 0.909, 0.849; published on the myeloid data: PCA 0.73 / 0.91, Poincare maps 0.77 / 0.93,
 t-SNE 0.82 / 0.91, ForceAtlas2 0.82 / 0.93, UMAP 0.79 / 0.78."""
 
+import argparse
+import csv
+import json
 import os
+import time
 
-for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(v, "1")
+import numpy as np
+from scipy.spatial.distance import cdist
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-from scipy.spatial.distance import cdist  # noqa: E402
+from bench.common import ROOT
 
 PAPER = {"4": 0.816, "5": 0.909, "6": 0.849}
 COLUMNS = ["data", "seed", "method", "pearson", "dcor", "qlocal", "qglobal", "seconds", "n_iter"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def summary(path):
@@ -77,7 +73,7 @@ def main():
     ap.add_argument("--summary", default=None, help="print the markdown table of this CSV and exit")
     ap.add_argument("--variants", nargs="+", default=["point", "sparse", "bayesian"])
     ap.add_argument("--max-iter", type=int, default=None, help="default: the constructor's")
-    ap.add_argument("--out", default="bench/hgplvm_tree.csv")
+    ap.add_argument("--out", default="bench/hgplvm/tree.csv")
     ap.add_argument("--kw", default="{}", help='JSON of constructor overrides, e.g. \'{"noise": "ppca"}\'')
     ap.add_argument("--label", default="", help="suffix for the method names in the rows (point-LABEL)")
     ap.add_argument("--trace", action="store_true", help="print score, sigma, beta, radius, S every 100 it")

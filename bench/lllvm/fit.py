@@ -1,11 +1,11 @@
 """LL-LVM benchmarks and studies of the default model (the paper's normalised likelihood).
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/lllvm.py [--sizes 500 ...] [--iters 3]
-    .venv/bin/python bench/lllvm.py --study roll     # k choice on the authors' roll (n=400, k=5..12)
-    .venv/bin/python bench/lllvm.py --study short    # short-circuit protocol (paper 003 fig. 4)
-    .venv/bin/python bench/lllvm.py --study digits   # 5-fold 1-NN error, digits 0-4, 60 / 120 per class
-    .venv/bin/python bench/lllvm.py --study unroll   # the main job's roll: best-direction |Spearman| with t
-    .venv/bin/python bench/lllvm.py --study approx   # dense vs factorised at n = 400, 1000, 2000
+    .venv/bin/python -m bench.lllvm.fit [--sizes 500 ...] [--iters 3]
+    .venv/bin/python -m bench.lllvm.fit --study roll     # k choice on the authors' roll (n=400, k=5..12)
+    .venv/bin/python -m bench.lllvm.fit --study short    # short-circuit protocol (paper 003 fig. 4)
+    .venv/bin/python -m bench.lllvm.fit --study digits   # 5-fold 1-NN error, digits 0-4, 60 / 120 per class
+Spearman|Spearman| with t (best direction)
+    .venv/bin/python -m bench.lllvm.fit --study approx   # dense vs factorised at n = 400, 1000, 2000
     (studies take --seeds N, --iters N, --alpha A|learned, --beta B|learned, --likelihood, --solver S)
 
 Timing: each size runs in its own process (``--one``) so the peak resident memory (ru_maxrss) is that
@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from bench.common import ROOT, module_command
 from lvmcore.data.synthetic import lllvm_swiss_roll
 from lvmcore.graph import adjacency, knn
 from lvmcore.models import LLLVM
@@ -113,10 +114,10 @@ def timing(sizes, k, iters, solvers=("auto",), anchor=True):
     )
     for n in sizes:
         for solver in solvers:
-            cmd = [sys.executable, __file__, "--one", str(n), str(k), str(iters), "gaussian", solver]
+            cmd = module_command(__spec__.name, "--one", str(n), str(k), str(iters), "gaussian", solver)
             cmd.append("anchor" if anchor else "no-anchor")
             out = subprocess.run(
-                cmd, stdout=subprocess.PIPE, text=True, check=True
+                cmd, stdout=subprocess.PIPE, text=True, check=True, cwd=ROOT
             ).stdout  # progress: stderr
             r = json.loads(out.strip().splitlines()[-1])
             name = r["solver"] + (" (auto)" if solver == "auto" else "")

@@ -4,7 +4,7 @@ gamma and posterior means as a small test fixture.
 
     apt-get install -y octave                     # Debian's GNU Octave (7.3 here)
     # their code, not vendored: e.g. git --git-dir=<mirror of github:mijungi/lllvm> archive HEAD code
-    .venv/bin/python bench/lllvm_oracle/run_oracle.py --code /tmp/lllvm_src/code \
+    .venv/bin/python -m bench.lllvm.oracle --code /tmp/lllvm_src/code \
         [--n 60] [--k 6] [--iters 15] [--out tests/fixtures/lllvm_oracle.npz]
 
 What is passed explicitly (so nothing depends on their random draws): Y (raw; their code centres it and
@@ -21,16 +21,13 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import scipy.io as sio
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-
-from lvmcore.data.synthetic import lllvm_swiss_roll  # noqa: E402
-from lvmcore.graph import adjacency, knn  # noqa: E402
+from lvmcore.data.synthetic import lllvm_swiss_roll
+from lvmcore.graph import adjacency, knn
 
 DRIVER = r"""
 addpath(genpath('{code}/helper'));

@@ -4,7 +4,7 @@ tree: the servers, clusters and commands it started). On the 2-core machine the 
 is bounded below by its CPU seconds / 2, so this, not ``--durations``, says what to cut.
 
     rm -f /tmp/cpu.jsonl; EMBED_SWEEP_TEST_CPU=/tmp/cpu.jsonl CI=true bash .ci/test
-    .venv/bin/python bench/suite_cpu.py /tmp/cpu.jsonl [--tests 30] [--write-durations tests/durations.json]
+    .venv/bin/python -m bench.suite.cpu /tmp/cpu.jsonl [--tests 30] [--write-durations tests/durations.json]
 
 ``--write-durations`` records each file's summed wall seconds, the order tests/conftest.py hands
 whole files to the two pytest processes in (longest first).

@@ -11,25 +11,19 @@ T_loop / T_flow. Targets: overhead < 0.5 s per grid point, speed-up >= 1.6x on 2
 T_loop / T_pool (the hardware's own 2-process speed-up: two fits at once each run slower than one
 alone) and the orchestration's share, (2 * T_flow - 2 * T_pool) / 48.
 
-    .venv/bin/python bench/sweep.py [--models glle_em,lllvm,ppca] [--n 1000]
+    .venv/bin/python -m bench.sweep.overhead [--models glle_em,lllvm,ppca] [--n 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
-for _k, _v in {
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-}.items():
-    os.environ.setdefault(_k, _v)
+from bench.common import quiet_prefect
+
+quiet_prefect()
 
 
 def grid_for(spec) -> dict:

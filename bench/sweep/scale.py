@@ -21,8 +21,8 @@ Data: ``roll3`` is ``{"name": "swiss_roll", "n": N}``; ``roll50`` is the same ro
 dimensions (a fixed random orthonormal 3 -> 50 map plus N(0, 0.05^2) noise), written as a user's
 .npy file, so its ingest is a file ingest.
 
-    nice -n 5 flock /work/wt/_notes/timing.lock .venv/bin/python bench/scale.py --n 100000 --data roll3
-    .venv/bin/python bench/scale.py --n 1000000 --data roll3 --what stages --models ppca,glle_em
+    nice -n 5 flock /work/wt/_notes/timing.lock .venv/bin/python -m bench.sweep.scale --n 100000 --data roll3
+    .venv/bin/python -m bench.sweep.scale --n 1000000 --data roll3 --what stages --models ppca,glle_em
 """
 
 from __future__ import annotations
@@ -31,21 +31,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _mem import reset_peak, status_mb
+from bench.common import ROOT, module_command, quiet_prefect, reset_peak, status_mb
 
-ROOT = Path(__file__).resolve().parents[1]
-for _k, _v in {
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PREFECT_LOGGING_LEVEL": "WARNING",
-}.items():
-    os.environ.setdefault(_k, _v)
+quiet_prefect()
 
 GRID = {"k": [10], "latent_dim": [2], "seed": [0]}
 MODELS = "glle_em,ppca,bgplvm_rbf"
@@ -217,14 +209,15 @@ def _points(tmp: Path) -> dict:
 
 def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
     """Runs in its own process: the sweep's stages as the tasks call them; one JSON line each."""
-    from flows.sweep import _options_for, input_paths, plan_sweep
     from tasks.evaluate import evaluate_point
     from tasks.fit import fit_point
     from tasks.ingest import ingest_dataset
     from tasks.inputs import load_data, load_graph
     from tasks.knn import build_graph
     from tasks.registry import MODELS as REG
+    from tasks.registry import options_for
     from tasks.store import prepare_store, write_point
+    from tasks.sweep_plan import input_paths, plan_sweep
 
     def stage(name, fn, *args):
         reset_peak()
@@ -256,7 +249,7 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
         pt = {d: point[d] for d in spec.dims}
         idx = (0,) * len(spec.dims)
         n_gen = plan.store_layout().n_generations if "generations" in spec.extras else 0
-        opts = _options_for(spec, options)
+        opts = options_for(spec, options)
         res = stage(f"fit {key}", fit_point, key, opts, data_path, graph_path, idx, pt, n_gen)
         if res.status != "done":
             print(json.dumps({"stage": f"fit {key}", "error": res.error}), flush=True)
@@ -265,17 +258,10 @@ def stages_child(dataset, models: str, tmp: Path, options: dict) -> None:
 
 
 def run_stages(dataset, models: str, tmp: Path, timeout: float, options: dict) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--stages-child",
-        json.dumps(dataset),
-        "--models",
-        models,
-        "--tmp",
-        str(tmp),
-    ]
-    cmd += ["--options", json.dumps(options)]
+    cmd = module_command(
+        __spec__.name, "--stages-child", json.dumps(dataset), "--models", models, "--tmp", str(tmp),
+        "--options", json.dumps(options),
+    )  # fmt: skip
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -302,19 +288,18 @@ def main():
         "same --dir and more --models grows the same sweep store: its ingest and kNN graph are "
         "reused and only the added models fit, so each model's peak RSS per process is its own",
     )
+    ap.add_argument("--scratch", help="make the temporary folder under this one (default: the system's)")
     ap.add_argument("--stages-child")
     ap.add_argument("--tmp")
     a = ap.parse_args()
     if a.stages_child:
-        sys.path.insert(0, str(ROOT))
         stages_child(json.loads(a.stages_child), a.models, Path(a.tmp), json.loads(a.options))
         return
-    sys.path.insert(0, str(ROOT))
     if a.dir:
         tmp = Path(a.dir).absolute()
         tmp.mkdir(parents=True, exist_ok=True)
     else:
-        tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=os.environ.get("SCALE_TMP")))
+        tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=a.scratch))
     dataset, npy = make_data(a.data, a.n, tmp)
     anc = anchors(npy)
     mb = anc["data_mb"]

@@ -14,7 +14,7 @@ correlation across the dimension's values is taken between
 Printed: the mean over seeds of both correlations, and the ground-truth metric of the setting each
 criterion picks against the best reachable one. About 5 minutes on one core.
 
-    OMP_NUM_THREADS=1 python bench/selection.py [--quick]
+    python -m bench.sweep.selection [--quick]
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Data ingest and preprocessing of a cell atlas against scanpy."""

@@ -1,0 +1,1 @@
+"""kNN graph engines by regime against scikit-learn, faiss and pynndescent."""

@@ -1,0 +1,1 @@
+"""The test suite's time: where its CPU goes, and the file order for the two pytest processes."""
