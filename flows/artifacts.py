@@ -53,7 +53,7 @@ def publish_results(store, report: str | None, failures=(), notes=()) -> dict:
     """The summary table and the links artifact; returns {kind: artifact id}. ``failures``: the
     distinct reasons of failed grid points (tasks.store.failure_summary), ``notes``: what the
     evaluation left out or could not compute; both are listed in the links artifact."""
-    from tasks.results import summary_rows
+    from tasks.results.selection import summary_rows
 
     rows = [{k: _cell(v) for k, v in row.items()} for row in summary_rows(store)]
     ids = {
@@ -81,7 +81,7 @@ def publish_results(store, report: str | None, failures=(), notes=()) -> dict:
         "",
         *(["## Failed grid points", "", *(f"- {line.strip()}" for line in failures), ""] if failures else []),
         *(["## Notes", "", *(f"- {n}" for n in notes), ""] if notes else []),
-        f"Open in Python: `tasks.results.open_store({str(store_abs)!r})`; to scanpy: "
+        f"Open in Python: `embed_sweep.open_store({str(store_abs)!r})`; to scanpy: "
         f"`embed-sweep export {store_abs} --to {store_abs.with_suffix('.h5ad')}`.",
     ]
     ids["links"] = create_markdown_artifact(

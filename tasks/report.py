@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from tasks.results import QUALITY, criterion_of, model_groups, quality_grid, select
+from tasks.results.selection import QUALITY, criterion_of, model_groups, quality_grid, select
 from tasks.store import STATUS_DONE, open_results
 
 #: the per-model metric-versus-setting plots (those present in the store are drawn)
@@ -47,7 +47,7 @@ def best_point(ds: xr.Dataset) -> dict | None:
 def summary_table(store) -> pd.DataFrame:
     """One row per model: grid points done / failed, the chosen setting, the criterion that chose
     it ("chosen by"), its bound and metrics."""
-    from tasks.results import summary_rows
+    from tasks.results.selection import summary_rows
 
     return pd.DataFrame(summary_rows(store))
 

@@ -9,8 +9,9 @@ import pytest
 import xarray as xr
 from scipy.stats import spearmanr
 
+from embed_sweep import open_store, select, to_anndata
 from flows.cli import main as cli_main
-from tasks.results import criterion_of, geodesic_agreement, open_store, parse_setting, select, to_anndata
+from tasks.results.selection import criterion_of, geodesic_agreement, parse_setting
 from tests.cli_checks import refused
 from tests.results_store import build_store
 
@@ -189,7 +190,7 @@ def test_store_records_whether_each_fit_converged(store):
     of the objective at most tol), 0 where it ran out of iterations (LL-LVM at max_iter 4 here);
     select() returns the chosen point's flag and the summary counts the finished points without."""
     from lvmcore.models import GLLE, LLLVM
-    from tasks.results import summary_rows
+    from tasks.results.selection import summary_rows
 
     tree = open_store(store)
     tols = {"glle_em": GLLE().tol, "lllvm": LLLVM().tol}

@@ -109,7 +109,7 @@ def test_report_renders_in_chromium_with_every_image_and_no_console_error(report
 
 
 def test_heat_map_marks_the_chosen_setting_of_a_two_dimensional_grid(report):
-    from tasks.results import select
+    from embed_sweep import select
 
     store, index = report
     chosen = select(store, "glle_em")["setting"]
@@ -166,7 +166,7 @@ def recording_subplots(monkeypatch):
 def test_curves_follow_the_grid_values_not_the_storage_order_of_a_grown_store(tmp_path, monkeypatch):
     """A store grown from k = 8 by k = 6 and 10 holds k in the order 8, 6, 10; every curve against
     k must run 6 -> 8 -> 10 with each point's own values (issue 36, W9: the lines zig-zagged)."""
-    from tasks.results import open_store
+    from embed_sweep import open_store
 
     store = tmp_path / "grown.zarr"
     data = {"name": "swiss_roll", "n": 120, "seed": 2}

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import zarr
 
+from embed_sweep import select, to_anndata
 from flows.cli import main as cli_main
 from lvmcore.checks import MISSING_LABEL
 from lvmcore.data import file_fingerprint, label_names, obs_names
-from tasks.results import select, to_anndata
 from tests.cli_checks import refused
 from tests.prefect_server import pointed_at
 from tests.results_store import build_store, hold_lock
