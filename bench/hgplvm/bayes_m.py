@@ -47,8 +47,8 @@ def bound_parts(m, Y, H=50, seed=0):
     import jax.numpy as jnp
 
     from lvmcore import collapsed
+    from lvmcore.kernels.hyperbolic import he_kernel
     from lvmcore.linalg import KERNEL_JITTER
-    from lvmcore.models.hgplvm import _kern
     from lvmcore.psi.monte_carlo import mc_psi_chunk
 
     with jax.enable_x64(True):
@@ -60,7 +60,7 @@ def bound_parts(m, Y, H=50, seed=0):
         eps = jax.random.normal(jax.random.PRNGKey(seed), (H, n, S.shape[1]))
         plv = 2.0 * np.log(m.prior_scale_)
         psi0, psi1ty, psi2, kl = mc_psi_chunk(mu, S, eps, Yc, Z, m.sigma_, m.kappa, plv)
-        Kmm = _kern(Z, Z, m.sigma_, m.kappa)
+        Kmm = he_kernel(Z, Z, m.sigma_, m.kappa)
         t = collapsed.terms(Kmm, psi1ty, psi2, m.beta_, KERNEL_JITTER)
         lb = jnp.log(m.beta_)
         b = collapsed.bound(t, psi0, jnp.sum(Yc * Yc), lb, n, d)
@@ -115,11 +115,11 @@ def main():
     ap.add_argument("--estimates", action="store_true", help="noise estimates and the raw-Y gap; no fit")
     a = ap.parse_args()
     import jax
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
     from lvmcore.pca import ppca_noise_variance
 
     kw = json.loads(a.kw)

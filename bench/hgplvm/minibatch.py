@@ -30,12 +30,12 @@ from bench.common import ROOT, module_command, status_mb
 def one(a):
     """One fit in this process; prints one JSON line."""
     import jax
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
     from scipy.spatial.distance import cdist
 
     from lvmcore.data.synthetic import binary_tree, swiss_roll
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import pearson_distance_correlation
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     if a.data == "tree":
         Y, node, codes, _ = binary_tree(a.depth, seed=a.seed)

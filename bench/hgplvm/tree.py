@@ -82,6 +82,7 @@ def main():
         summary(a.summary)
         return
     import jax
+    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     import lvmcore.models.hgplvm as hg
     from lvmcore.data.synthetic import binary_tree
@@ -93,7 +94,6 @@ def main():
         quality_scores,
     )
     from lvmcore.models.hgplvm import HyperboloidGPLVM
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     kw = json.loads(a.kw)
 
