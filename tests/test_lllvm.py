@@ -112,7 +112,7 @@ def test_out_of_sample_matches_brute_force(tiny_gauss):
     Y, Wd, g, qx, qc, th, form = s["Y"], s["Wd"], s["g"], s["qx"], s["qc"], s["th"], s["form"]
     ystar = Y[:1] * 0.5 + 0.1
     nbr = np.array([[0, 2, 5]])
-    mx, Sx, Cs, SC = ll.transform_points_gaussian(Y, g, qx, qc, th, ystar, nbr, sweeps=200)
+    mx, Sx, Cs, SC = ll.transform_points(Y, g, qx, qc, th, ystar, nbr, sweeps=200)
     n1, nQ = N6 + 1, N6 * Q2
     Wa = np.zeros((n1, n1))
     Wa[:N6, :N6] = Wd

@@ -13,7 +13,6 @@ from lvmcore.data.synthetic import lllvm_swiss_roll
 from lvmcore.graph import adjacency, knn
 from lvmcore.models import LLLVM
 from lvmcore.models import lllvm as ll
-from lvmcore.models.lllvm import factorised as fz
 from tests.lllvm_brute import (
     D3,
     LOG2PI,
@@ -52,7 +51,7 @@ def test_lt_selection_and_logdet(state):
     g, Wd = state["g"], state["Wd"]
     L = np.diag(Wd.sum(1)) - Wd
     P = 0.05 * np.eye(N8) + 2 * 0.9 * L
-    lt = fz.lt_at(g, 0.05, 0.9)
+    lt = ll.lt_at(g, 0.05, 0.9)
     Lt = np.linalg.inv(P)
     np.testing.assert_allclose(lt.vals, Lt[g.local.pr, g.local.pc], rtol=1e-10, atol=1e-12)
     assert lt.logdet == pytest.approx(np.linalg.slogdet(P)[1], rel=1e-12)
@@ -209,7 +208,7 @@ def test_out_of_sample_matches_brute_force(state):
     th = _theta()
     ystar = Y[:1] * 0.5 + 0.1
     nbr = np.array([[0, 2, 5]])
-    mx, Sx, Cs, SC = fz.transform_points(Y, g, qx, qc, th, ystar, nbr, sweeps=300)
+    mx, Sx, Cs, SC = ll.transform_points(Y, g, qx, qc, th, ystar, nbr, sweeps=300)
     n1 = N8 + 1
     Wa = np.zeros((n1, n1))
     Wa[:N8, :N8] = Wd

@@ -293,7 +293,7 @@ def test_out_of_sample_is_a_fixed_point_of_the_joint_e_step(fit400):
     Y = m.Y_train_  # the scaled data the model was fitted on
     ystar = Y[:1] + np.array([[0.01, 0.02, -0.01]])
     nbr = np.argsort(((Y - ystar) ** 2).sum(1))[:6][None, :]
-    mx, Sx, Cs, SC = ll.transform_points(Y, m.qx_, m.qc_, m.theta_, ystar, nbr)
+    mx, Sx, Cs, SC = ll.transform_points(Y, m.graph_, m.qx_, m.qc_, m.theta_, ystar, nbr)
     # brute force on the sub-problem: the new point and its neighbours, other points irrelevant
     th = m.theta_
     k = nbr.shape[1]

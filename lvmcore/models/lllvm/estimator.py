@@ -1,7 +1,8 @@
 """The LL-LVM estimator and its variational EM driver (paper 000 appendix C; paper 003).
 
-Each EM iteration: q(x) (``estep_x``), q(C) (``estep_c``), then gamma, beta, alpha (``mstep``), then
-the bound (``bound``); every step maximises the bound exactly in its argument, so it never decreases.
+Each EM iteration: q(x) (``qx``), q(C) (``qc``), then gamma, beta, alpha (``mstep``), then the bound
+(``bound``); every step maximises the bound in its argument (exactly, or by a partial step that still
+raises it: the factorised solver's gamma), so it never decreases.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.linalg import eigsh
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from lvmcore.checks import check_data as _check_Y
+from lvmcore import graph as lg
+from lvmcore.checks import check_data
 
 from .._base import LatentModel, stalled
-from .bound import elbo, lik_stats
-from .estep_c import update_qc
-from .estep_x import update_qx
+from .bound import elbo
+from .likelihood import lik_stats
 from .mstep import update_alpha, update_beta, update_gamma
-from .oos import reconstruct, transform_points, transform_points_gaussian
+from .oos import reconstruct, transform_points
 from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
+from .qc import update_qc
+from .qx import update_qx
 
 #: quadratic variant: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 200
@@ -41,8 +45,6 @@ _INITS = ("random_c", "random_x", "spectral")
 def spectral_init(W, Q: int, rng) -> np.ndarray:
     """Laplacian eigenmaps start: the Q eigenvectors of L after the constant one, each scaled to unit
     variance, plus 1e-3 N(0, 1) noise from ``rng`` (so seeds give different starts)."""
-    from scipy.sparse.linalg import eigsh
-
     W = sp.csr_matrix(W)
     n = W.shape[0]
     L = sp.diags(np.asarray(W.sum(1)).ravel()) - W
@@ -183,7 +185,7 @@ class LLLVM(LatentModel):
     solver : "dense" (exact reference: full-covariance q(x), q(C)), "factorised" (the paper's model with
         eps I, q(x) and q(C) factorised per point: a smaller variational family, so a lower but true
         bound; sparse factorisation of eps_y I + 2 gamma L, selected inversion on distance-2 pairs, CG
-        for the means; see ``factorised.py`` and bench/README.md for its measured cost), "sparse"
+        for the means; see ``local.py`` and bench/README.md for its measured cost), "sparse"
         (quadratic variant only: level-block Cholesky with selected inversion) or "auto" (gaussian:
         dense up to GAUSSIAN_DENSE_MAX_N points, factorised above, where it is the faster; the
         dense-only epsilon_form="ones" up to ONES_DENSE_MAX_N, refused above; quadratic: dense up to
@@ -303,8 +305,6 @@ class LLLVM(LatentModel):
             raise ValueError("likelihood='quadratic' is defined with epsilon_form='identity' only")
 
     def _graph(self, Y, graph) -> sp.csr_matrix:
-        from lvmcore import graph as lg
-
         n = Y.shape[0]
         k = int(self.n_neighbors)
         if graph is None:
@@ -342,7 +342,7 @@ class LLLVM(LatentModel):
         """Fit on Y (N, D); ``graph``: None (kNN of Y), an (N, >= k) int array of neighbour indices or a
         symmetric sparse adjacency. Returns self."""
         self._validate_params()
-        Y = _check_Y(Y)
+        Y = check_data(Y)
         n, D = Y.shape
         self._check_shapes(n, D)
         solver = self._resolve_solver(n)
@@ -395,33 +395,24 @@ class LLLVM(LatentModel):
     def transform(self, Y_new, return_var: bool = False):
         """Posterior mean (and with ``return_var`` the (M, Q, Q) covariances) of x* for new points: each
         joins the training graph with edges to its n_neighbors nearest training points; E-step for
-        (x*, C*) with the training posterior and theta frozen (``oos``; the factorised solver's in
-        ``factorised.transform_points``). Does not change the fit."""
+        (x*, C*) with the training posterior and theta frozen (``oos.transform_points``, on the fit's
+        solver). Does not change the fit."""
         self._check_fitted()
         Ytr = self.Y_train_
-        Y_new = _check_Y(Y_new, "Y_new")
+        Y_new = check_data(Y_new, "Y_new")
         if Y_new.shape[1] != Ytr.shape[1]:
             raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {Ytr.shape[1]}")
         Y_new = (Y_new - self.center_) / self.scale_
         d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
         nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
-        if self.graph_.solver == "factorised":
-            from .factorised import transform_points as fact_transform
-
-            mx, Sx, _, _ = fact_transform(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr)
-        elif self.graph_.likelihood == "gaussian":
-            mx, Sx, _, _ = transform_points_gaussian(
-                Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr
-            )
-        else:
-            mx, Sx, _, _ = transform_points(Ytr, self.qx_, self.qc_, self.theta_, Y_new, nbr)
+        mx, Sx, _, _ = transform_points(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr)
         return (mx, Sx) if return_var else mx
 
     def inverse_transform(self, X):
         """Reconstruction of section 4.2 from the n_neighbors nearest training latents (both likelihoods:
         it uses the posterior means of x and C only)."""
         self._check_fitted()
-        X = _check_Y(X, "X")
+        X = check_data(X, "X")
         if X.shape[1] != self.embedding_.shape[1]:
             raise ValueError(
                 f"X has {X.shape[1]} columns, the latent dimension is {self.embedding_.shape[1]}"

@@ -1,11 +1,18 @@
-"""The variational lower bound (paper 000 appendix C, eqs. 72-80):
-  F = <log p(y | x, C)> - KL(q(x) || p(x)) - KL(q(C) || p(C)).
+"""The likelihood term of the bound (paper 000 appendix C, eqs. 72-80): <log p(y | x, C)> under
+q(x) q(C), its gamma-independent statistics and the Gaussian log-likelihood at any gamma.
 
 ``gaussian`` (the paper's normalised likelihood, eqs. 29-31, 36):
   <log p(y | x, C)> = -1/2 y' Sigma_y^{-1} y + <y' e> - 1/2 <e' Sigma_y e>
                       - N D/2 log 2 pi + D/2 log|eps_y O + 2 gamma L|,
-with y' Sigma_y^{-1} y = eps_y y' (O kron I) y + 2 gamma tr(Y' L Y), <y'e> = gamma mu_x' <b~> and
-<e' Sigma_y e> = gamma^2 sum_k r_k / (o_k + 2 gamma w_k), r = diag(V' R V), R = sum_d <e~_d e~_d'>.
+with y' Sigma_y^{-1} y = eps_y y' (O kron I) y + 2 gamma tr(Y' L Y) and <y'e> = gamma <y' e~>. The
+solver (``g.solver``) decides how the quartic term and the log-determinant are taken:
+
+- dense (full-covariance q): <e' Sigma_y e> = gamma^2 sum_k r_k / (o_k + 2 gamma w_k), r = diag(V' R V),
+  R = sum_d <e~_d e~_d'> (``LikStats``), log-det from the eigenvalues of L;
+- factorised (per-point q): sum_d <e~_d' Lt e~_d> from e~ at the means and the local covariance weights
+  R^(k) on the distance-2 pattern (``FactStats``; ``local``'s module docstring), log-det from a sparse
+  factorisation (``operators.lt_at``).
+
 ``quadratic`` (eq. 28, not normalised in y): -eps_y/2 |y|^2 - gamma/2 <S> + the same normaliser,
 S = sum_i sum_j eta_ij |(y_j - y_i) - C_i (x_j - x_i)|^2.
 """
@@ -21,16 +28,15 @@ from .operators import (
     QC,
     QX,
     LLGraph,
+    LtAt,
     Theta,
     b_tilde,
-    c_prior_quad,
     ctc,
     e_moment,
     edge_reduce,
-    eps_lap_logdet,
+    etilde,
     lap_logdet_trace,
-    lap_quad_blocks,
-    lap_quad_mean,
+    lt_at,
     second_moment_c,
     second_moment_x,
 )
@@ -39,8 +45,8 @@ from .operators import (
 @dataclass
 class LikStats:
     """The gamma-independent parts of <log p(y | x, C)> under the gaussian likelihood for one
-    (q(x), q(C)): eps-free |y|^2 term ``yy`` (y'(O kron I)y), ``trYLY`` = tr(Y'LY), ``lin`` = mu_x'<b~>,
-    ``rk`` = diag(V' R V)."""
+    (q(x), q(C)) of the dense solver: eps-free |y|^2 term ``yy`` (y'(O kron I)y), ``trYLY`` = tr(Y'LY),
+    ``lin`` = mu_x'<b~>, ``rk`` = diag(V' R V)."""
 
     yy: float
     trYLY: float
@@ -48,11 +54,22 @@ class LikStats:
     rk: np.ndarray
 
 
-def lik_stats(Y, g: LLGraph, qx: QX, qc: QC):
-    if g.solver == "factorised":
-        from .factorised import lik_stats as fact_stats
+@dataclass
+class FactStats:
+    """The same for the factorised solver: ``yy`` = |y|^2, ``trYLY`` = tr(Y'LY), ``lin`` =
+    <y' e~>, ``e`` = e~(M, m) (N, D), ``R`` the local covariance weights R^(k) per group."""
 
-        return fact_stats(Y, g, qx, qc)
+    yy: float
+    trYLY: float
+    lin: float
+    e: np.ndarray
+    R: list
+
+
+def lik_stats(Y, g: LLGraph, qx: QX, qc: QC) -> LikStats | FactStats:
+    """The gamma-independent statistics of the gaussian likelihood for (q(x), q(C)) on ``g``'s solver."""
+    if g.solver == "factorised":
+        return _lik_stats_factorised(Y, g, qx, qc)
     yy = float(np.sum(Y * Y)) if g.epsilon_form == "identity" else float(np.sum(Y.sum(axis=0) ** 2))
     trYLY = float(np.sum((Y[g.ei] - Y[g.ej]) ** 2))
     lin = float(np.sum(qx.mean * b_tilde(Y, g, qc.mean)))
@@ -62,22 +79,57 @@ def lik_stats(Y, g: LLGraph, qx: QX, qc: QC):
     return LikStats(yy=yy, trYLY=trYLY, lin=lin, rk=rk)
 
 
-def gauss_loglik(Y, g: LLGraph, th: Theta, st: LikStats, gamma: float | None = None) -> float:
-    """<log N(y | Sigma_y e, Sigma_y)> at ``gamma`` (default th.gamma)."""
-    if g.solver == "factorised":
-        from .factorised import gauss_loglik as fact_loglik
+def _lik_stats_factorised(Y, g: LLGraph, qx: QX, qc: QC) -> FactStats:
+    n, D, Q = qc.mean.shape
+    m, S, M, V = qx.mean, qx.cov, qc.mean, qc.cov
+    e = etilde(g, M, m)
+    Rs = []
+    for grp in g.local.groups:
+        U = np.einsum("ik,gkq->giq", grp.J, m[grp.nb])
+        B = np.einsum("ik,gkdq->gidq", grp.K, M[grp.nb])
+        Vc, Sc = V[grp.centres], S[grp.centres]
+        R = D * np.einsum("giq,gqr,gjr->gij", U, Vc, U, optimize=True)
+        R += np.einsum("gidq,gqr,gjdr->gij", B, Sc, B, optimize=True)
+        tau = np.einsum("gqr,gbrq->gb", Vc, S[grp.nb])
+        R += D * np.einsum("ia,ga,ja->gij", grp.J, tau, grp.J, optimize=True)
+        Rs.append(R)
+    return FactStats(
+        yy=float(np.sum(Y * Y)),
+        trYLY=float(np.sum((Y[g.ei] - Y[g.ej]) ** 2)),
+        lin=float(np.sum(Y * e)),
+        e=e,
+        R=Rs,
+    )
 
-        return fact_loglik(Y, g, th, st, gamma)
+
+def expected_quad(g: LLGraph, st: FactStats, lt: LtAt) -> float:
+    """sum_d <e~_d' Lt e~_d> under the factorised q(x) q(C)."""
+    r = float(np.sum(st.e * lt.solve(st.e)))
+    for grp, R in zip(g.local.groups, st.R):
+        r += float(np.sum(lt.vals[grp.pos] * R))
+    return r
+
+
+def gauss_loglik(Y, g: LLGraph, th: Theta, st: LikStats | FactStats, gamma: float | None = None) -> float:
+    """<log N(y | Sigma_y e, Sigma_y)> at ``gamma`` (default th.gamma) from ``lik_stats`` of the
+    same solver: the quartic term and log|eps_y O + 2 gamma L| by eigenvalues (dense) or by a sparse
+    factorisation with Lt on the distance-2 pattern (factorised)."""
     n, D = Y.shape
-    gam = th.gamma if gamma is None else gamma
-    lam = g.offset(th.eps_y) + 2.0 * gam * g.omega
+    if g.solver == "factorised":
+        gam = th.gamma if gamma is None else float(gamma)
+        lt = lt_at(g, th.eps_y, gam)
+        quad, logdet = expected_quad(g, st, lt), lt.logdet
+    else:
+        gam = th.gamma if gamma is None else gamma
+        lam = g.offset(th.eps_y) + 2.0 * gam * g.omega
+        quad, logdet = np.sum(st.rk / lam), np.sum(np.log(lam))
     return float(
         -0.5 * th.eps_y * st.yy
         - gam * st.trYLY
         + gam * st.lin
-        - 0.5 * gam**2 * np.sum(st.rk / lam)
+        - 0.5 * gam**2 * quad
         - 0.5 * n * D * LOG2PI
-        + 0.5 * D * np.sum(np.log(lam))
+        + 0.5 * D * logdet
     )
 
 
@@ -99,41 +151,13 @@ def expected_S(Y, g: LLGraph, qx: QX, qc: QC) -> float:
     return float(S)
 
 
-def expected_loglik(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, st: LikStats | None = None) -> float:
+def expected_loglik(
+    Y, g: LLGraph, qx: QX, qc: QC, th: Theta, st: LikStats | FactStats | None = None
+) -> float:
+    """<log p(y | x, C)> under q(x) q(C) for either likelihood; ``st``: ``lik_stats`` if computed."""
     n, D = Y.shape
     if g.likelihood == "gaussian":
         return gauss_loglik(Y, g, th, st if st is not None else lik_stats(Y, g, qx, qc))
     S = expected_S(Y, g, qx, qc)
     ld_y = lap_logdet_trace(g, th.eps_y, th.gamma, trace=False)[0]
     return float(-0.5 * th.eps_y * np.sum(Y * Y) - 0.5 * n * D * LOG2PI + 0.5 * D * ld_y - 0.5 * th.gamma * S)
-
-
-def neg_kl_x(g: LLGraph, qx: QX, th: Theta) -> float:
-    """-KL(q(x) || N(0, ((alpha I + 2 L) kron I)^{-1}))."""
-    n, Q = qx.mean.shape
-    ld_x = lap_logdet_trace(g, th.alpha, 1.0, trace=False)[0]
-    tr_x = th.alpha * np.sum(np.trace(qx.cov, axis1=1, axis2=2)) + 2.0 * lap_quad_blocks(
-        g, qx.cov, qx.cov_edge
-    )
-    mq_x = th.alpha * np.sum(qx.mean**2) + 2.0 * lap_quad_mean(g, qx.mean)
-    return float(0.5 * (Q * ld_x - qx.logdet_prec - tr_x - mq_x + n * Q))
-
-
-def neg_kl_c(g: LLGraph, qc: QC, th: Theta) -> float:
-    """-KL(q(C) || MN(0, beta^{-1} I_D, ((eps_c O + 2 L) kron I)^{-1})) (eq. 78 with U = I / beta)."""
-    n, D, Q = qc.mean.shape
-    nQ = n * Q
-    ld_c = eps_lap_logdet(g, th.eps_c, 1.0)
-    tr_cov, tr_mean = c_prior_quad(g, qc, th.eps_c)
-    return float(
-        0.5 * D * (nQ * np.log(th.beta) + Q * ld_c - qc.logdet_prec - th.beta * tr_cov + nQ)
-        - 0.5 * th.beta * tr_mean
-    )
-
-
-def elbo(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, *, terms: bool = False, stats: LikStats | None = None):
-    """The bound F; ``terms=True`` also returns (expected log-likelihood, -KL(q(x)||p(x)),
-    -KL(q(C)||p(C))). ``stats``: the likelihood statistics of (qx, qc) if already computed."""
-    parts = (expected_loglik(Y, g, qx, qc, th, stats), neg_kl_x(g, qx, th), neg_kl_c(g, qc, th))
-    F = float(sum(parts))
-    return (F, parts) if terms else F

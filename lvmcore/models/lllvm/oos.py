@@ -2,11 +2,16 @@
 
 A new point y* joins the training graph with edges to its k nearest training points; the training
 posterior q(x) q(C) and theta stay frozen, and q(x*) q(C*) maximise the bound of the enlarged model
-by coordinate ascent. Under the quadratic variant the new points decouple (graph-local blocks);
-under the gaussian likelihood they couple to every training point through
-(eps_y O + 2 gamma L*)^{-1} of the enlarged Laplacian L*, so the E-step is taken on the enlarged
-dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*)); the new
-points of one batch join the graph together.
+by coordinate ascent (``transform_points``, on the fit's solver and likelihood):
+
+- quadratic variant: the new points decouple (graph-local blocks);
+- gaussian likelihood, dense solver: the new points couple to every training point through
+  (eps_y O + 2 gamma L*)^{-1} of the enlarged Laplacian L*, so the E-step is taken on the enlarged
+  dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*));
+- gaussian likelihood, factorised solver: the same in the per-point factorised family, CG on the new
+  points' block of each factorised system (``qx.x_system``, ``qc.c_system``).
+
+The new points of one batch join the graph together.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from .cg import pcg
 from .operators import (
     QC,
     QX,
@@ -29,20 +35,34 @@ from .operators import (
     prepare_graph,
     x_quad,
 )
+from .qc import c_system
+from .qx import x_system
 
 #: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
 OOS_SWEEPS = 50
 #: new points per enlarged dense model under the gaussian likelihood
 OOS_BATCH = 256
+#: new points per enlarged graph of the factorised solver
+OOS_BATCH_FACTORISED = 2000
 
 
-def transform_points(Y, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS):
-    """E-step for new points with the training posterior and theta frozen.
+def transform_points(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS):
+    """E-step for new points Ynew (M, D) with the training posterior and theta frozen, on the fit's
+    solver and likelihood (``g``, the training graph).
 
     ``nbr`` (M, k): training neighbours of each new point (the new point joins the graph with these
-    edges; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*) (independent
-    across new points). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
+    edges; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*). Returns mean
+    (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
     """
+    if g.solver == "factorised":
+        return _transform_factorised(Y, g, qx, qc, th, Ynew, nbr, sweeps)
+    if g.likelihood == "gaussian":
+        return _transform_gaussian(Y, g, qx, qc, th, Ynew, nbr, sweeps)
+    return _transform_decoupled(Y, qx, qc, th, Ynew, nbr, sweeps)
+
+
+def _transform_decoupled(Y, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
+    """The quadratic variant: q(x*), q(C*) independent across new points."""
     Y = np.asarray(Y, dtype=np.float64)
     Ynew = np.asarray(Ynew, dtype=np.float64)
     m, k = nbr.shape
@@ -108,22 +128,19 @@ def _conditional(P, rhs, nt: int, fixed_mean):
     return mean, 0.5 * (cov + cov.T)
 
 
-def transform_points_gaussian(
-    Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS
-):
-    """Out-of-sample E-step under the gaussian likelihood (dense). Returns mean (M, Q), cov (M, Q, Q),
-    C mean (M, D, Q), C cov (M, Q, Q)."""
+def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
+    """The gaussian likelihood on the dense solver: batches of new points on the enlarged dense model."""
     Y = np.asarray(Y, dtype=np.float64)
     Ynew = np.asarray(Ynew, dtype=np.float64)
     m = Ynew.shape[0]
     outs = [
-        _transform_batch(Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH], nbr[a : a + OOS_BATCH], sweeps)
+        _transform_batch_dense(Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH], nbr[a : a + OOS_BATCH], sweeps)
         for a in range(0, m, OOS_BATCH)
     ]
     return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
 
 
-def _transform_batch(Y, g, qx, qc, th, Ynew, nbr, sweeps):
+def _transform_batch_dense(Y, g, qx, qc, th, Ynew, nbr, sweeps):
     n, D, Q = qc.mean.shape
     m, k = nbr.shape
     N = n + m
@@ -166,3 +183,71 @@ def _transform_batch(Y, g, qx, qc, th, Ynew, nbr, sweeps):
     cov = Sx.reshape(m, Q, m, Q)[idx, :, idx, :]
     ccov = SC.reshape(m, Q, m, Q)[idx, :, idx, :]
     return mx, cov, Cs, ccov
+
+
+# --------------------------------------------------------------------------- factorised solver
+def _transform_factorised(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
+    """Out-of-sample E-step in the factorised family (paper 000 section 4.2): the new points of a
+    batch join the training graph with edges to their training neighbours ``nbr`` (M, k); the training
+    factors and theta stay frozen; q(x*_i) and q(C*_i) per new point by coordinate ascent (CG on the new
+    points' block of each system). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov."""
+    outs = [
+        _transform_batch_factorised(
+            Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH_FACTORISED], nbr[a : a + OOS_BATCH_FACTORISED], sweeps
+        )
+        for a in range(0, len(Ynew), OOS_BATCH_FACTORISED)
+    ]
+    return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
+
+
+def _restricted_solve(apply, b, fixed, new, diag_inv, x0):
+    """Means of the new rows with the others held at ``fixed``: CG on Lambda_nn v = b_n - Lambda_nt f_t."""
+    full = fixed.copy()
+    full[new] = 0.0
+    rhs = (b - apply(full))[new]
+
+    def op(v):
+        z = np.zeros_like(fixed)
+        z[new] = v
+        return apply(z)[new]
+
+    def prec(r):
+        return np.einsum("nqr,n...r->n...q", diag_inv, r)
+
+    return pcg(op, rhs, x0, prec)[0]
+
+
+def _transform_batch_factorised(Y, g, qx, qc, th, Ynew, nbr, sweeps):
+    n, D, Q = qc.mean.shape
+    m, k = nbr.shape
+    N = n + m
+    extra = sp.csr_matrix((np.ones(m * k), (np.repeat(np.arange(n, N), k), nbr.ravel())), shape=(N, N))
+    W = (sp.block_diag([g.W, sp.csr_matrix((m, m))]).tocsr() + extra + extra.T).tocsr()
+    W.data[:] = 1.0
+    ga = prepare_graph(W, "factorised")
+    Ya = np.vstack([Y, Ynew])
+    new = np.arange(n, N)
+    mx = np.vstack([qx.mean, qx.mean[nbr].mean(axis=1)])
+    Sx = np.concatenate([qx.cov, np.zeros((m, Q, Q))])
+    Cm = np.concatenate([qc.mean, qc.mean[nbr].mean(axis=1)])
+    SC = np.concatenate([qc.cov, np.broadcast_to(np.eye(Q), (m, Q, Q))])
+    E = len(ga.ei)
+    for _ in range(int(sweeps)):
+        qxa = QX(mean=mx, cov=Sx, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
+        apply, diag, b = c_system(Ya, ga, qxa, th)
+        dinv = np.linalg.inv(diag[new])
+        Cm = Cm.copy()
+        Cm[new] = _restricted_solve(apply, b, Cm, new, dinv, Cm[new])
+        SC = np.concatenate([qc.cov, dinv])
+        qca = QC(mean=Cm, cov=SC, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
+        apply, diag, b = x_system(Ya, ga, qca, th)
+        dinv = np.linalg.inv(diag[new])
+        xn = _restricted_solve(apply, b, mx, new, dinv, mx[new])
+        done = np.max(np.abs(xn - mx[new])) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
+        mx = mx.copy()
+        mx[new] = xn
+        Sx = np.concatenate([qx.cov, dinv])
+        if done:
+            break
+    sym = lambda A: 0.5 * (A + np.swapaxes(A, 1, 2))  # noqa: E731
+    return mx[new], sym(Sx[new]), Cm[new], sym(SC[new])

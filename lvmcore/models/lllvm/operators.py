@@ -33,6 +33,8 @@ import scipy.sparse as sp
 from lvmcore.linalg import NumericalError, chol_solve, jitter_cholesky, logdet_from_chol
 from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 
+from .local import Local, local_structure
+
 LOG2PI = np.log(2.0 * np.pi)
 LIKELIHOODS = ("gaussian", "quadratic")
 EPSILON_FORMS = ("identity", "ones")
@@ -40,6 +42,8 @@ SOLVERS = ("dense", "sparse", "factorised")
 _potri = sla.get_lapack_funcs("potri", dtype=np.float64)
 #: (a, b) -> (log-det, trace) results kept per graph on the sparse path
 _LAP_MEMO_SIZE = 8
+#: Lt factorisations kept per graph on the factorised path (one per gamma visited by the gamma search)
+_LT_MEMO = 3
 
 
 # --------------------------------------------------------------------------- containers
@@ -66,7 +70,7 @@ class LLGraph:
     lap_2L: BlockTridiagonal | None = None
     chunks: int | None = None
     lap_memo: dict = field(default_factory=dict)
-    local: object | None = None
+    local: Local | None = None
 
     @property
     def n(self) -> int:
@@ -131,7 +135,7 @@ def prepare_graph(
     W, solver: str, chunks: int | None = None, likelihood: str = "gaussian", epsilon_form: str = "identity"
 ) -> LLGraph:
     """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse' |
-    'factorised' (the paper's likelihood with per-point factorised q, ``factorised.py``);
+    'factorised' (the paper's likelihood with per-point factorised q, ``local.py``);
     ``chunks`` (points per chunk) runs the per-point edge sums of the quadratic variant as Dask tasks."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
@@ -186,9 +190,7 @@ def prepare_graph(
         g.lap_eye = BlockTridiagonal.assemble(g.ls, np.ones((n, 1, 1)), np.zeros((E, 1, 1)))
         g.lap_2L = BlockTridiagonal.assemble(g.ls, 2.0 * deg[:, None, None], np.full((E, 1, 1), -2.0))
         if solver == "factorised":
-            from .factorised import local_structure
-
-            g.local = local_structure(g)
+            g.local = local_structure(W, deg, ei, ej, g.ls)
     return g
 
 
@@ -228,6 +230,39 @@ def eps_lap_inverse(g: LLGraph, eps: float, b: float) -> np.ndarray:
 def eps_lap_matrix(g: LLGraph, eps: float) -> np.ndarray:
     """eps O + 2 L as a dense (N, N) matrix (the C prior's graph precision)."""
     return g.eps_matrix(eps) + 2.0 * g.laplacian()
+
+
+@dataclass
+class LtAt:
+    """eps_y I + 2 gamma L factorised: ``solve``, ``logdet`` and ``vals``, Lt on the pattern entries."""
+
+    gamma: float
+    M: BlockTridiagonal
+    logdet: float
+    vals: np.ndarray
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        return self.M.solve(b)
+
+
+def lt_at(g: LLGraph, eps: float, gamma: float) -> LtAt:
+    """Factorise eps I + 2 gamma L on the BFS levels and select Lt on every distance-<=2 pair."""
+    loc = g.local
+    hit = loc.memo.get((eps, gamma))
+    if hit is not None:
+        return hit
+    if len(loc.memo) >= _LT_MEMO:  # before the new factor: one factor fewer held at once
+        loc.memo.pop(next(iter(loc.memo)))
+    M = g.lap_eye.combine(eps, g.lap_2L, gamma).factor(
+        name="eps_y I + 2 gamma L", rebuild=lambda: g.lap_eye.combine(eps, g.lap_2L, gamma)
+    )
+    vals = np.empty(len(loc.pr))
+    for lv, *blocks in M.selected_levels(second=True):  # level by level: no whole inverse held
+        for diff, part, la_loc, lb_loc in loc.slices.get(lv, ()):
+            vals[part] = blocks[diff][la_loc, lb_loc]
+    out = LtAt(gamma=gamma, M=M, logdet=M.logdet(), vals=vals)
+    loc.memo[(eps, gamma)] = out
+    return out
 
 
 # --------------------------------------------------------------------------- Gaussian moments
@@ -404,6 +439,29 @@ def e_moment(g: LLGraph, K: np.ndarray, S: np.ndarray) -> np.ndarray:
     return R
 
 
+# --------------------------------------------------------------------------- e~ and its adjoints (factorised)
+def etilde(g: LLGraph, C: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """e~ (N, D): e~_i = sum_j eta_ij (C_i + C_j)(x_i - x_j) (eq. 30 without gamma)."""
+    i, j = g.ei, g.ej
+    v = np.einsum("edq,eq->ed", C[i] + C[j], x[i] - x[j])
+    return np.asarray(g.local.sinc @ v)
+
+
+def etilde_adj_x(g: LLGraph, C: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """A(C)' z (N, Q) for z (N, D): the gradient of sum(z * e~(C, x)) in x."""
+    i, j = g.ei, g.ej
+    w = np.einsum("edq,ed->eq", C[i] + C[j], z[i] - z[j])
+    return np.asarray(g.local.sinc @ w)
+
+
+def etilde_adj_c(g: LLGraph, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """G(x)' z (N, D, Q) for z (N, D): the gradient of sum(z * e~(C, x)) in C."""
+    i, j = g.ei, g.ej
+    E = len(i)
+    h = np.einsum("ed,eq->edq", z[i] - z[j], x[i] - x[j]).reshape(E, -1)
+    return np.asarray(g.inc @ h).reshape((g.n,) + z.shape[1:] + x.shape[1:])
+
+
 # --------------------------------------------------------------------------- edge sums
 def scatter(n, ei, ej, vi, vj):
     out = np.zeros((n,) + vi.shape[1:])
@@ -416,7 +474,7 @@ def edge_reduce(g: LLGraph, fn, *args):
     """sum over edge chunks of fn(*args, slice) (a tuple of arrays). ``g.chunks`` None: one call in
     process; else one task per chunk of points through lvmcore.chunks.map_chunks, the row-chunk
     engine the GLLE and psi computations use (edges are sorted by their first point)."""
-    from lvmcore.chunks import map_chunks
+    from lvmcore.chunks import map_chunks  # imports jax (seconds): only the chunked quadratic path needs it
 
     E = len(g.ei)
     if g.chunks is None or g.chunks >= g.n:
