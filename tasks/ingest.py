@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
-from lvmcore.data import DATASETS, fingerprint, ingest, load, open_dataset, recipe, recipe_fingerprint, stream
-from lvmcore.data.loaders import write_store
-from lvmcore.data.sources import VIEWS_SOURCE
+from lvmcore.data import (
+    DATASETS,
+    VIEWS_SOURCE,
+    fingerprint,
+    ingest_source,
+    load,
+    open_dataset,
+    recipe,
+    recipe_fingerprint,
+    write_store,
+)
 
 
 def dataset_spec(dataset) -> tuple[str, dict]:
@@ -34,6 +43,31 @@ def stored_fingerprint(data_path, which: str = "fingerprint") -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def preprocessing_client():
+    """The Dask client a data set's preprocessing (its PCA passes, lvmcore.data.pca_stream) runs
+    on: inside a Dask task the worker's own (``worker_client``: the task secedes and its work runs
+    on the same cluster without deadlocking a one-thread worker, shared/STACK.md); elsewhere a
+    client registered in this process; else None (the passes run here)."""
+    try:
+        from distributed import get_worker, worker_client
+
+        get_worker()
+    except (ImportError, ValueError):
+        # the client is found first and yielded outside the try: an error of the caller's block
+        # (a ValueError refusing the data) must come out as itself, not be caught here
+        try:
+            from distributed import default_client
+
+            client = default_client()
+        except (ImportError, ValueError):
+            client = None
+        yield client
+        return
+    with worker_client(separate_thread=True) as client:
+        yield client
+
+
 def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     """Write the data set to ``data_path`` unless a store with the same content fingerprint is
     already there (a store made from other data, or one without a fingerprint, is rewritten).
@@ -41,19 +75,21 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     ``expect``: the fingerprint the sweep planned with; data that loads differently now (a file
     changed between planning and ingest) is refused rather than fitted.
 
-    A .npy, .zarr, .h5ad or .h5mu file (or a list of view files) is copied in row blocks
-    (lvmcore.data.stream), never held whole: the worker that ingests holds one block at a time.
+    A file (or a list of view files) is copied in row blocks through its source
+    (lvmcore.data.ingest_source), never held whole: the worker that ingests holds one block at a
+    time; a preprocessing PCA runs its passes on this worker's cluster (:func:`preprocessing_client`).
     An .h5ad / .h5mu file's store records its plan's fingerprint (the file's content and the
-    options, lvmcore.data.sources): a store with it is reused as it is, its preprocessing (PCA)
+    options, lvmcore.data.sources.plan): a store with it is reused as it is, its preprocessing (PCA)
     included, when the sweep resumes or grows. A named data set is drawn here, on the
     worker (the flow planned from its recipe, lvmcore.data.recipe_fingerprint): a store is reused
     only if it records this recipe and the content just drawn."""
     src, opts = dataset_spec(dataset)
     p = Path(data_path)
-    if src not in DATASETS and stream.is_streamable(src, opts):
+    if src not in DATASETS:
         if expect is not None and p.exists() and stored_fingerprint(p) == expect:
             return str(p)
-        _, fp = stream.ingest_stream(src, p, overwrite=True, **opts)
+        with preprocessing_client() as client:
+            _, fp = ingest_source(src, p, overwrite=True, client=client, **opts)
         if expect is not None and fp != expect:
             shutil.rmtree(p, ignore_errors=True)
             raise ValueError(
@@ -61,34 +97,18 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
                 "run the sweep again"
             )
         return str(p)
-    if src in DATASETS:
-        fp = recipe_fingerprint(src, **opts)
-        if expect is not None and fp != expect:
-            raise ValueError(
-                f"the data set {src!r} has recipe fingerprint {fp} on this worker, the sweep planned "
-                f"{expect} (this worker's recipe: {recipe(src, **opts)}); give the flow process and "
-                "the workers the same embed-sweep, NumPy and scikit-learn versions"
-            )
-        want = load(src, **opts)
-        content = fingerprint(want)
-        if (
-            p.exists()
-            and stored_fingerprint(p) == fp
-            and stored_fingerprint(p, "content_fingerprint") == content
-        ):
-            return str(p)
-        write_store(want, p, fp, overwrite=True, content=content)
-        return str(p)
-    want = load(src, **opts)
-    fp = fingerprint(want)
+    fp = recipe_fingerprint(src, **opts)
     if expect is not None and fp != expect:
         raise ValueError(
-            f"the data {src!r} changed while the sweep started (fingerprint {fp}, planned {expect}); "
-            "run the sweep again"
+            f"the data set {src!r} has recipe fingerprint {fp} on this worker, the sweep planned "
+            f"{expect} (this worker's recipe: {recipe(src, **opts)}); give the flow process and "
+            "the workers the same embed-sweep, NumPy and scikit-learn versions"
         )
-    if p.exists() and stored_fingerprint(p) == fp:
+    want = load(src, **opts)
+    content = fingerprint(want)
+    if p.exists() and stored_fingerprint(p) == fp and stored_fingerprint(p, "content_fingerprint") == content:
         return str(p)
-    ingest(want, p, overwrite=True)
+    write_store(want, p, fp, overwrite=True, content=content)
     return str(p)
 
 

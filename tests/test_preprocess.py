@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from scipy.linalg import subspace_angles
 
 from lvmcore.data import describe, load
+from lvmcore.data import pca_stream
 from lvmcore.data import preprocess as pp
 from tests.polling import wait_until
 
@@ -57,7 +58,7 @@ def _check(ds, b, tol=1e-6):
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
     """Passes of 64 rows: several blocks and a short tail joined to the block before it."""
-    monkeypatch.setattr(pp, "PASS_ROWS", 64)
+    monkeypatch.setattr(pca_stream, "PASS_ROWS", 64)
 
 
 @pytest.mark.parametrize("target, ours", [(1e4, 1e4), (None, True)])
@@ -158,7 +159,7 @@ def test_the_reduction_is_fingerprinted_recorded_and_reused_on_resume(tmp_path, 
     def no_second_pca(*args, **kwargs):
         raise AssertionError("the PCA ran again on resume")
 
-    monkeypatch.setattr(pp, "run_pca", no_second_pca)
+    monkeypatch.setattr(pca_stream, "run_pca", no_second_pca)
     ingest_dataset(spec, str(data), fp)  # resume: the stored reduction is reused
     # the file changed: a new plan fingerprint, so the sweep would plan again, never reuse it
     monkeypatch.undo()
@@ -181,23 +182,23 @@ def test_preprocessing_runs_on_the_cluster_from_inside_a_task(tmp_path, cluster_
 
 
 def test_every_route_runs_on_the_cluster_shares_and_frees_them(tmp_path, cluster_client, monkeypatch):
-    """With a cluster (the default client here) the held blocks are actors, one contiguous share
+    """With a cluster (the client passed in) the held blocks are actors, one contiguous share
     per worker (64-row passes: 7 blocks in two shares); every route equals scanpy through them,
     and no share outlives the PCA (its memory is given back: the release is a message to the
     scheduler, so the workers drop the actors within moments of it, not at once)."""
     path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
     want = _scanpy(a, 1e4, 5)
     shares = []
-    init = pp._Blocks.__init__
+    init = pca_stream._Blocks.__init__
 
     def spy(self, *args):
         init(self, *args)
         shares.append(list(self.spans))
 
-    monkeypatch.setattr(pp._Blocks, "__init__", spy)
+    monkeypatch.setattr(pca_stream._Blocks, "__init__", spy)
     for solver in ("covariance", "lanczos", "arpack", "randomized"):
         pre = {"normalize_total": 1e4, "log1p": True, "pca": 5, "pca_solver": solver}
-        assert _check(load(str(path), preprocess=pre), want)["solver"] == solver
+        assert _check(load(str(path), preprocess=pre, client=cluster_client), want)["solver"] == solver
     assert shares == [[(0, 256), (256, 500)]] * 4
     held = lambda: set(cluster_client.run(lambda dask_worker: len(dask_worker.state.actors)).values())  # noqa: E731
     wait_until(lambda: held() == {0}, 10.0, "the workers to drop the preprocessing actors")
@@ -210,19 +211,19 @@ def test_auto_is_block_lanczos_above_the_covariance_width_and_restarts_keep_it_e
     (a pass count below D / pca_block)."""
     path, a = _counts(tmp_path, n=500, D=400, latent=5, seed=1)
     want = _scanpy(a, 1e4, 10)
-    monkeypatch.setattr(pp, "COVARIANCE_MAX_D", 100)
+    monkeypatch.setattr(pca_stream, "COVARIANCE_MAX_D", 100)
     runs = []
-    real = pp.block_lanczos
+    real = pca_stream.block_lanczos
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         runs.append(out[2])
         return out
 
-    monkeypatch.setattr(pp, "block_lanczos", spy)
+    monkeypatch.setattr(pca_stream, "block_lanczos", spy)
     pre = {"normalize_total": 1e4, "log1p": True, "pca": 10}
     assert _check(load(str(path), preprocess=pre), want)["solver"] == "lanczos"
-    monkeypatch.setattr(pp, "LANCZOS_BASIS", 3)
+    monkeypatch.setattr(pca_stream, "LANCZOS_BASIS", 3)
     assert _check(load(str(path), preprocess=pre), want)["solver"] == "lanczos"
     assert runs[0]["restarts"] == 0 and runs[1]["restarts"] > 0
     for r in runs:
@@ -241,7 +242,7 @@ def test_block_lanczos_finds_the_top_eigenpairs_of_a_hard_spectrum():
     U, _ = np.linalg.qr(rng.normal(size=(D, D)))
     C = (U * lam) @ U.T
     for block in (1, 4, 8):
-        theta, V, info = pp.block_lanczos(
+        theta, V, info = pca_stream.block_lanczos(
             lambda X: C @ X, D, k, block, 1e-11, np.random.default_rng(0), 6 * k
         )
         np.testing.assert_allclose(theta, lam[:k], rtol=1e-12)
@@ -253,7 +254,7 @@ def test_values_that_are_not_counts_are_refused_before_any_work_and_as_blocks_ar
     """normalize_total and log1p take counts: scaled data (negative values) is refused by the plan from
     its first rows, naming the file's layers, and a negative value further down by the read itself
     (the row named); pca alone takes any values."""
-    from lvmcore.data import sources
+    from lvmcore.data.sources import h5ad
 
     path, a = _counts(tmp_path, n=120, D=30)
     scaled = a.copy()
@@ -274,7 +275,7 @@ def test_values_that_are_not_counts_are_refused_before_any_work_and_as_blocks_ar
     late.X = sp.csr_matrix(X)
     late_path = tmp_path / "late.h5ad"
     late.write_h5ad(late_path)
-    monkeypatch.setattr(sources, "COUNTS_CHECK_ROWS", 50)
+    monkeypatch.setattr(h5ad, "COUNTS_CHECK_ROWS", 50)
     describe(str(late_path), preprocess=log_pca)  # the plan reads rows 0-49 only
     with pytest.raises(ValueError, match=r"negative values \(the smallest -3; first in row 100, 1 of rows"):
         load(str(late_path), preprocess=log_pca)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lvmcore.chunks import scheduler_workers
-from lvmcore.data import describe, fingerprint, ingest, load, open_dataset, stream
+from lvmcore.data import describe, fingerprint, ingest, load, loaders, open_dataset
 
 
 def _same_store(a, b):
@@ -28,7 +28,7 @@ def _same_store(a, b):
 
 def _roundtrip(tmp_path, src, **opts):
     mem = ingest(load(src, **opts).load(), tmp_path / "mem.zarr", chunk_rows=64)
-    streamed, fp = stream.ingest_stream(src, tmp_path / "stream.zarr", chunk_rows=64, **opts)
+    streamed, fp = loaders.ingest_source(src, tmp_path / "stream.zarr", chunk_rows=64, **opts)
     _same_store(mem, streamed)
     want = load(src, **opts)
     # .h5ad / .h5mu: the plan's fingerprint (file content + options, lvmcore.data.sources)
@@ -39,7 +39,7 @@ def _roundtrip(tmp_path, src, **opts):
 
 
 def test_stream_ingest_npy_equals_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(stream, "BLOCK_ROWS", 128)  # several blocks, a ragged last one
+    monkeypatch.setattr(loaders, "BLOCK_ROWS", 128)  # several blocks, a ragged last one
     Y = np.random.default_rng(0).normal(size=(1000, 7)).astype(np.float32)
     np.save(tmp_path / "a.npy", Y)
     out = _roundtrip(tmp_path, str(tmp_path / "a.npy"))
@@ -55,7 +55,7 @@ def test_stream_ingest_npy_equals_memory(tmp_path, monkeypatch):
 
 
 def test_stream_ingest_zarr_equals_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr(stream, "BLOCK_ROWS", 64)
+    monkeypatch.setattr(loaders, "BLOCK_ROWS", 64)
     src = ingest(load("mrd_toy", n=300, seed=1), tmp_path / "user.zarr", chunk_rows=50)
     _roundtrip(tmp_path, str(src))
 
@@ -66,7 +66,7 @@ def test_stream_ingest_h5ad_equals_memory(tmp_path, monkeypatch, sparse):
     import pandas as pd
     import scipy.sparse as sp
 
-    monkeypatch.setattr(stream, "BLOCK_ROWS", 64)
+    monkeypatch.setattr(loaders, "BLOCK_ROWS", 64)
     rng = np.random.default_rng(1)
     X = rng.poisson(0.7, size=(500, 12)).astype(np.float32)
     obs = pd.DataFrame({"cell": rng.choice(["a", "b", "c"], 500)}, index=[f"c{i}" for i in range(500)])
@@ -83,23 +83,23 @@ def test_stream_refusals(tmp_path):
     with pytest.raises(
         ValueError, match=r"nan.npy: Y contains NaN or inf \(first at row 201, column 2, 2 values"
     ):
-        stream.ingest_stream(str(tmp_path / "nan.npy"), tmp_path / "o.zarr", chunk_rows=64)
+        loaders.ingest_source(str(tmp_path / "nan.npy"), tmp_path / "o.zarr", chunk_rows=64)
     assert not (tmp_path / "o.zarr").exists() and not list(tmp_path.glob(".o.zarr*"))  # nothing left behind
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="pickled Python objects"):
-        stream.ingest_stream(str(tmp_path / "obj.npy"), tmp_path / "o.zarr")
+        loaders.ingest_source(str(tmp_path / "obj.npy"), tmp_path / "o.zarr")
     raw = (tmp_path / "nan.npy").read_bytes()
     (tmp_path / "trunc.npy").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ValueError, match="trunc.npy is not a readable .npy file"):
         describe(str(tmp_path / "trunc.npy"))
     np.save(tmp_path / "one.npy", np.ones(10))
     with pytest.raises(ValueError, match=r"shape \(10,\); an \(N, D\) array is needed"):
-        stream.ingest_stream(str(tmp_path / "one.npy"), tmp_path / "o.zarr")
+        loaders.ingest_source(str(tmp_path / "one.npy"), tmp_path / "o.zarr")
     (tmp_path / "junk.zarr").mkdir()
     with pytest.raises(ValueError, match="junk.zarr is not a readable zarr data store"):
-        stream.ingest_stream(str(tmp_path / "junk.zarr"), tmp_path / "o.zarr")
+        loaders.ingest_source(str(tmp_path / "junk.zarr"), tmp_path / "o.zarr")
     (tmp_path / "bad.h5ad").write_bytes(b"not hdf5")
-    with pytest.raises(ValueError, match="bad.h5ad is not a readable .h5ad file"):
+    with pytest.raises(ValueError, match="bad.h5ad is damaged or not an HDF5 file"):
         describe(str(tmp_path / "bad.h5ad"))
 
 
@@ -344,10 +344,10 @@ def test_named_data_sets_are_planned_from_their_recipe_without_drawing(monkeypat
     drawn = []
     real = synthetic.swiss_roll
     monkeypatch.setattr(synthetic, "swiss_roll", lambda n, seed: drawn.append(n) or real(n, seed))
-    import lvmcore.data.loaders as loaders
+    from lvmcore.data.sources import named
 
-    counted = loaders._gen_manifold(synthetic.swiss_roll, 1000)
-    monkeypatch.setitem(loaders.DATASETS, "swiss_roll", (counted, ""))
+    counted = named._gen_manifold(synthetic.swiss_roll, 1000)
+    monkeypatch.setitem(named.DATASETS, "swiss_roll", (counted, ""))
     d = describe("swiss_roll", n=10**8)
     assert d["sizes"]["point"] == 10**8 and d["sizes"]["feature"] == 3 and max(drawn) <= 16
     # a bad option is refused as load refuses it, before anything is drawn at size
@@ -359,7 +359,8 @@ def test_named_data_sets_are_planned_from_their_recipe_without_drawing(monkeypat
 
 
 def test_recipe_fingerprint_names_the_data(monkeypatch):
-    from lvmcore.data import loaders, recipe_fingerprint
+    from lvmcore.data import recipe_fingerprint
+    from lvmcore.data.sources import named
 
     fp = recipe_fingerprint("swiss_roll", n=1000)
     assert fp == recipe_fingerprint("swiss_roll", n=1000, seed=0) == recipe_fingerprint("swiss_roll")
@@ -368,7 +369,7 @@ def test_recipe_fingerprint_names_the_data(monkeypatch):
         recipe_fingerprint("swiss_roll", n=1000, seed=1),
         recipe_fingerprint("s_curve", n=1000),
     ]
-    monkeypatch.setattr(loaders, "GENERATOR_VERSION", "other")
+    monkeypatch.setattr(named, "GENERATOR_VERSION", "other")
     others.append(recipe_fingerprint("swiss_roll", n=1000))
     assert len({fp, *others}) == 5
 
@@ -377,7 +378,7 @@ def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
     """The worker draws the named data set; a store of another recipe, or one that records this
     recipe but holds other data, is rewritten; a plan made with another recipe is refused."""
     from lvmcore.data import recipe_fingerprint
-    from lvmcore.data.loaders import write_store
+    from lvmcore.data import write_store
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph, graph_matches
 

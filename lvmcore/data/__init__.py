@@ -1,4 +1,5 @@
-"""Data sets: seeded generators (:mod:`.synthetic`), bundled and user files, zarr stores.
+"""Data sets: named generators and bundled sets, user files (one reader per format, each giving a
+row-block source: lvmcore.data.sources), their preprocessing, and the ingested zarr store.
 
 Contract of the ingested data store (what the export and the report read back; every function
 takes ``data_path``, the store written by :func:`ingest`, e.g. ``x.inputs/data.zarr``):
@@ -19,35 +20,36 @@ takes ``data_path``, the store written by :func:`ingest`, e.g. ``x.inputs/data.z
   from (absent when none was given).
 """
 
-from lvmcore.data.loaders import (
-    DATASETS,
-    MAX_FEATURES,
-    describe,
-    fingerprint,
-    ingest,
-    list_datasets,
-    load,
-    open_dataset,
-    recipe,
-    recipe_fingerprint,
-    views_of,
-    write_store,
-)
+from lvmcore.data.fingerprint import fingerprint
+from lvmcore.data.loaders import BLOCK_ROWS, check_input, describe, ingest, ingest_source, load, views_of
 from lvmcore.data.provenance import color_names, file_fingerprint, label_names, obs_names, source_info
+from lvmcore.data.sources import open_source
+from lvmcore.data.sources.base import MAX_FEATURES
+from lvmcore.data.sources.hdf5 import read_obs, read_var
+from lvmcore.data.sources.named import DATASETS, list_datasets, recipe, recipe_fingerprint
+from lvmcore.data.sources.views import VIEWS_SOURCE
+from lvmcore.data.store import open_dataset, write_store
 
 __all__ = [
+    "BLOCK_ROWS",
     "DATASETS",
     "MAX_FEATURES",
+    "VIEWS_SOURCE",
+    "check_input",
     "color_names",
     "describe",
     "file_fingerprint",
     "fingerprint",
     "ingest",
+    "ingest_source",
     "label_names",
     "list_datasets",
     "load",
     "obs_names",
     "open_dataset",
+    "open_source",
+    "read_obs",
+    "read_var",
     "recipe",
     "recipe_fingerprint",
     "source_info",
