@@ -330,7 +330,9 @@ def cmd_show(a) -> int:
     import pandas as pd
 
     from tasks.report import summary_table
+    from tasks.store.integrity import existing_store
 
+    existing_store(a.store)  # a file, or a folder that is not a store: one line
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(a.store).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for note in store_notes(a.store):
@@ -350,17 +352,17 @@ def store_notes(store) -> list[str]:
 def cmd_verify(a) -> int:
     """`verify STORE`: its metadata, and every finished grid point's chunks present, readable (their
     crc32c checksums hold, in a store that has them) and its embedding finite."""
-    from tasks.store import (
+    from tasks.store.integrity import (
         POINTS_FIX,
         checksum_coverage,
         describe_damage,
+        existing_store,
         open_results,
-        store_path,
         verify_points,
     )
 
-    path = store_path(a.store)
-    open_results(path, check=False)  # a missing path, not a result store, damaged metadata: refused
+    path = existing_store(a.store)  # a missing path, a file, a folder that is not a store: refused
+    open_results(path, check=False)  # not a result store, damaged metadata: refused
     bad = verify_points(path)
     if bad:
         print(f"embed-sweep: error: {describe_damage(path, bad, len(bad))}; {POINTS_FIX}", file=sys.stderr)
@@ -383,15 +385,20 @@ def cmd_verify(a) -> int:
 
 def cmd_report(a) -> int:
     from tasks.report import make_report
+    from tasks.store.integrity import existing_store
 
+    existing_store(a.store)  # refused before the report's folder is made
     print(make_report(a.store, a.out))
     return 0
 
 
 def cmd_export(a) -> int:
     """`export STORE --to FILE`: the chosen embeddings of a store in an AnnData .h5ad file, or for
-    data from the user's own .h5ad / .h5mu file, in a copy of that file (tasks.results.export)."""
-    from tasks.results import describe_keys, export, parse_setting
+    data from the user's own .h5ad / .h5mu file, in a copy of that file (tasks.results.export); an
+    existing --to only where it is an earlier export of the same data (the keys added to it), or
+    with --replace-file (moved aside)."""
+    from tasks.results.export import describe_keys, export
+    from tasks.results.selection import parse_setting
 
     setting = parse_setting(a.setting)  # bad text is refused before anything is read
     res = export(
@@ -403,11 +410,17 @@ def cmd_export(a) -> int:
         partial=a.partial,
         key_added=a.key_added,
         overwrite=a.overwrite,
+        replace_file=a.replace_file,
     )
     if res["partial"]:
         print(res["partial"])
-    if res["into"]:
-        said = [f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells)"]
+    if res["moved_aside"]:
+        print(f"moved the file that was at {a.to} aside to {res['moved_aside']} (--replace-file)")
+    if res["into"] or res["earlier"]:
+        if res["earlier"]:
+            said = [f"added to {a.to}, an earlier export of the same data ({res['n_obs']} cells)"]
+        else:
+            said = [f"wrote {a.to}: a copy of {res['into']} ({res['n_obs']} cells)"]
         added, replaced = describe_keys(res["added"]), describe_keys(res["replaced"])
         if added:
             said.append(f"added {added}")
@@ -486,6 +499,12 @@ def _add_export_parser(sub) -> None:
         action="store_true",
         help="replace keys of the file that the export writes (without it, a file that already has "
         "one is refused)",
+    )
+    e.add_argument(
+        "--replace-file",
+        action="store_true",
+        help="where --to names an existing file that is not an earlier export of the same data, move it "
+        "aside (renamed, never deleted; the name is printed) and write the export in its place",
     )
     e.set_defaults(fn=cmd_export)
 

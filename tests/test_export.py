@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 from scipy.stats import spearmanr
 
-from embed_sweep import open_store, select, to_anndata
+from embed_sweep import export, open_store, select, to_anndata
 from flows.cli import main as cli_main
 from tasks.results.selection import criterion_of, geodesic_agreement, parse_setting
 from tests.cli_checks import refused
@@ -233,7 +233,6 @@ def _read(path):
         return sc.read_h5ad(path)
 
 
-
 @pytest.fixture(scope="module")
 def own(tmp_path_factory):
     """(the user's file, sweep A's store, sweep B's store): two PPCA sweeps over the same file."""
@@ -270,9 +269,9 @@ def test_a_clash_with_the_users_own_keys_is_refused_before_writing(own, tmp_path
     )
     assert "X_ppca_var" not in err  # the file has no such key: only the clashing ones are named
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing written, not even partly
-    # an existing --to is left as it was
+    # an existing --to is left as it was (it is not an earlier export: refused as such, issue 51 SW1)
     out.write_bytes(b"an earlier file")
-    refused(["export", str(a), "--to", str(out)], capsys, "obsm ['X_ppca']")
+    refused(["export", str(a), "--to", str(out)], capsys, str(out), "not an earlier export", "--replace-file")
     assert out.read_bytes() == b"an earlier file"
     assert file_fingerprint(src) == before
     # the same rule in Python
@@ -414,3 +413,135 @@ def test_the_mudata_export_keeps_the_users_keys_and_records_the_cells_the_join_d
     assert got.obsm["X_ppca"].shape == (n, 2) and "models" in got.uns["embed_sweep"]
     for m in ("rna", "prot"):
         assert got[m].obs.equals(mu[m].obs)
+
+
+def test_chained_exports_of_the_users_file_without_from_keep_both_sweeps(own, tmp_path, capsys):
+    """Issue 51 SW2: the second export into the first's output (no --from) adds its keys to it."""
+    src, a, b = own
+    both = tmp_path / "both.h5ad"
+    assert cli_main(["export", str(a), "--to", str(both), "--key-added", "a"]) == 0
+    capsys.readouterr()
+    assert cli_main(["export", str(b), "--to", str(both), "--key-added", "b"]) == 0
+    said = capsys.readouterr().out
+    assert f"added to {both}, an earlier export of the same data (700 cells)" in said
+    assert "added obsm ['X_ppca_b', 'X_ppca_b_var'] and uns ['embed_sweep_b']" in said
+    assert "everything in it kept" in said
+    got, user = _read(both), _read(src)
+    np.testing.assert_array_equal(got.obsm["X_ppca"], user.obsm["X_ppca"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_a"], select(a, "ppca")["embedding"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_b"], select(b, "ppca")["embedding"])
+    assert set(got.obsm) == set(user.obsm) | {"X_ppca_a", "X_ppca_a_var", "X_ppca_b", "X_ppca_b_var"}
+    assert got.uns["embed_sweep"] == {"previous_sweep": "keep me"}
+    assert got.uns["embed_sweep_a"]["sweep_id"] == open_store(a).attrs["sweep_id"]
+    assert got.uns["embed_sweep_b"]["sweep_id"] == open_store(b).attrs["sweep_id"]
+    assert got.obs.equals(user.obs)
+
+
+# ---- an existing --to: an earlier export of the same data is added to, anything else refused ----
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two PPCA sweeps over one named data set (latent_dim 2 and 1), and one over other data."""
+    home = tmp_path_factory.mktemp("pair")
+    data = {"name": "swiss_roll", "n": 60, "seed": 3}
+    grid = {"latent_dim": [2], "seed": [0]}
+    a = build_store(home / "a.zarr", data, ["ppca"], grid)
+    b = build_store(home / "b.zarr", data, ["ppca"], {"latent_dim": [1], "seed": [0]})
+    other = build_store(home / "other.zarr", {**data, "seed": 4}, ["ppca"], grid)
+    return a, b, other
+
+
+def test_an_unrelated_file_at_to_is_refused_unchanged_and_replace_file_moves_it_aside(pair, tmp_path, capsys):
+    """Issue 51 SW1: another AnnData at --to is refused byte for byte unchanged; --replace-file moves
+    it aside under a printed name, never deleting it."""
+    a, _, _ = pair
+    mine = tmp_path / "mywork.h5ad"
+    ad.AnnData(np.arange(6.0).reshape(3, 2), uns={"precious": "years of notes"}).write_h5ad(mine)
+    before = mine.read_bytes()
+    refused(
+        ["export", str(a), "--to", str(mine)],
+        capsys,
+        f"--to {mine}: that file exists and is not an earlier export of this store's data",
+        "--replace-file",
+    )
+    with pytest.raises(ValueError, match="--replace-file"):
+        export(a, mine)
+    assert mine.read_bytes() == before
+    junk = tmp_path / "notes.h5ad"  # not even HDF5
+    junk.write_bytes(b"my notes")
+    refused(["export", str(a), "--to", str(junk)], capsys, "not an AnnData / MuData file", "--replace-file")
+    assert junk.read_bytes() == b"my notes"
+    (tmp_path / "dir.h5ad").mkdir()
+    refused(["export", str(a), "--to", str(tmp_path / "dir.h5ad")], capsys, "that is a folder")
+    assert cli_main(["export", str(a), "--to", str(mine), "--replace-file"]) == 0
+    said = capsys.readouterr().out
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("mywork.replaced-")]
+    assert len(aside) == 1 and aside[0].suffix == ".h5ad"
+    assert f"moved the file that was at {mine} aside to {aside[0]} (--replace-file)" in said
+    assert aside[0].read_bytes() == before
+    assert ad.read_h5ad(aside[0]).uns["precious"] == "years of notes"
+    got = ad.read_h5ad(mine)
+    assert got.shape == (60, 3) and "precious" not in got.uns
+    np.testing.assert_array_equal(got.obsm["X_ppca"], select(a, "ppca")["embedding"])
+
+
+def test_chained_exports_of_two_stores_over_the_same_data_keep_both(pair, tmp_path, capsys):
+    """Issue 51 SW2 for data that is not the user's file: the second export adds its keys to the
+    first's file (README's chaining without --from); a clash is refused as for the user's file,
+    --overwrite replaces only the clashing keys, and an export of other data is refused."""
+    a, b, other = pair
+    both = tmp_path / "both.h5ad"
+    assert cli_main(["export", str(a), "--to", str(both)]) == 0
+    first = ad.read_h5ad(both)
+    before = both.read_bytes()
+    refused(["export", str(b), "--to", str(both)], capsys, "obsm ['X_ppca', 'X_ppca_var']", "--key-added")
+    refused(
+        ["export", str(other), "--to", str(both)], capsys, "its exports are of other data", "--replace-file"
+    )
+    assert both.read_bytes() == before
+    capsys.readouterr()
+    assert cli_main(["export", str(b), "--to", str(both), "--key-added", "second"]) == 0
+    said = capsys.readouterr().out
+    assert f"added to {both}, an earlier export of the same data (60 cells)" in said
+    assert "everything in it kept" in said
+    got = ad.read_h5ad(both)
+    np.testing.assert_array_equal(got.X, first.X)
+    assert got.obs.equals(first.obs)
+    for key in first.obsm:
+        np.testing.assert_array_equal(got.obsm[key], first.obsm[key])
+    np.testing.assert_array_equal(got.obsm["X_ppca"], select(a, "ppca")["embedding"])
+    np.testing.assert_array_equal(got.obsm["X_ppca_second"], select(b, "ppca")["embedding"])
+    assert got.obsm["X_ppca"].shape == (60, 2) and got.obsm["X_ppca_second"].shape == (60, 1)
+    assert set(got.obsm) == set(first.obsm) | {"X_ppca_second", "X_ppca_second_var"}
+    assert got.uns["embed_sweep"]["sweep_id"] == open_store(a).attrs["sweep_id"]
+    assert got.uns["embed_sweep_second"]["sweep_id"] == open_store(b).attrs["sweep_id"]
+    # --overwrite replaces the clashing keys of the earlier export and keeps the rest
+    assert cli_main(["export", str(b), "--to", str(both), "--overwrite"]) == 0
+    assert (
+        "replaced (--overwrite) obsm ['X_ppca', 'X_ppca_var'] and uns ['embed_sweep']"
+        in capsys.readouterr().out
+    )
+    again = ad.read_h5ad(both)
+    np.testing.assert_array_equal(again.obsm["X_ppca"], select(b, "ppca")["embedding"])
+    np.testing.assert_array_equal(again.obsm["X_ppca_second"], got.obsm["X_ppca_second"])
+    assert again.uns["embed_sweep"]["sweep_id"] == open_store(b).attrs["sweep_id"]
+    assert again.uns["embed_sweep_second"]["sweep_id"] == open_store(b).attrs["sweep_id"]
+
+
+def test_the_old_import_path_warns_and_gives_the_same_objects():
+    """README's former import (tasks.results) keeps working with a DeprecationWarning naming the new
+    one; the objects are embed_sweep's."""
+    import embed_sweep
+    import tasks.results
+    from tasks.results import selection
+
+    for name in ("open_store", "select", "to_anndata"):
+        with pytest.warns(DeprecationWarning, match=f"use `from embed_sweep import {name}`"):
+            old = getattr(tasks.results, name)
+        assert old is getattr(embed_sweep, name)
+    with pytest.warns(DeprecationWarning, match="use `from tasks.results.selection import criterion_of`"):
+        from tasks.results import criterion_of
+    assert criterion_of is selection.criterion_of
+    with pytest.raises(AttributeError):
+        tasks.results.no_such_name  # noqa: B018

@@ -183,6 +183,33 @@ def test_a_store_written_before_checksums_opens_verifies_and_resumes(
     assert "3 of 3 grid points already in" in _said(capfd, caplog)
 
 
+# ---------------------------------------------------------------- not a store (issue 51 T3, U6)
+
+
+@pytest.mark.parametrize("command", ["show", "export", "report", "verify"])
+def test_a_file_or_a_folder_that_is_not_a_store_is_named_in_one_line(command, tmp_path, capfd):
+    """A regular file (an .h5ad where a store is expected) and an empty folder: exit 2, one line
+    saying what the path is, no traceback, no --replace advice; nothing written beside them."""
+    import anndata as ad
+
+    h5ad = tmp_path / "pbmc68k_reduced.h5ad"
+    ad.AnnData(np.ones((3, 2))).write_h5ad(h5ad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = ["--to", str(tmp_path / "out.h5ad")] if command == "export" else []
+    for path, line in (
+        (h5ad, f"{h5ad} is a file, not a result store (a store is a folder ending .zarr written by "),
+        (empty, f"{empty} is not a result store (no zarr.json)"),
+    ):
+        assert cli_main([command, str(path), *out]) == 2
+        err = capfd.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"embed-sweep: error: {line}"), err
+        assert "Traceback" not in err and "--replace" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "pbmc68k_reduced.h5ad"]
+    assert not list(empty.iterdir())
+
+
 # ---------------------------------------------------------------- config keys (W5)
 
 

@@ -10,20 +10,33 @@ new keys are added to it) or ``replace_file`` moves it aside.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import zarr
 
 from lvmcore.checks import MISSING_LABEL
 from lvmcore.data import color_names, label_names, obs_names
 from tasks.inputs import load_data
 from tasks.results.selection import model_groups, open_store, select, store_data_path
 from tasks.results.state import check_complete, partial_note
-from tasks.results.userfile import existing_keys, on_rows, rows_of, source_of, write_into_copy
+from tasks.results.userfile import (
+    existing_keys,
+    export_records,
+    file_obs_names,
+    on_rows,
+    recorded_source,
+    rows_of,
+    source_of,
+    write_into_copy,
+)
+from tasks.store.integrity import existing_store
 
 #: the uns key of an export's record; with key_added NAME: "embed_sweep_NAME" (and obsm "X_<model>_NAME")
 UNS_KEY = "embed_sweep"
@@ -283,12 +296,15 @@ def export(
     partial: bool = False,
     key_added: str | None = None,
     overwrite: bool = False,
+    replace_file: bool = False,
 ) -> dict:
     """Write the store's chosen embeddings to ``path`` and say what was written: ``{"path",
     "n_obs", "obsm" (keys written), "uns_key", "added" and "replaced" ({"obsm": [...], "uns":
     [...]}: the keys new to the file, and those of the user's file replaced with ``overwrite``),
-    "models" (uns entries), "into" (the user's file copied, or None), "cells_without" (cells of
-    that file with no embedding), "partial" (a line, or None)}``.
+    "models" (uns entries), "into" (the user's file copied, or None), "earlier" (True where the keys
+    were added to an earlier export at ``path``), "moved_aside" (where ``replace_file`` moved the
+    file that was at ``path``, or None), "cells_without" (cells of that file with no embedding),
+    "partial" (a line, or None)}``.
 
     Data from an .h5ad / .h5mu file: ``path`` (same suffix) is a copy of that file (obs, var,
     names, layers, uns, existing obsm, X as they are, never loaded) with ``obsm["X_<model>"]``,
@@ -296,39 +312,70 @@ def export(
     ``obsm["X_<model>_NAME"]``, ``obsm["X_<model>_NAME_var"]``, ``uns["embed_sweep_NAME"]``).
     The file must be where the sweep read it and unchanged, or ``source`` names a copy (or the
     changed file: its cells must be the store's). Other data: :func:`to_anndata`'s AnnData.
-    Refused before writing anything: a store being written (unless ``partial``), a missing or
-    changed source, another file's cells, a key the file already has (unless ``overwrite``: then
-    it is replaced, and said so)."""
+
+    A file of the user's is never replaced unasked. Where ``path`` exists and is an earlier export
+    of the same data (its ``uns`` records an export of the same source: the user's file the sweep
+    read, by its fingerprint, or for other data the same data fingerprint; and its cells are the
+    store's), the keys are added to it and everything in it is kept. Any other existing file is
+    refused unless ``replace_file``, which moves it aside (renamed, never deleted) and writes the
+    export in its place. Refused before writing anything: a store being written (unless
+    ``partial``), a missing or changed source, another file's cells, a key the file already has
+    (unless ``overwrite``: then it is replaced, and said so)."""
     out = Path(path)
     key_added = _check_key_added(key_added)
     state = check_complete(store, partial)
-    src = source_of(store, source)
-    want = f".{src['kind']}" if src is not None else ".h5ad"
+    info = recorded_source(store)
+    want = f".{info['kind']}" if info is not None else ".h5ad"
     if out.suffix.lower() != want:
-        why = f"the sweep's data came from a {want} file" if src is not None else "an AnnData file"
+        why = f"the sweep's data came from a {want} file" if info is not None else "an AnnData file"
         raise ValueError(f"--to {str(path)!r}: the file name must end in {want} ({why})")
-    if src is not None and out.resolve() == Path(src["path"]).resolve():
+    if info is not None and out.resolve() == Path(info["path"]).resolve():
         raise ValueError(
             f"--to {path}: that is the file the sweep read; name a new file (the export writes a copy "
             "and never changes the original)"
         )
+    earlier = False
+    if out.is_dir():
+        raise ValueError(f"--to {path}: that is a folder; name a file (FILE{want})")
+    if out.exists() and not replace_file:
+        why = not_an_earlier_export(store, out, info)
+        if why is not None:
+            raise ValueError(
+                f"--to {path}: that file exists and is not an earlier export of this store's data ({why}); "
+                "name a new file, or pass --replace-file to move it aside (renamed, never deleted)"
+            )
+        if source is not None and Path(source).expanduser().resolve() != out.resolve():
+            raise ValueError(
+                f"--to {path} is an earlier export of this data, which the export adds to; leave --from "
+                "out (or name a new --to to write a copy of --from)"
+            )
+        earlier = True
+    src = source_of(store, out if earlier and info is not None else source)
     rows, extra, dropped = rows_of(src) if src is not None else (None, 0, None)
     tree, obsm, chosen = _chosen(store, models, setting, key_added)
     uns_key = _uns_key(key_added)
+    base = src["path"] if src is not None else (str(out) if earlier else None)
     replaced = {"obsm": [], "uns": []}
-    if src is not None:
-        replaced = _clashes(src["path"], obsm, uns_key, chosen, key_added, overwrite)
+    if base is not None:
+        replaced = _clashes(base, obsm, uns_key, chosen, key_added, overwrite)
     uns = _provenance(tree, store, chosen, src, state, dropped, key_added)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.writing-{os.getpid()}")
+    aside = None
     try:
         if src is not None:
             write_into_copy(src, tmp, on_rows(obsm, rows), uns_key, uns, replaced)
             n_obs = len(rows)
+        elif earlier:  # other data: the earlier export's cells are the store's, in its order
+            write_into_copy({"path": str(out)}, tmp, obsm, uns_key, uns, replaced)
+            n_obs = len(next(iter(obsm.values()))) if obsm else len(file_obs_names(str(out)))
         else:
             adata = _new_anndata(store, obsm, uns, uns_key)
             adata.write_h5ad(tmp)
             n_obs = adata.n_obs
+        if out.exists() and replace_file:
+            aside = aside_name(out)
+            out.rename(aside)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -344,6 +391,58 @@ def export(
         "replaced": replaced,
         "models": chosen,
         "into": None if src is None else src["path"],
+        "earlier": earlier,
+        "moved_aside": None if aside is None else str(aside),
         "cells_without": extra,
         "partial": partial_note(state),
     }
+
+
+def not_an_earlier_export(store, path: Path, info: dict | None) -> str | None:
+    """None where the file at ``path`` is an earlier export of the store's data, else why not: its
+    ``uns`` records an export (:func:`~tasks.results.userfile.export_records`) of the same source
+    (for data from the user's file ``info``, that file's fingerprint as the sweep read it; for other
+    data, the sweep's data fingerprint), and its cells (obs_names) are the store's."""
+    try:
+        records = export_records(str(path), UNS_KEY)
+    except OSError:
+        return "it is not an AnnData / MuData file"
+    if not records:
+        return "it records no export of embed-sweep"
+    if info is not None:
+        same = any(r["sweep_fingerprint"] == str(info["fingerprint"]) for r in records)
+    else:
+        mine = _data_fingerprint(zarr.open_group(str(existing_store(store)), mode="r").attrs.get("identity"))
+        same = mine is not None and any(_data_fingerprint(r["identity"]) == mine for r in records)
+    if not same:
+        return "its exports are of other data"
+    data_path = store_data_path(store)
+    names = _names_of(data_path)
+    if names is None:
+        names = [str(i) for i in range(zarr.open_group(str(data_path), mode="r")["Y"].shape[0])]
+    have = [str(n) for n in file_obs_names(str(path))]
+    if info is None:  # written as the store's rows: the same cells in the same order
+        same_cells = have == names
+    elif info["kind"] == "h5mu":  # a MuData's export also holds the cells its join dropped
+        same_cells = set(names) <= set(have)
+    else:  # a copy of the user's file: its cells, in its order (rows_of lays the embeddings out)
+        same_cells = len(have) == len(names) and set(have) == set(names)
+    return None if same_cells else "its cells are not the store's"
+
+
+def _data_fingerprint(identity) -> str | None:
+    """The data fingerprint in a sweep's identity (its JSON text), or None."""
+    try:
+        return json.loads(identity).get("data_fingerprint") if identity else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def aside_name(path: Path) -> Path:
+    """Where ``replace_file`` moves an existing file: ``x.h5ad`` -> ``x.replaced-<date-time>.h5ad``
+    beside it (``-2``, ``-3``, ... where that name is taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        cand = path.with_name(f"{path.stem}.replaced-{stamp}{'' if n == 1 else f'-{n}'}{path.suffix}")
+        if not cand.exists():
+            return cand

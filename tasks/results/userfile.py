@@ -16,6 +16,19 @@ from lvmcore.data.sources.hdf5 import read_obs
 from tasks.results.selection import store_data_path
 
 
+def recorded_file(info: dict | None) -> dict | None:
+    """``info`` (lvmcore.data.source_info of a store's data) where the data came from an .h5ad /
+    .h5mu file, else None."""
+    return info if info is not None and info.get("kind") in ("h5ad", "h5mu") else None
+
+
+def recorded_source(store) -> dict | None:
+    """The store's record of the user's .h5ad / .h5mu file its data came from (lvmcore.data.source_info:
+    ``{"kind", "path", "fingerprint", ...}``), or None for any other data. Nothing is checked."""
+    data_path = store_data_path(store)
+    return recorded_file(source_info(str(data_path)) if data_path.exists() else None)
+
+
 def source_of(store, source=None) -> dict | None:
     """The user's own .h5ad / .h5mu file the store's data came from, checked: ``{"kind", "path",
     "fingerprint" (now), "sweep_fingerprint" (what the sweep read), "options", "dropped",
@@ -25,7 +38,7 @@ def source_of(store, source=None) -> dict | None:
     copy, or the file as it is now (its cells must be the store's, :func:`rows_of`)."""
     data_path = store_data_path(store)
     info = source_info(str(data_path)) if data_path.exists() else None
-    if info is None or info.get("kind") not in ("h5ad", "h5mu"):
+    if recorded_file(info) is None:
         if source is not None:
             what = f"a .{info['kind']} file" if info else "a named data set"
             raise ValueError(
@@ -69,7 +82,7 @@ def source_of(store, source=None) -> dict | None:
     }
 
 
-def _file_obs_names(path: str) -> np.ndarray:
+def file_obs_names(path: str) -> np.ndarray:
     """The obs_names of an .h5ad file or of a .h5mu file's MuData (its root ``obs``)."""
     with warnings.catch_warnings():  # an old-format file's warnings are about parts not read here
         warnings.simplefilter("ignore")
@@ -85,7 +98,7 @@ def rows_of(src: dict) -> tuple[np.ndarray, int, np.ndarray]:
     file's MuData may also hold cells the sweep's join on obs_names dropped (those not in every
     modality it used): their rows of the embeddings are NaN. Anything else is another data set
     and is refused (ValueError)."""
-    file_names = _file_obs_names(src["path"])
+    file_names = file_obs_names(src["path"])
     mine = src["obs_names"]
     where = f"{src['path']}"
     if mine is None:
@@ -134,6 +147,37 @@ def on_rows(obsm: dict, rows: np.ndarray) -> dict:
     return out
 
 
+def export_records(path, prefix: str) -> list[dict]:
+    """The records of embed-sweep's exports in an .h5ad / .h5mu file (its root ``uns`` entries named
+    ``prefix`` or ``prefix_NAME`` that hold a ``sweep_id``), each ``{"key", "sweep_fingerprint"
+    (the fingerprint of the user's file the sweep read, or None), "identity" (the sweep's, JSON
+    text)}``. OSError where the file is not HDF5."""
+    from anndata.io import read_elem  # loaded only where a file is read or written (about a second)
+
+    out = []
+    with h5py.File(path, "r") as f:
+        uns = f.get("uns")
+        if not isinstance(uns, h5py.Group):
+            return out
+        for key in uns:
+            rec = uns[key]
+            if not (key == prefix or key.startswith(f"{prefix}_")) or not isinstance(rec, h5py.Group):
+                continue
+            if "sweep_id" not in rec:
+                continue
+            src = rec.get("source")
+            fp = src.get("sweep_fingerprint") if isinstance(src, h5py.Group) else None
+            ident = rec.get("identity")
+            out.append(
+                {
+                    "key": key,
+                    "sweep_fingerprint": None if fp is None else str(read_elem(fp)),
+                    "identity": None if ident is None else str(read_elem(ident)),
+                }
+            )
+    return out
+
+
 def existing_keys(path) -> tuple[set[str], set[str]]:
     """(obsm keys, uns keys) of an .h5ad file, or of a .h5mu file's MuData (its root ``obsm`` and
     ``uns``), read from the file's HDF5 tree (nothing loaded; an old-format obsm table's columns)."""
@@ -154,7 +198,10 @@ def write_into_copy(src: dict, path: Path, obsm: dict, uns_key: str, uns: dict, 
     deleted first, and no other: another key of the export found in the copy (the file changed
     since it was checked) is refused. An old (pre-0.7) file's obsm table is rewritten as the
     current format's group, its entries kept."""
-    from anndata.io import read_elem, write_elem  # loaded only where a file is written (about a second)
+    from anndata.io import (
+        read_elem,
+        write_elem,
+    )  # loaded only where a file is read or written (about a second)
 
     shutil.copyfile(src["path"], path)
     with h5py.File(path, "r+") as f:
