@@ -32,7 +32,7 @@ from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.knn import build_graph
 from tasks.registry import MODELS
-from tasks.results import geodesic_agreement
+from tasks.results.selection import geodesic_agreement
 
 SEEDS = (0, 1)
 #: (data set, options, model key, dimension, values, fixed point, model options)
