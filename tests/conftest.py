@@ -180,7 +180,7 @@ def sweep_cluster(prefect_api):
 # The longest modules first (longest-processing-time order): .ci/test runs two processes that take
 # whole files in collection order (xdist's own reorder, by test count, is switched off there), and a
 # long file taken late leaves one process running it alone at the end. tests/durations.json holds
-# each file's measured wall seconds (bench/suite_cpu.py --write-durations refreshes it); a file
+# each file's measured wall seconds (python -m bench.suite.cpu --write-durations refreshes it); a file
 # it does not know yet goes first.
 def pytest_collection_modifyitems(session, config, items):
     import json

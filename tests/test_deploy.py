@@ -65,7 +65,7 @@ def runs(server, sweep_cluster, tmp_path_factory):
     the deployment's entrypoint a file path, that run failed to unpickle the flow's tasks there)."""
     env = server
     tmp = tmp_path_factory.mktemp("deploy")
-    # the pool the runs below take, with the README's command; the other two only so that `deploy
+    # the pool the runs below take, with the command of docs/sweeps.md; the other two only so that `deploy
     # --all` finds every pool the file names: made through the client as that command makes them
     # (a process pool with the process worker's default job template), not by a `prefect` process
     # each (2.5 CPU s, 4-5 s; test_slurm creates and uses slurm-pool with the command)

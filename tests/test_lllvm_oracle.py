@@ -1,6 +1,6 @@
 """LL-LVM against the authors' code: ``tests/fixtures/lllvm_oracle.npz`` holds the inputs we generated
 (the raw roll, the graph, q(C)'s start, settings) and the outputs of their ``lllvm_1ep.m`` run unmodified
-under GNU Octave 7.3 by ``bench/lllvm_oracle/run_oracle.py`` (per-iteration bounds and gamma, posterior
+under GNU Octave 7.3 by ``bench/lllvm/oracle.py`` (per-iteration bounds and gamma, posterior
 means). Our dense solver with their model (eps 1 1^T form, alpha fixed at 1e-3, no beta, gamma learned)
 and the same start must reproduce them."""
 
