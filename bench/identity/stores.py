@@ -79,7 +79,7 @@ def prepare(root: Path) -> None:
             "models": ["hgplvm_bayesian"],
             "grid": {"latent_dim": [2], "kappa": [30.0], "seed": [0]},
             "store": "roll_minibatch.zarr",
-            "model_options": {"hgplvm_bayesian": {"training": "minibatch", "max_iter": 60}},
+            "model_options": {"hgplvm_bayesian": {"training": "minibatch", "batch_size": 100, "max_iter": 60}},
         },
     ]
     (root / "extra.json").write_text(json.dumps({"sweeps": sweeps}, indent=1))
