@@ -14,8 +14,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.linalg import subspace_angles
 
-from lvmcore.data import describe, load
-from lvmcore.data import pca_stream
+from lvmcore.data import describe, load, pca_stream
 from lvmcore.data import preprocess as pp
 from tests.polling import wait_until
 

@@ -377,8 +377,7 @@ def test_recipe_fingerprint_names_the_data(monkeypatch):
 def test_ingest_of_a_named_set_rebuilds_a_stale_store(tmp_path):
     """The worker draws the named data set; a store of another recipe, or one that records this
     recipe but holds other data, is rewritten; a plan made with another recipe is refused."""
-    from lvmcore.data import recipe_fingerprint
-    from lvmcore.data import write_store
+    from lvmcore.data import recipe_fingerprint, write_store
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph, graph_matches
 

@@ -29,7 +29,7 @@ import zarr
 
 from lvmcore.data.sources import PLANNED, kind_of, named, open_source, plan
 from lvmcore.data.sources.base import Source, content_pass
-from lvmcore.data.sources.plan import check_values
+from lvmcore.data.sources.planned import check_values
 from lvmcore.data.store import check_target, replace_dir, store_encoding, temporary_path, write_store
 
 __all__ = ["load", "describe", "check_input", "ingest", "ingest_source", "views_of", "BLOCK_ROWS"]
@@ -72,7 +72,7 @@ def check_input(name_or_path, **options) -> None:
     """Refuse what the ingest would refuse, before any server or cluster starts: unknown options,
     and NaN or inf in the user's data, named in the file's coordinates (``X[3, 4]``,
     ``obsm['X_pca'][7, 0]``). A file read with options is read here when its matrices are small
-    (lvmcore.data.sources.plan.PRECHECK_VALUES), a larger one as the ingest's pass reads it; a
+    (lvmcore.data.sources.planned.PRECHECK_VALUES), a larger one as the ingest's pass reads it; a
     .npy, .csv or .zarr file is checked by the pass that fingerprints it. :func:`describe` calls
     this, so a caller that describes the data needs no second call."""
     if kind_of(name_or_path, options) in PLANNED:

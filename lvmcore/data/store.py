@@ -74,7 +74,7 @@ def write_store(
     out = ds.copy()
     out.attrs = {k: (json.dumps(v) if isinstance(v, list) else v) for k, v in ds.attrs.items()}
     content = content or fingerprint(ds)
-    # a file read with options (lvmcore.data.sources.plan) is identified by its plan
+    # a file read with options (lvmcore.data.sources.planned) is identified by its plan
     info = ds.attrs.get("source_info")
     kind = json.loads(info).get("kind") if isinstance(info, str) else None
     planned = ds.attrs.get("fingerprint") if kind in ("h5ad", "h5mu", "views") else None

@@ -15,7 +15,7 @@ views      ``{"views": [file, ...]}``                  :mod:`.views` -> :mod:`.p
 =========  ==========================================  ================================
 
 The last three are planned first (:func:`plan`: metadata, ``obs`` and ``var`` only; the plan's
-fingerprint is known before any data pass), then read (:func:`lvmcore.data.sources.plan.plan_source`,
+fingerprint is known before any data pass), then read (:func:`lvmcore.data.sources.planned.plan_source`,
 where preprocessing runs on the client the caller passes).
 """
 
@@ -29,13 +29,13 @@ from lvmcore.data.sources.csv import csv_source
 from lvmcore.data.sources.h5ad import plan_h5ad
 from lvmcore.data.sources.h5mu import plan_h5mu
 from lvmcore.data.sources.npy import npy_source
-from lvmcore.data.sources.plan import Plan, plan_source
+from lvmcore.data.sources.planned import Plan, plan_source
 from lvmcore.data.sources.views import VIEWS_SOURCE, plan_views
 from lvmcore.data.sources.zarrstore import store_source
 
 __all__ = ["PLANNED", "kind_of", "plan", "open_source", "Source", "Plan"]
 
-#: the kinds read through a plan (a file with options; lvmcore.data.sources.plan)
+#: the kinds read through a plan (a file with options; lvmcore.data.sources.planned)
 PLANNED = ("h5ad", "h5mu", "views")
 
 

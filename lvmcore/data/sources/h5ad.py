@@ -16,7 +16,7 @@ from lvmcore.checks import check_options
 from lvmcore.data import preprocess as pp
 from lvmcore.data.sources import hdf5
 from lvmcore.data.sources.base import check_extent, check_width, max_features
-from lvmcore.data.sources.plan import Plan, View, apply_labels
+from lvmcore.data.sources.planned import Plan, View, apply_labels
 
 __all__ = [
     "MATRIX_OPTIONS",

@@ -21,7 +21,7 @@ from lvmcore.checks import check_options
 from lvmcore.data.sources import hdf5
 from lvmcore.data.sources.base import check_width, max_features
 from lvmcore.data.sources.h5ad import MATRIX_OPTIONS, matrix_view
-from lvmcore.data.sources.plan import Plan, apply_labels
+from lvmcore.data.sources.planned import Plan, apply_labels
 
 __all__ = ["H5MU_OPTIONS", "plan_h5mu"]
 

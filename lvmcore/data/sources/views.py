@@ -10,7 +10,7 @@ from lvmcore.checks import check_options
 from lvmcore.data.sources.base import check_extent, check_width, max_features
 from lvmcore.data.sources.csv import read_csv
 from lvmcore.data.sources.npy import NpyMatrix, open_npy
-from lvmcore.data.sources.plan import ArrayMatrix, Plan, View
+from lvmcore.data.sources.planned import ArrayMatrix, Plan, View
 
 __all__ = ["VIEWS_OPTIONS", "VIEWS_SOURCE", "plan_views"]
 
