@@ -7,7 +7,7 @@ worker that computed them, and batching
 points per task divides Prefect's per-task-run cost (about 0.25 worker-seconds here: state
 changes through the API server) among them (see :func:`batch_sizes`). Every point still
 writes its own cell as soon as it finishes, and a batch skips points already marked done, so a
-killed worker or flow loses at most the point in flight (bench/sweep.py measures the difference).
+killed worker or flow loses at most the point in flight (bench/sweep/overhead.py measures the difference).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def batches(items: list, sizes: list[int]) -> list[list]:
 
     Grid points come in grid order (k, latent_dim, ..., seed), so neighbouring points cost alike
     (a larger k or latent dimension is slower for every seed). Contiguous batches put the expensive
-    ones together (bench/sweep.py, LL-LVM: one worker finished the last batches alone). Here the
+    ones together (bench/sweep/overhead.py, LL-LVM: one worker finished the last batches alone). Here the
     points are put in a fixed pseudo-random order first (seeded: the same sweep always makes the
     same batches), then cut into the sizes."""
     if sum(sizes) != len(items) or any(s < 1 for s in sizes):

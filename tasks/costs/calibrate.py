@@ -26,7 +26,7 @@ seconds is recorded as such. ``--round N`` takes round N's changes to the plan (
 rounds that made the shipped data (``fit`` reads it by default).
 
 Data of high intrinsic dimension: an entry with ``upper_of`` (``glle_em/high_dim``) is measured
-on cells drawn from an ingested atlas's 50-D PCA (``bench/atlas.py``'s data.zarr, named by
+on cells drawn from an ingested atlas's 50-D PCA (``bench/data/atlas.py``'s data.zarr, named by
 ``--atlas``; a size's extra ``{"data": "atlas", "k": 15}``) and fitted into the ``upper`` terms of the
 entry it names (:mod:`tasks.costs.guard` holds a fit to them, the plan shows them).
 
@@ -120,7 +120,7 @@ def make_data(key: str, n: int, d: int, data: str | None = None, atlas: str | No
         import xarray as xr  # imported here: only the atlas sizes read a store
 
         if atlas is None:
-            raise ValueError("the atlas sizes need --atlas (bench/atlas.py's data.zarr)")
+            raise ValueError("the atlas sizes need --atlas (bench/data/atlas.py's data.zarr)")
         Y = xr.open_zarr(atlas, consolidated=False)["Y"].values
         if Y.shape[1] != d:
             raise ValueError(f"the atlas {atlas} holds {Y.shape[1]}-D data, the plan asks {d}")

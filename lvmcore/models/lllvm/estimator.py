@@ -29,7 +29,7 @@ from .qx import update_qx
 #: quadratic variant: problems with N <= this many points use the dense solver under solver="auto"
 AUTO_DENSE_MAX_N = 200
 #: largest N the exact dense solver of the paper's model (eps I) takes under solver="auto". The
-#: factorised solver is faster per iteration from about N = 300 (bench/lllvm.py --solvers dense
+#: factorised solver is faster per iteration from about N = 300 (bench/lllvm/fit.py --solvers dense
 #: factorised), but it fits a smaller variational family (q(x), q(C) factorised per point): a lower
 #: bound and a visibly different embedding at N = 400 (bench/README.md, LL-LVM). Fidelity first: the
 #: exact model stays the default while its O((N Q)^3) iterations are affordable (about 2 CPU s per
