@@ -9,6 +9,7 @@ names are kept beside the codes (``names[code]``) and recorded as the ingested s
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from lvmcore.checks import MISSING_LABEL
 
@@ -16,8 +17,6 @@ __all__ = ["encode_labels", "encode_color", "check_label_column"]
 
 
 def _missing(values) -> np.ndarray:
-    import pandas as pd
-
     s = pd.Series(values, copy=False)
     miss = s.isna().to_numpy().copy()
     if s.dtype == object or pd.api.types.is_string_dtype(s.dtype):
@@ -29,8 +28,6 @@ def encode_labels(values) -> tuple[np.ndarray, list[str]]:
     """(int64 codes, names) of a column: categories in their declared order for a pandas
     Categorical, else in sorted order of the values (numbers numerically); missing values get
     ``MISSING_LABEL``. Names are the categories as strings."""
-    import pandas as pd
-
     s = pd.Series(values, copy=False)
     miss = _missing(s)
     if isinstance(s.dtype, pd.CategoricalDtype):
@@ -60,8 +57,6 @@ def check_label_column(values, column: str, where: str) -> None:
     count, an index). Each distinct value would be a class of its own and the label metrics would
     measure nothing. Categorical and text columns, and numeric class ids (also floats with NaN),
     are classes."""
-    import pandas as pd
-
     s = pd.Series(values, copy=False)
     if isinstance(s.dtype, pd.CategoricalDtype) or pd.api.types.is_bool_dtype(s.dtype):
         return
@@ -89,8 +84,6 @@ def _name(c) -> str:
 def encode_color(values) -> tuple[np.ndarray, list[str] | None]:
     """(float64 colour values, names or None) of a column: numbers as they are (NaN where
     missing); a categorical or text column as its label codes (NaN where missing) with its names."""
-    import pandas as pd
-
     s = pd.Series(values, copy=False)
     if pd.api.types.is_numeric_dtype(s.dtype) and not pd.api.types.is_bool_dtype(s.dtype):
         return s.to_numpy(dtype=np.float64, na_value=np.nan), None

@@ -38,6 +38,8 @@ import logging
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import eigh
+from scipy.sparse.linalg import LinearOperator, eigsh
 
 from lvmcore.data.preprocess import transform_block
 
@@ -277,7 +279,6 @@ def _arpack(blocks, mu, n, D, k, seed):
     """The top k eigenpairs of C (eq. P1) by ARPACK's implicitly restarted Lanczos (scipy's eigsh,
     to machine precision: tol=0), C v = (Z^T (Z v) - N mu (mu^T v)) / (N - 1) one pass over the
     held blocks per product. The same eigenproblem scanpy's default sparse PCA solves."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
 
     def matvec(v):
         v = np.asarray(v, dtype=np.float64).ravel()
@@ -355,8 +356,6 @@ def block_lanczos(apply, D, k, block, tol, rng, max_basis):
     (half the room, at least k + block) with T their Ritz values, and the next block Q_{j+1},
     orthogonal to them, goes on (the coupling Q_{j+1}^T C (Q s) = R_j s_j comes back in the next
     projection). Returns (theta descending, V (D x k), {"passes", "restarts", "residual"})."""
-    from scipy.linalg import eigh
-
     max_basis = int(min(D, max(max_basis, k + 2 * block)))
     Q = np.empty((D, max_basis))
     T = np.zeros((max_basis, max_basis))

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import zarr
 
 __all__ = ["file_fingerprint", "source_info", "obs_names", "label_names", "color_names", "SOURCE_KINDS"]
 
@@ -101,8 +102,6 @@ def source_info(data_path) -> dict | None:
 def obs_names(data_path) -> np.ndarray | None:
     """The cells' names (``obs_names`` of the AnnData / MuData) in the stored row order, as a
     ``str`` array; None where the source has none (named data sets, .npy, .csv)."""
-    import zarr
-
     g = zarr.open_group(str(data_path), mode="r")
     if "obs_names" not in g:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import zarr
 
 
 class ZarrRows:
@@ -42,8 +43,6 @@ class ZarrRows:
         return out
 
     def _array(self):
-        import zarr
-
         group = zarr.open_group(self.path, mode="r")
         for k, v in self.expect.items():
             if group.attrs.get(k) != v:

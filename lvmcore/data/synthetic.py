@@ -54,14 +54,14 @@ def _sklearn_sheet(make, n, seed):
 
 def s_curve(n: int = 5000, seed=0):
     """scikit-learn's S-curve (no noise). Returns (Y, latent) with latent = (t, height)."""
-    from sklearn.datasets import make_s_curve
+    from sklearn.datasets import make_s_curve  # scikit-learn is heavy: imported for this set only
 
     return _sklearn_sheet(make_s_curve, n, seed)
 
 
 def swiss_roll(n: int = 5000, seed=0):
     """scikit-learn's Swiss roll (no noise). Returns (Y, latent) with latent = (t, height)."""
-    from sklearn.datasets import make_swiss_roll
+    from sklearn.datasets import make_swiss_roll  # scikit-learn is heavy: imported for this set only
 
     return _sklearn_sheet(make_swiss_roll, n, seed)
 
