@@ -257,3 +257,30 @@ def test_a_damaged_file_is_not_called_open_elsewhere_and_a_held_one_is(tmp_path)
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_t1_the_cli_refuses_nonfinite_input_before_any_server_starts(tmp_path, capsys, monkeypatch):
+    """T1: exit 2 with one line naming the input's own position (not the PCA output's), before the
+    Prefect server or a cluster starts, within seconds."""
+    import json
+    import time
+
+    from flows.cli import main as cli_main
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    path = _with_bad(tmp_path)
+    grid = '{"latent_dim": [2], "seed": [0]}'
+    for dataset, where in [
+        ({"path": path}, "X[3, 4] = nan"),
+        ({"path": path, "preprocess": {"pca": 2}}, "X[3, 4] = nan"),
+        ({"path": path, "use_rep": "X_pca"}, "obsm['X_pca'][7, 0] = inf"),
+    ]:
+        out = tmp_path / "out"
+        t0 = time.perf_counter()
+        rc = cli_main(["run", "--out", str(out), "--no-report", "--models", "ppca", "--grid", grid,
+                       "--dataset", json.dumps(dataset)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 2 and where in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not (out / "prefect-server.log").exists()
+        assert time.perf_counter() - t0 < 15
