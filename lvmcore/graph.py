@@ -7,15 +7,20 @@ Shapes: N points, D features, K neighbours. Indices never contain the point itse
 
 from __future__ import annotations
 
+import dask
+import dask.array as da
 import numpy as np
+import psutil
 import scipy.sparse as sp
-from scipy.sparse.csgraph import connected_components as _cc
+from scipy.sparse import csgraph
+from scipy.spatial import cKDTree
 
 from lvmcore.checks import check_data
 
 __all__ = [
     "knn",
     "choose_knn_method",
+    "available_memory",
     "KNN_METHODS",
     "knn_recall",
     "slice_knn",
@@ -74,7 +79,7 @@ def _kernel():
     """The numba tile-selection kernel, compiled on first use (numba comes with pynndescent)."""
     global _KERNEL
     if _KERNEL is None:
-        from numba import njit
+        from numba import njit  # numba's import and compilation cost seconds: only the exact search needs it
 
         @njit(nogil=True, cache=True, inline="always")
         def replace_worst(vals, idx, slot, v, i):  # pragma: no cover - jitted
@@ -163,10 +168,7 @@ def _merge_block(start, parts, offsets, Y, sq, k, kk, bound_coef, max_sq):
     return out_i.astype(np.int64), np.sqrt(out_d), unsure.size
 
 
-def _exact_knn(Y, k, block_rows):
-    import dask
-    import dask.array as da
-
+def _exact_knn(Y, k, block_rows, client=None):
     if isinstance(Y, da.Array):
         bounds = Y.chunks[0] if block_rows is None else None
         Y = Y.compute()
@@ -183,12 +185,6 @@ def _exact_knn(Y, k, block_rows):
     sq = np.einsum("ij,ij->i", Yc, Yc)
     kk = min(k + _EXTRA, n - 1)
     offsets = np.concatenate([[0], np.cumsum(bounds)[:-1]]).astype(np.int64)
-    try:  # the distributed client this runs under (a sweep's kNN task: its worker's client)
-        from distributed import get_client
-
-        client = get_client()
-    except (ImportError, ValueError):
-        client = None
     if client is None:  # Dask's local scheduler: the arrays stay in this process
         Y32 = da.from_array(Yc.astype(np.float32), chunks=(bounds, dim)).to_delayed().ravel()
         Yref, sqref = dask.delayed(Yc, pure=True), dask.delayed(sq, pure=True)
@@ -209,7 +205,9 @@ def _exact_knn(Y, k, block_rows):
     for i in range(nb):
         parts = [tiles[(i, j)][0:2] if j >= i else tiles[(j, i)][2:4] for j in range(nb)]
         blocks.append(merge(int(offsets[i]), parts, offsets, Yref, sqref, k, kk, coef, max_sq))
-    out = dask.compute(*[(b[0], b[1], b[2]) for b in blocks])
+    out = dask.compute(
+        *[(b[0], b[1], b[2]) for b in blocks], scheduler="threads" if client is None else client
+    )
     idx = np.concatenate([o[0] for o in out])
     dist = np.concatenate([o[1] for o in out])
     _exact_knn.last_fallback_rows = int(sum(o[2] for o in out))
@@ -219,21 +217,10 @@ def _exact_knn(Y, k, block_rows):
 _exact_knn.last_fallback_rows = 0
 
 
-def _memory_budget() -> int:
-    """Bytes a kNN search may use here: the Dask worker's memory limit inside a worker, else the
-    memory the operating system reports available."""
-    import sys
-
-    import psutil
-
-    avail = int(psutil.virtual_memory().available)
-    if "distributed" not in sys.modules:  # not inside a Dask worker
-        return avail
-    try:
-        limit = sys.modules["distributed"].get_worker().memory_manager.memory_limit
-        return min(avail, int(limit)) if limit else avail
-    except (ValueError, AttributeError):
-        return avail
+def available_memory() -> int:
+    """Bytes the operating system reports available: what a kNN search may use unless its caller
+    says less (a Dask worker's memory limit: ``memory_bytes`` of :func:`choose_knn_method`)."""
+    return int(psutil.virtual_memory().available)
 
 
 def _method_bytes(method: str, n: int, d: int, k: int) -> int:
@@ -253,16 +240,16 @@ def choose_knn_method(n: int, d: int, k: int, memory_bytes: int | None = None) -
     By speed (crossovers measured in bench/knn.py): the k-d tree up to ``TREE_MAX_DIM``
     dimensions; above, an exact search while ``n**2 * d <= EXACT_MAX_WORK`` (the tree up to
     ``TREE_EXACT_MAX_DIM``, the blocked search beyond); else pynndescent. A method whose memory
-    estimate does not fit ``memory_bytes`` (default: the Dask worker's memory limit, or the
-    available memory) is passed over for the next in that order that fits; if none fits, a
-    ValueError says how much is needed."""
+    estimate does not fit ``memory_bytes`` (default: :func:`available_memory`; a caller inside a
+    Dask worker passes the smaller of that and the worker's memory limit) is passed over for the
+    next in that order that fits; if none fits, a ValueError says how much is needed."""
     if d <= TREE_MAX_DIM:
         order = ["tree", "exact", "approx"]
     elif float(n) * n * d <= EXACT_MAX_WORK:
         order = ["tree", "exact", "approx"] if d <= TREE_EXACT_MAX_DIM else ["exact", "tree", "approx"]
     else:
         order = ["approx", "exact", "tree"]
-    budget = _memory_budget() if memory_bytes is None else int(memory_bytes)
+    budget = available_memory() if memory_bytes is None else int(memory_bytes)
     for m in order:
         if _method_bytes(m, n, d, k) <= budget:
             return m
@@ -276,8 +263,6 @@ def choose_knn_method(n: int, d: int, k: int, memory_bytes: int | None = None) -
 def _tree_knn(Y, k, n_jobs):
     """Exact kNN with scipy's cKDTree; ties at the k-th distance broken by lower index as in the
     blocked search (rows with a tie at the boundary are redone by float64 brute force)."""
-    from scipy.spatial import cKDTree
-
     n = Y.shape[0]
     kq = min(k + 2, n)  # the point itself, k neighbours, one more to see ties at the boundary
     dist, idx = cKDTree(Y).query(Y, k=kq, workers=n_jobs)
@@ -314,6 +299,7 @@ def knn(
     block_rows: int | None = None,
     random_state=0,
     n_jobs: int = -1,
+    client=None,
 ):
     """k nearest neighbours of every row of Y, the point itself excluded.
 
@@ -325,8 +311,8 @@ def knn(
         and memory; call it yourself to record the choice), ``"tree"`` (scipy ``cKDTree``, exact,
         fast in low dimension), ``"exact"`` or ``"approx"`` (pynndescent, approximate: check with
         :func:`knn_recall`).
-        Exact is a blocked brute force as a Dask graph (run by ``dask.compute``, so on the cluster
-        when called inside a Dask worker): rows are split into blocks (``block_rows``, default
+        Exact is a blocked brute force as a Dask graph (run on ``client``, else on Dask's local
+        threads): rows are split into blocks (``block_rows``, default
         ``DEFAULT_BLOCK_ROWS``, or a dask array's own row chunks); one task per pair of blocks on
         or above the diagonal does one float32 GEMM and keeps, in one pass, the best k + 8
         candidates in both directions; one task per block merges its candidates, recomputes their
@@ -336,6 +322,8 @@ def knn(
         (also by the tree).
     block_rows : rows per block of the exact search.
     n_jobs : threads of the tree query and of pynndescent (-1: all cores).
+    client : a Dask distributed client the exact search runs on (the data go to its workers by
+        scatter); None: Dask's local threaded scheduler in this process. Same result either way.
 
     Returns
     -------
@@ -352,11 +340,11 @@ def knn(
     if method == "auto":
         method = choose_knn_method(Y.shape[0], Y.shape[1], int(k))
     if method == "exact":
-        return _exact_knn(Y, int(k), block_rows)
+        return _exact_knn(Y, int(k), block_rows, client)
     Yn = check_data(Y.compute()) if hasattr(Y, "compute") else Y
     if method == "tree":
         return _tree_knn(Yn, int(k), n_jobs)
-    from pynndescent import NNDescent
+    from pynndescent import NNDescent  # slow to import (numba): only the approximate search needs it
 
     index = NNDescent(Yn.astype(np.float32), n_neighbors=int(k) + 1, random_state=random_state, n_jobs=n_jobs)
     idx, dist = index.neighbor_graph
@@ -461,7 +449,7 @@ def laplacian(W) -> sp.csr_matrix:
 
 def connected_components(W):
     """(number of components, component label of every point) of a symmetric adjacency."""
-    return _cc(sp.csr_matrix(W), directed=False)
+    return csgraph.connected_components(sp.csr_matrix(W), directed=False)
 
 
 def require_connected(W, what: str = "the kNN graph") -> None:

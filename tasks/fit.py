@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import traceback
 
@@ -30,6 +31,18 @@ def _dask_context(est):
     except (ImportError, ValueError):
         return contextlib.nullcontext()
     return worker_client(separate_thread=True)
+
+
+def _cluster_args(method, client) -> dict:
+    """The Dask ``client`` (from :func:`_dask_context`) and this worker's address (``worker``: its
+    tasks go to the other workers) for an estimator method that takes them, e.g. GLLE's fit and
+    sample; nothing outside a Dask task."""
+    if client is None:
+        return {}
+    from distributed import get_worker  # as in _dask_context: distributed only inside a worker
+
+    params = inspect.signature(method).parameters
+    return {k: v for k, v in (("client", client), ("worker", get_worker().address)) if k in params}
 
 
 def _with_sources(data: dict, data_path: str, graph, graph_path):
@@ -67,22 +80,28 @@ def fit_point(
             graph = load_graph(graph_path)[0][:, : point["k"]]
         t0 = time.perf_counter()
         Y, views, graph = _with_sources(data, data_path, graph, graph_path)
-        with _dask_context(est):
+        with _dask_context(est) as client:
+            fit_args = _cluster_args(est.fit, client)
             if spec.multiview:
-                est.fit(views)
+                est.fit(views, **fit_args)
             elif graph is not None:
-                est.fit(Y, graph=graph)
+                est.fit(Y, graph=graph, **fit_args)
             else:
-                est.fit(Y)
+                est.fit(Y, **fit_args)
             res.fit_seconds = time.perf_counter() - t0
             if "generations" in spec.extras and n_generations > 0:
                 res.extras["generations"] = np.asarray(
-                    est.sample(n_generations, random_state=point.get("seed", 0))
+                    est.sample(
+                        n_generations, random_state=point.get("seed", 0), **_cluster_args(est.sample, client)
+                    )
                 )
             if "scale_study" in spec.extras and n_generations > 0:  # paper 001 section VI-C
                 seed = point.get("seed", 0)
                 # one call: with chunks on a cluster its eigenproblems are solved at once
-                res.extras["scale_study"] = est.sample(1, random_state=seed, cov_scale=COV_SCALES)[:, 0]
+                study = est.sample(
+                    1, random_state=seed, cov_scale=COV_SCALES, **_cluster_args(est.sample, client)
+                )
+                res.extras["scale_study"] = study[:, 0]
         res.embedding = np.asarray(est.embedding_, dtype=np.float64)
         if not np.all(np.isfinite(res.embedding)):
             raise FloatingPointError("the fitted embedding contains NaN or inf")

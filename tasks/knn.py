@@ -8,8 +8,9 @@ import uuid
 from pathlib import Path
 
 import xarray as xr
+from distributed import get_client, get_worker
 
-from lvmcore.graph import choose_knn_method, knn
+from lvmcore.graph import available_memory, choose_knn_method, knn
 from tasks.inputs import data_fingerprint, load_data
 
 
@@ -32,6 +33,26 @@ def graph_matches(graph_path, data_path, k_max: int, method: str) -> bool:
     )
 
 
+def knn_client():
+    """The Dask client a kNN search runs on: the worker's own inside a Dask task (a sweep's kNN
+    task), else a client registered in this process, else None (Dask's local threads)."""
+    try:
+        return get_client()
+    except ValueError:
+        return None
+
+
+def knn_memory_budget() -> int:
+    """Bytes a kNN search may use here: the smaller of the available memory and the Dask worker's
+    memory limit inside a worker, else the available memory."""
+    avail = available_memory()
+    try:
+        limit = get_worker().memory_manager.memory_limit
+    except (ValueError, AttributeError):  # not inside a Dask worker
+        return avail
+    return min(avail, int(limit)) if limit else avail
+
+
 def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
     """kNN indices and distances at ``k_max`` written to ``graph_path`` (aside, then renamed).
 
@@ -43,8 +64,9 @@ def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto
     if p.exists():
         shutil.rmtree(p)
     Y = load_data(data_path)["Y"]
-    used = choose_knn_method(*Y.shape, k_max) if method == "auto" else method  # recorded below
-    idx, dist = knn(Y, k_max, method=used)
+    budget = knn_memory_budget()
+    used = choose_knn_method(*Y.shape, k_max, budget) if method == "auto" else method  # recorded below
+    idx, dist = knn(Y, k_max, method=used, client=knn_client())
     ds = xr.Dataset(
         {"indices": (("point", "neighbor"), idx), "distances": (("point", "neighbor"), dist)},
         attrs={

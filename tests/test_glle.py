@@ -282,8 +282,10 @@ def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
 
     plain = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5).fit(Y)
     with get_task_stream(cluster_client) as stream:
-        chunked = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5, chunks=700).fit(Y)
-        generations = chunked.sample(2, random_state=9)
+        chunked = GLLE(n_components=2, n_neighbors=10, method=method, random_state=5, chunks=700).fit(
+            Y, client=cluster_client
+        )
+        generations = chunked.sample(2, random_state=9, client=cluster_client)
     assert chunked.n_iter_ == plain.n_iter_
     np.testing.assert_array_equal(chunked.weights_, plain.weights_)
     np.testing.assert_array_equal(chunked.elbo_trace_, plain.elbo_trace_)
@@ -293,7 +295,7 @@ def test_chunked_equals_unchunked_on_local_cluster(method, cluster_client):
     solved_on = [t["worker"] for t in stream.data if "_embed_draw" in str(t["key"])]
     assert len(solved_on) == (4 if method == "em" else 2) and len(set(solved_on)) == 2, solved_on
     scales = (0.1, 1.0, 10.0)
-    study = chunked.sample(1, random_state=9, cov_scale=scales)
+    study = chunked.sample(1, random_state=9, cov_scale=scales, client=cluster_client)
     for j, a in enumerate(scales):
         np.testing.assert_array_equal(study[j], plain.sample(1, random_state=9, cov_scale=a))
 
@@ -309,10 +311,13 @@ def test_inside_a_task_the_eigenproblems_run_on_the_other_workers(cluster_client
     def fit_in_a_task(Y):
         from distributed import get_worker, worker_client
 
-        with worker_client(separate_thread=True):
-            m = GLLE(n_components=2, n_neighbors=10, method="em", random_state=5, chunks=700).fit(Y)
-            gens = m.sample(2, random_state=9)
-        return get_worker().address, m.embedding_, gens
+        me = get_worker().address
+        with worker_client(separate_thread=True) as client:
+            m = GLLE(n_components=2, n_neighbors=10, method="em", random_state=5, chunks=700).fit(
+                Y, client=client, worker=me
+            )
+            gens = m.sample(2, random_state=9, client=client, worker=me)
+        return me, m.embedding_, gens
 
     workers = sorted(cluster_client.scheduler_info(n_workers=-1)["workers"])
     with get_task_stream(cluster_client) as stream:

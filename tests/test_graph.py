@@ -92,7 +92,7 @@ def test_exact_on_distributed_cluster(cloud, shared_cluster):
 
     local = graph.knn(cloud, 12, method="exact", block_rows=128)
     with Client(shared_cluster) as client:
-        on_cluster = graph.knn(cloud, 12, method="exact", block_rows=128)
+        on_cluster = graph.knn(cloud, 12, method="exact", block_rows=128, client=client)
         ran = client.run(lambda dask_worker: len(dask_worker.data) >= 0)
     assert len(ran) == 2
     np.testing.assert_array_equal(on_cluster[0], local[0])

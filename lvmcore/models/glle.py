@@ -70,6 +70,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data, check_graph, check_positive, check_positive_int
+from lvmcore.graph import knn
 from lvmcore.lle import (
     BLOCK_POINTS,
     barycenter_weights,
@@ -83,6 +84,7 @@ from lvmcore.lle import (
     weight_matrix,
 )
 from lvmcore.models._base import LatentModel, stalled
+from lvmcore.rows import resolve, source_of
 
 #: sigma_i never falls below this times the neighbourhood's mean squared distance over the data's
 #: mean squared centred value (a pure number: the same floor for data at any scale)
@@ -301,15 +303,18 @@ class GLLE(LatentModel):
             )
         return q, k
 
-    def fit(self, Y, graph=None):
-        """Fit on Y (N, D); ``graph`` (N, >= k) neighbour indices without self, else exact kNN."""
+    def fit(self, Y, graph=None, *, client=None, worker: str | None = None):
+        """Fit on Y (N, D); ``graph`` (N, >= k) neighbour indices without self, else exact kNN.
+
+        ``client``: a Dask distributed client on which, with ``chunks``, the fit's eigenproblems run
+        as tasks (None: in process); ``worker``: the address of the Dask worker this call runs on,
+        if it runs in a Dask task: those tasks then go to the other workers (:func:`_other_workers`).
+        Neither changes a result."""
         self._validate_params()
         Y = check_data(Y)
         n, D = Y.shape
         q, k = self._check_shapes(n, D)
         if graph is None:
-            from lvmcore.graph import knn
-
             idx, _ = knn(Y, k)
         else:
             idx = check_graph(graph, n, k)
@@ -332,9 +337,10 @@ class GLLE(LatentModel):
         self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
         (s0,) = _seeds(self.random_state, 1)
         if self.method == "em":  # the kept generation's draw needs no LLE embedding: both solved at once
-            self.lle_embedding_, kept = self._embed_all([mean_w, self._draw_weights(s0, None)], [seed, s0])
+            draws = [mean_w, self._draw_weights(s0, None)]
+            self.lle_embedding_, kept = self._embed_all(draws, [seed, s0], client, worker)
         else:  # direct: the sampling covariance needs the LLE embedding, so the kept draw comes after
-            (self.lle_embedding_,) = self._embed_all([mean_w], [seed])
+            (self.lle_embedding_,) = self._embed_all([mean_w], [seed], client, worker)
             L, logdet_P = map_points(
                 direct_point_stats,
                 Y,
@@ -345,7 +351,7 @@ class GLLE(LatentModel):
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
-            (kept,) = self._embed_all([self._draw_weights(s0, None)], [s0])
+            (kept,) = self._embed_all([self._draw_weights(s0, None)], [s0], client, worker)
         # the kept draw is generation 0 of sample(G, random_state) at the constructor's a: kept to
         # answer that draw again without a second eigensolve (the sweep asks it twice more)
         self._kept = ((s0, self.cov_scale), kept)
@@ -378,7 +384,9 @@ class GLLE(LatentModel):
         )
         return w
 
-    def sample(self, n_generations: int, random_state=None, cov_scale=None) -> np.ndarray:
+    def sample(
+        self, n_generations: int, random_state=None, cov_scale=None, *, client=None, worker: str | None = None
+    ) -> np.ndarray:
         """``n_generations`` embeddings (G, N, Q) from one fit: each draws all weights and solves the
         embedding eigenproblem; each has its axes matched to ``lle_embedding_``. The same ``random_state``
         gives the same generations; ``cov_scale`` overrides the constructor's a.
@@ -386,16 +394,17 @@ class GLLE(LatentModel):
         ``cov_scale`` may also be a sequence of scales (the covariance-scale study of section VI-C):
         then (S, G, N, Q), the generations of every scale drawn from the same random numbers (the
         draws of one seed differ only by a), each block equal to ``sample(G, random_state, a)``.
-        With ``chunks`` on a Dask cluster the eigenproblems of one call are solved as tasks at once,
-        one per draw, on whichever workers have a thread free."""
+        With ``chunks`` and a Dask ``client`` the eigenproblems of one call are solved as tasks at
+        once, one per draw, on whichever workers have a thread free (``worker``: as in :meth:`fit`)."""
         self._check_fitted()
         n = check_positive_int(n_generations, "n_generations")
         if cov_scale is None or np.ndim(cov_scale) == 0:
-            return self._generations(n, random_state, [cov_scale])
+            return self._generations(n, random_state, [cov_scale], client, worker)
         scales = [check_positive(a, "cov_scale") for a in cov_scale]
-        return self._generations(n, random_state, scales).reshape(len(scales), n, *self.lle_embedding_.shape)
+        out = self._generations(n, random_state, scales, client, worker)
+        return out.reshape(len(scales), n, *self.lle_embedding_.shape)
 
-    def _generations(self, n_generations, random_state, scales: list):
+    def _generations(self, n_generations, random_state, scales: list, client, worker):
         """(S * G, N, Q), scale-major: G generations per entry of ``scales`` (None: the constructor's a)."""
         seeds = _seeds(random_state, n_generations)
         draws = [(s, self.cov_scale if a is None else a) for a in scales for s in seeds]
@@ -404,32 +413,29 @@ class GLLE(LatentModel):
         solved = {kept_draw: kept}
         if todo:
             W = [self._draw_weights(s, a) for s, a in todo]
-            solved.update(zip(todo, self._embed_all(W, [s for s, _ in todo]), strict=True))
+            solved.update(zip(todo, self._embed_all(W, [s for s, _ in todo], client, worker), strict=True))
         return np.stack([match_axes(self.lle_embedding_, solved[d]) for d in draws])
 
-    def _embed_all(self, weights: list, seeds) -> list:
+    def _embed_all(self, weights: list, seeds, client, worker: str | None) -> list:
         """The embedding of each weight draw in the list ``weights`` of (N, k) arrays
         (``lvmcore.lle.embed``, its start seeded by ``seeds``). In process one after the other; with
-        ``chunks`` and a Dask client, one task per draw: the draws are dealt over the workers (a
+        ``chunks`` and a Dask ``client``, one task per draw: the draws are dealt over the workers (a
         scattered list goes round the workers) and solved at once, each task holding one
-        eigenproblem, so a worker's memory holds one factor as in process. Called from a Dask task,
-        the draws go to the other workers (:func:`_other_workers`): the calling worker keeps the
-        fit's state and no factor beside it. The list is emptied once scattered. Identical results
-        either way."""
-        from lvmcore.chunks import dask_client
-
+        eigenproblem, so a worker's memory holds one factor as in process. Called from a Dask task
+        on ``worker``, the draws go to the other workers (:func:`_other_workers`): the calling worker
+        keeps the fit's state and no factor beside it. The list is emptied once scattered.
+        Identical results either way."""
         q = self.n_components
-        client = dask_client() if self.chunks is not None and len(weights) > 1 else None
+        if self.chunks is None or len(weights) <= 1:
+            client = None
         if client is None:
             return [
                 _embed_draw(self.graph_, self._order, w, q=q, solver=self.eigen_solver, seed=s)
                 for w, s in zip(weights, seeds, strict=True)
             ]
-        from lvmcore.rows import source_of
-
         graph = source_of(self.graph_) or client.scatter(self.graph_, broadcast=True, hash=False)
         order = client.scatter(self._order, broadcast=True, hash=False) if self._order is not None else None
-        where = _other_workers(client)
+        where = _other_workers(client, worker)
         parts = client.scatter(list(weights), hash=False, workers=where)
         weights.clear()  # the workers hold the scattered copies
         futures = [
@@ -441,18 +447,15 @@ class GLLE(LatentModel):
         return client.gather(futures)
 
 
-def _other_workers(client) -> list | None:
-    """The workers an eigenproblem task may run on: inside a Dask task (a sweep's fit), every
-    worker but this one, which holds the fit's state (data, per-point factors, weights) for the
-    whole point; an eigenproblem beside that state is the worker's largest peak (bench/README.md,
-    "GLLE at scale"). None (any worker) outside a task or on a one-worker cluster."""
-    try:
-        from distributed import get_worker
-
-        me = get_worker().address
-    except (ImportError, ValueError):
+def _other_workers(client, worker: str | None) -> list | None:
+    """The workers an eigenproblem task may run on: called from a Dask task on ``worker`` (a
+    sweep's fit), every worker but that one, which holds the fit's state (data, per-point factors,
+    weights) for the whole point; an eigenproblem beside that state is the worker's largest peak
+    (bench/README.md, "GLLE at scale"). None (any worker) outside a task (``worker`` None) or on a
+    one-worker cluster."""
+    if worker is None:
         return None
-    others = [a for a in client.scheduler_info(n_workers=-1)["workers"] if a != me]
+    others = [a for a in client.scheduler_info(n_workers=-1)["workers"] if a != worker]
     return others or None
 
 
@@ -465,6 +468,4 @@ def _seeds(random_state, n: int) -> np.ndarray:
 def _embed_draw(graph, order, w, *, q, solver, seed):
     """One generation's eigenproblem (a Dask task, or a plain call): the embedding of the weights
     ``w`` (N, k) on ``graph`` (an array, or a row source read here)."""
-    from lvmcore.rows import resolve
-
     return embed(weight_matrix(w, resolve(graph)), q, solver=solver, random_state=seed, order=order)[0]
