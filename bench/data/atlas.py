@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, module_command
+from bench.common import ROOT, local_client, module_command
 
 PRE = {"normalize_total": 1e4, "log1p": True, "pca": 50}
 BLOCK = 2000
@@ -188,8 +188,6 @@ def gen(a) -> dict:
 
 
 def ours(a) -> dict:
-    from distributed import Client, LocalCluster
-
     from lvmcore.data import describe
     from tasks.ingest import ingest_dataset
 
@@ -204,12 +202,11 @@ def ours(a) -> dict:
     t0 = time.perf_counter()
     fp = describe(path, preprocess=pre)["fingerprint"]
     t_plan = time.perf_counter() - t0
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
-        with Client(lc) as client:
-            t1 = time.perf_counter()
-            client.submit(ingest_dataset, spec, data_path, fp, pure=False).result()
-            t_ingest = time.perf_counter() - t1
-            workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    with local_client(2) as client:
+        t1 = time.perf_counter()
+        client.submit(ingest_dataset, spec, data_path, fp, pure=False).result()
+        t_ingest = time.perf_counter() - t1
+        workers = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     import xarray as xr
 
     ds = xr.open_zarr(data_path, consolidated=False)

@@ -17,7 +17,7 @@ recall on sampled rows against float64 brute force.
 
 Every engine gets the machine's 2 cores: scikit-learn and faiss through their OpenMP pools (2
 threads), lvmcore.graph.knn through Dask (default threaded scheduler with 2 threads, each task
-single-threaded BLAS; then a 2-process LocalCluster with one thread per worker). Times are the
+single-threaded BLAS; then ``bench.common.local_client(2)``: 2 pinned one-thread workers). Times are the
 minimum over ``--repeat`` runs (the machine is shared); ratios are against the faster of
 scikit-learn and faiss measured in the same run. Memory: tracemalloc peak of one block-pair task
 and one merge task at the block size used, and the process's peak RSS.
@@ -258,15 +258,12 @@ def main():
     )
 
     if not args.skip_cluster:
-        from distributed import Client, LocalCluster
-
         common.set_threads(1, force=True)  # the workers' BLAS
-        with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cl:
-            with Client(cl):
-                graph.knn(Y[:2000], k, method="exact", block_rows=512)  # warm the workers (numba cache load)
-                t_cl, (i_cl, _) = timed(
-                    lambda: graph.knn(Y, k, method="exact", block_rows=args.block_rows), args.repeat
-                )
+        with common.local_client(2):
+            graph.knn(Y[:2000], k, method="exact", block_rows=512)  # warm the workers (numba cache load)
+            t_cl, (i_cl, _) = timed(
+                lambda: graph.knn(Y, k, method="exact", block_rows=args.block_rows), args.repeat
+            )
         print(
             f"lvmcore exact, LocalCluster 2x1 {t_cl:7.2f} s   ratio {t_cl / anchor:5.2f}   "
             f"(target < 1; equal to threaded: {np.array_equal(i_cl, i_us)})"
