@@ -6,14 +6,14 @@ import numbers
 
 import numpy as np
 
+from lvmcore.rows import attach, is_source, source_of
+
 
 def check_data(Y, name: str = "Y") -> np.ndarray:
     """A finite float64 (N, D) array, or a ValueError saying what is wrong with ``Y``.
 
     ``Y`` may be a row source (:mod:`lvmcore.rows`), read here once; the array returned then
     carries it, as it does when ``Y`` carried one, so chunked work reads rows where they are used."""
-    from lvmcore.rows import attach, is_source, source_of
-
     if is_source(Y):
         src = Y
         Y = Y.whole()
@@ -49,8 +49,6 @@ def check_graph(graph, n: int, k: int | None = None) -> np.ndarray:
     """kNN indices (N, k') as int64: the right number of rows, in range, no self loops. ``graph``
     may carry or be a row source (:mod:`lvmcore.rows`); the result carries it when its columns
     are the source's own."""
-    from lvmcore.rows import attach, is_source, source_of
-
     src = graph if is_source(graph) else source_of(graph)
     idx = np.asarray(graph.whole() if is_source(graph) else graph)
     if idx.ndim != 2 or idx.shape[0] != n:

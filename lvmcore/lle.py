@@ -8,8 +8,13 @@ engine (``lvmcore.chunks``) and concatenates the results.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
+import pymetis
 import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+from scipy.sparse.linalg import LinearOperator, eigsh, splu
 
 #: points per internal block of the batched weight solve (bounds the (block, k, D) gather)
 BLOCK_POINTS = 16384
@@ -117,8 +122,6 @@ def check_connected(S: sp.spmatrix) -> None:
     """Refuse a neighbour graph (``weight_pattern``) with several connected components: M's null
     space then has more than the constant vector, and the bottom eigenvectors are arbitrary
     mixtures of component indicators (for every solver)."""
-    from scipy.sparse.csgraph import connected_components
-
     n_comp, _ = connected_components(S, directed=False)
     if n_comp > 1:
         raise ValueError(
@@ -133,8 +136,6 @@ def fill_reducing_order(W: sp.spmatrix) -> np.ndarray:
     elimination order of the pinned LU (``embed``). It depends on the neighbour graph only, so one
     ordering serves every eigenproblem on the same graph (LLE's and each GLLE generation's).
     Refuses a graph with several connected components (``check_connected``)."""
-    import pymetis
-
     S = weight_pattern(W)
     check_connected(S)
     perm = pymetis.nested_dissection(pymetis.CSRAdjacency(S.indptr, S.indices))[0]
@@ -146,8 +147,6 @@ class _PinnedFactor:
     ordering's coordinates) with refined solves. ``pivot``: SuperLU's diagonal pivot threshold."""
 
     def __init__(self, App: sp.csc_matrix, pivot: float):
-        from scipy.sparse.linalg import splu
-
         self.App = App
         self.lu = splu(App, permc_spec="NATURAL", diag_pivot_thresh=pivot, options={"SymmetricMode": True})
         self.residual = 0.0  # largest relative residual of a refined solve so far
@@ -183,8 +182,6 @@ def _closed_class(A: sp.csr_matrix) -> np.ndarray:
     component: u lives on the closed component(s), the whole graph when it is strongly connected
     (a swiss roll), 32 of 700 cells of pbmc68k_reduced's 20-D PCA at k = 10 (hubs). A pin outside
     them makes A_pp singular."""
-    from scipy.sparse.csgraph import connected_components
-
     P = sp.csr_matrix((np.ones(A.nnz), A.indices, A.indptr), shape=A.shape)  # stored zeros are edges
     _, label = connected_components(P, directed=True, connection="strong")
     src, dst = P.nonzero()
@@ -214,8 +211,6 @@ def _pinned_lu(W: sp.spmatrix, q: int, order: np.ndarray, random_state, pin_rati
     (:func:`_closed_class`; the last point overall when the neighbour graph is strongly
     connected), so the ordering stays close to a nested dissection of A_pp. Returns (eigenvalues
     ||A v||^2 (q,), unit vectors (n, q))."""
-    from scipy.sparse.linalg import LinearOperator, eigsh
-
     n = W.shape[0]
     A = (sp.identity(n, format="csr") - W).tocsr()[order][:, order]  # the ordering's coordinates
     test = np.random.default_rng(random_state).standard_normal(n - 1)
@@ -342,9 +337,10 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
     per chunk on the caller's Dask cluster, Y sent to each worker once) and concatenate each
     output along axis 0. The per-point computations are independent, so the chunked and
     unchunked results are identical."""
-    from functools import partial
-
-    from lvmcore.chunks import map_chunks, row_spans
+    from lvmcore.chunks import (
+        map_chunks,
+        row_spans,
+    )  # imports jax (seconds): only GLLE's per-point work needs it
 
     spans = row_spans(idx.shape[0], chunks)
     results = map_chunks(partial(_point_call, func), spans, shared=(Y,), sliced=(idx, *arrays), **kwargs)
