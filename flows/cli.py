@@ -12,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from flows.cluster import CONNECT_TIMEOUT_S
+from flows.errors import forget_log, written_log
+
 #: the README's main job: small real sweeps over every available model, a few minutes on 2 cores
 DEFAULT_SWEEPS = [
     {
@@ -120,13 +123,53 @@ def _sweeps_from_args(a) -> list[dict]:
                 "dataset": _json_arg(a.dataset, "dataset")
                 if a.dataset and a.dataset.startswith("{")
                 else (a.dataset or cfg.get("dataset", "swiss_roll")),
-                "models": a.models.split(",") if a.models else cfg.get("models", "all"),
+                "models": _models_arg(a.models) if a.models is not None else cfg.get("models", "all"),
                 "grid": grid,
                 "store": a.store or cfg.get("store", "sweep.zarr"),
                 "model_options": options,
             }
         ]
     return default_sweeps()
+
+
+def _models_arg(text: str) -> list[str]:
+    """--models: comma-separated families or keys; an empty list is refused, never read as all."""
+    models = [m.strip() for m in text.split(",") if m.strip()]
+    if not models:
+        raise ValueError(
+            f"no models given (--models {text!r}); name families or keys, e.g. --models ppca,glle, or "
+            "leave --models out for every model"
+        )
+    return models
+
+
+def _cluster_arg(text: str | None, connect_timeout: float):
+    """--cluster: a worker count, a scheduler's address or a JSON spec, as a normalised spec; an
+    address gets ``connect_timeout`` (--connect-timeout) unless its spec sets one."""
+    from flows.cluster import normalise_cluster
+
+    cluster = text
+    if text is not None and text.startswith("{"):
+        cluster = _json_arg(text, "cluster")
+    elif text is not None:
+        try:
+            n = int(text)
+        except ValueError:
+            pass
+        else:
+            if n < 1:
+                raise ValueError(f"--cluster: the worker count must be positive, got {n}")
+            cluster = {"type": "local", "n_workers": n}
+    spec = normalise_cluster(cluster)
+    if spec["type"] == "address":
+        spec.setdefault("connect_timeout", connect_timeout)
+        spec = normalise_cluster(spec)  # the timeout checked
+    return spec
+
+
+def unused_dimensions(grid: dict | None, specs) -> list[str]:
+    """The dimensions of a user's grid that none of the sweep's models has (kappa without hGP-LVM)."""
+    return [d for d in grid or {} if not any(d in s.dims for s in specs)]
 
 
 class _NoteFormat(logging.Formatter):
@@ -172,6 +215,11 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
             )
         n, d = plan.size
         print(f"data {plan.dataset[0]}: {n} rows x {d} columns -> {store}")
+        for dim in unused_dimensions(sw["grid"], plan.specs):
+            print(
+                f"note: grid dimension {dim!r} is used by none of the models "
+                f"{', '.join(s.key for s in plan.specs)}; it is ignored"
+            )
         check_plan(plan, cluster or {"type": "local"}, max_point_hours)
         plans.append(plan.to_dict())
         if not replace:
@@ -212,7 +260,8 @@ def _was_terminated(e: BaseException) -> bool:
 
 def cmd_run(a) -> int:
     _env_defaults()
-    from flows.cluster import normalise_cluster, start_cluster
+    from flows.cluster import check_scheduler, start_cluster
+    from flows.errors import failures_to_log, run_log_path
     from flows.server import local_server
     from flows.sweep import embed_sweep, mark_stale, outcome
     from tasks.report import summary_table
@@ -220,15 +269,11 @@ def cmd_run(a) -> int:
 
     out = Path(a.out)
     sweeps = _sweeps_from_args(a)
-    cluster = _json_arg(a.cluster, "cluster") if a.cluster and a.cluster.startswith("{") else a.cluster
-    if isinstance(cluster, str) and cluster.isdigit():
-        cluster = {"type": "local", "n_workers": int(cluster)}
-    spec = normalise_cluster(cluster)
+    spec = cluster = _cluster_arg(a.cluster, a.connect_timeout)
     if spec["type"] == "local":
         # worker processes report only errors: an interrupted run's workers otherwise print the
         # tracebacks of heartbeats to a scheduler that has already stopped
         spec.setdefault("silence_logs", logging.ERROR)
-        cluster = spec
     t0 = time.perf_counter()
     stores = [
         str(store_path(out / sw["store"] if not Path(sw["store"]).is_absolute() else sw["store"]))
@@ -236,6 +281,8 @@ def cmd_run(a) -> int:
     ]
     # every sweep's errors (and points its cluster cannot run) before any work starts
     plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours)
+    if spec["type"] == "address":  # an unreachable scheduler refused before any store or server
+        check_scheduler(spec["address"], spec["connect_timeout"])
     failed = {}
     with contextlib.ExitStack() as stack:
         stale = []  # holders of stale locks taken over: their flow runs are marked crashed below
@@ -249,6 +296,8 @@ def cmd_run(a) -> int:
             ) from e
         url = stack.enter_context(local_server(out / "prefect-server.log"))
         print(f"Prefect API: {url}")
+        # the flow and task runs' failure tracebacks to a log beside the store, not the terminal
+        stack.enter_context(failures_to_log(run_log_path(stores, out)))
         mark_stale(stale)
         if spec["type"] == "local" and len(sweeps) > 1:
             # one local cluster for all the sweeps (its start and stop cost seconds per sweep); the
@@ -509,6 +558,12 @@ def _add_export_parser(sub) -> None:
     e.set_defaults(fn=cmd_export)
 
 
+def _log_note() -> str:
+    """Where the tasks' tracebacks of a failure went, if any did (flows.errors)."""
+    log = written_log()
+    return f" (the tasks' tracebacks: {log})" if log else ""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="embed-sweep", description="Sweeps of probabilistic manifold-learning models"
@@ -526,6 +581,14 @@ def main(argv=None) -> int:
     )
     r.add_argument("--store", help="result store name under --out (default sweep.zarr)")
     r.add_argument("--cluster", help="number of local workers, tcp://scheduler:8786, or a JSON spec")
+    r.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long to wait for the scheduler of --cluster tcp://... to answer (default "
+        f"{CONNECT_TIMEOUT_S:g}); not the wait for Slurm or Kubernetes workers to start",
+    )
     r.add_argument("--out", default="results", help="output folder (default results/)")
     r.add_argument("--no-report", action="store_true")
     r.add_argument(
@@ -560,6 +623,7 @@ def main(argv=None) -> int:
     from tasks.store import StoreWriteError
 
     _INTERRUPTED.clear()
+    forget_log()
     if a.cmd == "run":
         old = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     else:
@@ -578,12 +642,15 @@ def main(argv=None) -> int:
                 _INTERRUPTED.append(signal.SIGTERM)
             if _INTERRUPTED:
                 raise KeyboardInterrupt from None
+            if not isinstance(e, (ValueError, StoreWriteError)) and written_log():
+                # an unexpected error: its traceback follows, the tasks' are in the log
+                print(f"embed-sweep: the tasks' tracebacks are in {written_log()}", file=sys.stderr)
             raise
-    except ValueError as e:
-        print(f"embed-sweep: error: {e}", file=sys.stderr)
+    except ValueError as e:  # a refusal, also one reached inside a task: its one line
+        print(f"embed-sweep: error: {e}{_log_note()}", file=sys.stderr)
         return EXIT_REFUSED
     except StoreWriteError as e:  # one line: what, where, the free space, and that a re-run resumes
-        print(f"embed-sweep: error: {e}", file=sys.stderr)
+        print(f"embed-sweep: error: {e}{_log_note()}", file=sys.stderr)
         return EXIT_UNWRITABLE
     except KeyboardInterrupt:
         print(

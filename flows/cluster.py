@@ -3,6 +3,7 @@ dask-jobqueue, Kubernetes through dask-kubernetes. Each is validated before any 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -19,6 +20,42 @@ PINNED_THREADS_ENV = {
 }
 
 CLUSTER_TYPES = ("local", "address", "slurm", "kubernetes")
+
+#: distributed's loggers that report a cluster's start at INFO
+QUIET_LOGGERS = (
+    "distributed",
+    "distributed.scheduler",
+    "distributed.nanny",
+    "distributed.core",
+    "distributed.http.proxy",
+)
+
+#: seconds to wait for an existing scheduler (an address) to answer before the run is refused; it
+#: bounds only that connection, never the start of Slurm or Kubernetes workers
+CONNECT_TIMEOUT_S = 10.0
+
+
+class SchedulerUnreachable(ValueError):
+    """The scheduler at a given address did not answer within the connect timeout."""
+
+
+def check_scheduler(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Connect to the scheduler at ``address`` and close the connection again; raises
+    SchedulerUnreachable naming the address and the timeout if it does not answer in ``timeout`` s
+    (distributed retries a refused connection until then)."""
+    from distributed.comm import connect  # distributed is imported only where a cluster is used
+
+    async def probe():
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+
+    try:
+        asyncio.run(probe())
+    except OSError as e:  # distributed's connect raises OSError when its timeout passes
+        raise SchedulerUnreachable(
+            f"cannot reach the scheduler at {address} (timed out after {timeout:g} s); start it, check "
+            "the address, or give the scheduler more time with --connect-timeout"
+        ) from e
 
 
 def compile_cache_env() -> dict:
@@ -53,12 +90,21 @@ def normalise_cluster(cluster) -> dict:
         raise ValueError(f"unknown cluster type {kind!r}; use one of {CLUSTER_TYPES}")
     if kind == "local":
         n = cluster.get("n_workers", 2)
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"cluster n_workers must be a positive integer, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"the worker count must be positive, got {n!r} (cluster n_workers)")
     if kind == "address" and not str(cluster.get("address", "")).startswith(
         ("tcp://", "tls://", "inproc://")
     ):
         raise ValueError(f"cluster address must look like tcp://host:8786, got {cluster.get('address')!r}")
+    if "connect_timeout" in cluster:
+        t = cluster["connect_timeout"]
+        if kind != "address":
+            raise ValueError(
+                f"connect_timeout bounds the connection to an existing scheduler (an address), not a "
+                f"{kind} cluster's start; leave it out"
+            )
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ValueError(f"the connect timeout must be a positive number of seconds, got {t!r}")
     if kind == "slurm":
         try:
             import dask_jobqueue  # noqa: F401
@@ -246,8 +292,15 @@ def start_cluster(spec: dict):
     cleanup: list[str] = []
     pin_threads()
     if kind == "address":
+        check_scheduler(spec["address"], spec.get("connect_timeout", CONNECT_TIMEOUT_S))
         yield spec["address"], "", None
         return
+    # the scheduler's start-up lines (its address, each nanny and worker) are not the user's news:
+    # quiet from before the cluster starts (distributed sets these levels when it is imported)
+    import distributed  # noqa: F401  (imported here: a sweep on a scheduler's address needs none of it)
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     with contextlib.ExitStack() as scope:  # the local cluster's start method, for its life
         if kind == "local":
             from distributed import LocalCluster
@@ -262,8 +315,15 @@ def start_cluster(spec: dict):
                 "dashboard_address": "127.0.0.1:0",
                 "memory_limit": "auto",
                 # pin each worker to a core (bounds XLA's threads), a lost scheduler as one log line,
-                # then import the task code while the workers start, not at their first task
-                "preload": ["flows.pin_cores", "flows.worker_heap", "flows.worker_logs", "flows.tasks"],
+                # then import the task code while the workers start, not at their first task; the
+                # task runs' failure records to the run's log, not the terminal (flows.errors)
+                "preload": [
+                    "flows.pin_cores",
+                    "flows.worker_heap",
+                    "flows.worker_logs",
+                    "flows.tasks",
+                    "flows.errors",
+                ],
             }
             kw.update(spec)
             cluster = LocalCluster(**kw)
@@ -290,8 +350,6 @@ def start_cluster(spec: dict):
             cluster = KubeCluster(n_workers=n, env=env, **spec)
             if adapt:
                 cluster.adapt(**adapt)
-        for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
-            logging.getLogger(name).setLevel(logging.WARNING)
         try:
             yield cluster.scheduler_address, getattr(cluster, "dashboard_link", ""), cluster
         finally:
