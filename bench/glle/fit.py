@@ -47,11 +47,11 @@ def main():
         rows.append(("GLLE-EM (10 iterations)", t_em, unfold(m.embedding_, t)))
         t_d, m = timed(lambda: GLLE(**kq, method="direct", random_state=0).fit(Y))  # noqa: B023
         rows.append(("GLLE direct sampling", t_d, unfold(m.embedding_, t)))
-        with local_client(2):
-            GLLE(**kq, chunks=n // 4, max_iter=2, random_state=0).fit(Y[:2000])  # warm the workers
-            t_c, m = timed(
-                lambda: GLLE(**kq, method="em", max_iter=10, tol=0, chunks=n // 4, random_state=0).fit(Y)  # noqa: B023
-            )
+        with local_client(2) as client:
+            warm = GLLE(**kq, chunks=n // 4, max_iter=2, random_state=0)
+            warm.fit(Y[:2000], client=client)  # warm the workers
+            em = GLLE(**kq, method="em", max_iter=10, tol=0, chunks=n // 4, random_state=0)
+            t_c, m = timed(lambda: em.fit(Y, client=client))  # noqa: B023
         rows.append(("GLLE-EM chunked, 2 processes", t_c, unfold(m.embedding_, t)))
         for name, sec, u in rows:
             print(f"{n:7d} {name:28s} {sec:8.2f} {sec / t_sk:6.2f} {u:6.3f}", flush=True)

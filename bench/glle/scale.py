@@ -347,7 +347,7 @@ def fit(ns, chunks=None, kind="roll3", sweep=False, graph_dir=None, k=10):
 
 def _fit_rows(G, ns, chunks, kind, sweep, graph_dir, k, spent, lus, sampler):
     """The rows of :func:`fit`, one per n."""
-    with local_client(2) if chunks else contextlib.nullcontext():
+    with local_client(2) if chunks else contextlib.nullcontext() as client:
         for n in ns:
             spent.clear()
             lus.clear()
@@ -356,15 +356,17 @@ def _fit_rows(G, ns, chunks, kind, sweep, graph_dir, k, spent, lus, sampler):
             sampler.phase("other")
             base = sampler.rss()
             t0, c0 = time.perf_counter(), time.process_time()
-            m = G.GLLE(method="em", n_neighbors=k, n_components=2, chunks=chunks, random_state=0).fit(Y, idx)
+            m = G.GLLE(method="em", n_neighbors=k, n_components=2, chunks=chunks, random_state=0).fit(
+                Y, idx, client=client
+            )
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
             if sweep:
                 from tasks.registry import COV_SCALES
 
                 t1 = time.perf_counter()
-                m.sample(3, random_state=0)
+                m.sample(3, random_state=0, client=client)
                 for a in COV_SCALES:
-                    m.sample(1, random_state=0, cov_scale=a)
+                    m.sample(1, random_state=0, cov_scale=a, client=client)
                 gen = time.perf_counter() - t1
             sampler.phase("end")
             sub = np.random.default_rng(0).choice(n, min(n, UNFOLD_POINTS), replace=False)

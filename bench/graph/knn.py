@@ -259,10 +259,11 @@ def main():
 
     if not args.skip_cluster:
         common.set_threads(1, force=True)  # the workers' BLAS
-        with common.local_client(2):
-            graph.knn(Y[:2000], k, method="exact", block_rows=512)  # warm the workers (numba cache load)
+        with common.local_client(2) as client:
+            graph.knn(Y[:2000], k, method="exact", block_rows=512, client=client)  # warm the workers
             t_cl, (i_cl, _) = timed(
-                lambda: graph.knn(Y, k, method="exact", block_rows=args.block_rows), args.repeat
+                lambda: graph.knn(Y, k, method="exact", block_rows=args.block_rows, client=client),
+                args.repeat,
             )
         print(
             f"lvmcore exact, LocalCluster 2x1 {t_cl:7.2f} s   ratio {t_cl / anchor:5.2f}   "
