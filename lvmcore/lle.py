@@ -337,10 +337,8 @@ def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None
     per chunk on the caller's Dask cluster, Y sent to each worker once) and concatenate each
     output along axis 0. The per-point computations are independent, so the chunked and
     unchunked results are identical."""
-    from lvmcore.chunks import (
-        map_chunks,
-        row_spans,
-    )  # imports jax (seconds): only GLLE's per-point work needs it
+    # lvmcore.chunks imports jax (seconds): only GLLE's per-point work needs it
+    from lvmcore.chunks import map_chunks, row_spans
 
     spans = row_spans(idx.shape[0], chunks)
     results = map_chunks(partial(_point_call, func), spans, shared=(Y,), sliced=(idx, *arrays), **kwargs)
