@@ -2,12 +2,12 @@
 lvmcore.data.preprocess defines them), by scanpy's definitions, on the client the caller passes.
 
 The transformed blocks Z_b (sparse stays sparse) are read from the file once and held for the
-PCA's passes: where the caller passes a Dask client (the ingest task passes its worker's, tasks.ingest),
-as one contiguous share of the blocks per worker held by a Dask actor on it,
-so a pass over the data is one call to each worker (the share's products summed where its blocks
-live; ARPACK's hundreds of products each cost one round trip per worker, not a task per block and
-a gather of partial sums); else in this process. Memory: the transformed matrix once (12 bytes
-per stored non-zero), spread over the workers, given back when the PCA ends. Four routes:
+PCA's passes: where the caller passes a Dask client (the ingest task passes its worker's:
+tasks.ingest.preprocessing_client), as one contiguous share of the blocks per worker held by a
+Dask actor on it, so a pass over the data is one call to each worker (the share's products summed
+where its blocks live; ARPACK's hundreds of products each cost one round trip per worker, not a
+task per block and a gather of partial sums); else in this process. Memory: the transformed matrix
+once (12 bytes per stored non-zero), spread over the workers, given back when the PCA ends. Four routes:
 
 - ``"covariance"`` (exact): C of eq. P1 summed blockwise as a D x D array, then ``eigh``. One pass;
   O(nnz^2 / N) per row for sparse data; D^2 memory per partial sum.
@@ -215,11 +215,13 @@ def _svd_flip(V: np.ndarray) -> np.ndarray:
 
 
 def run_pca(matrix, settings: dict, columns=None, client=None) -> dict:
-    """normalize_total / log1p / PCA of ``matrix`` (a :class:`lvmcore.data.anndata_io.Matrix`) as
-    the settings say, streamed over its row blocks on the cluster; returns ``{"scores": (N, k),
-    "components": (k, D), "mean", "explained_variance", "explained_variance_ratio",
-    "target_sum", "solver"}`` (only ``target_sum`` when there is no PCA). ``columns``: the genes
-    the PCA uses (:func:`resolve_mask`; None: every gene), taken after normalize_total and log1p."""
+    """normalize_total / log1p / PCA of ``matrix`` (a view's matrix, e.g. a
+    :class:`lvmcore.data.sources.hdf5.Matrix`) as the settings say, streamed over its row blocks on
+    ``client`` (a Dask client; None: in this process); returns ``{"scores": (N, k), "components":
+    (k, D), "mean", "explained_variance", "explained_variance_ratio", "target_sum", "solver"}``
+    (only ``target_sum`` when there is no PCA). ``columns``: the genes the PCA uses
+    (lvmcore.data.preprocess.resolve_mask; None: every gene), taken after normalize_total and
+    log1p."""
     return _run_pca(client, matrix, settings, columns)
 
 

@@ -1,4 +1,4 @@
-"""Streamed preprocessing by scanpy's definitions, on Dask arrays over the file's row blocks.
+"""Preprocessing by scanpy's definitions, applied to a file's row blocks as they are read.
 
 ``{"normalize_total": 1e4, "log1p": true, "pca": 50}`` means, as in scanpy 1.11:
 
@@ -6,9 +6,10 @@
   and multiplied by ``target_sum`` (``true``: the median total over the cells, scanpy's
   ``target_sum=None``); a cell with no counts stays zero;
 - ``sc.pp.log1p(adata)``: x -> log(1 + x), on the stored non-zeros only (log1p(0) = 0);
-- ``sc.pp.pca(adata, n_comps=50, mask_var=None)``: principal components of the centred matrix
-  Z - 1 mu^T. The centring is implicit, never applied to a block: the cross-products are formed
-  from the sparse blocks and corrected by the column means, e.g. (eq. P1)
+- ``sc.pp.pca(adata, n_comps=50)``: principal components of the centred matrix Z - 1 mu^T (of
+  ``var["highly_variable"]``'s genes where the file has that column, scanpy's default
+  ``mask_var``: :func:`resolve_mask`). The centring is implicit, never applied to a block: the
+  cross-products are formed from the sparse blocks and corrected by the column means, e.g. (eq. P1)
   C = (Z^T Z - N mu mu^T) / (N - 1), so a sparse block is never densified. The explained variance
   is the eigenvalue of C (the N - 1 normalisation, as scikit-learn's and scanpy's), its ratio is
   over trace(C) (the total variance of every feature), the scores are Z V - 1 (mu^T V) and each
