@@ -2,9 +2,9 @@
 cost data (``tasks/costs/costs.json``); and scale the predictions to the machine at hand.
 
     python -m tasks.costs.calibrate machine           # (or python -m tasks.costs calibrate)
-    nice -n 10 python -m tasks.costs.calibrate measure [--models all] [--raw bench/costs_raw.jsonl]
+    nice -n 10 python -m tasks.costs.calibrate measure [--models all] [--raw measurements.jsonl]
     nice -n 10 python -m tasks.costs.calibrate measure --round 2 --models glle_em,...   # fewer sizes
-    python -m tasks.costs.calibrate fit [--raw bench/costs_raw.jsonl,more.jsonl] [--out costs.json]
+    python -m tasks.costs.calibrate fit [--raw measurements.jsonl,more.jsonl] [--out costs.json]
 
 ``machine``: times a short probe (:func:`probe_seconds`, under a second) and keeps its ratio to the
 cost data's machine in the user's cache folder (:func:`tasks.costs.model.calibration_path`); every
@@ -22,8 +22,8 @@ seconds of the process (``time.process_time``): on a machine shared with other j
 measures the load, CPU time the work. Peak memory is ru_maxrss above the process's resident size
 before the first fit. One JSON line per size is appended to ``--raw``; a size past ``--timeout`` wall
 seconds is recorded as such. ``--round N`` takes round N's changes to the plan (``ROUND2`` ...
-``ROUND6`` of :mod:`tasks.costs.design`; 1, the default: ``PLAN``). bench/costs_raw.jsonl holds the
-rounds that made the shipped data (``fit`` reads it by default).
+``ROUND6`` of :mod:`tasks.costs.design`; 1, the default: ``PLAN``). ``tasks/costs/measurements.jsonl``
+holds the rounds that made the shipped data (``--raw``'s default, for ``measure`` and ``fit``).
 
 Data of high intrinsic dimension: an entry with ``upper_of`` (``glle_em/high_dim``) is measured
 on cells drawn from an ingested atlas's 50-D PCA (``bench/data/atlas.py``'s data.zarr, named by
@@ -62,6 +62,8 @@ from tasks.registry import MODELS
 
 #: the repository (the measurements run each size in a process started here)
 ROOT = Path(__file__).resolve().parents[2]
+#: the measurements that made the shipped cost data
+MEASUREMENTS = Path(__file__).with_name("measurements.jsonl")
 #: the threads a measurement runs on: one, as a sweep's worker (set for ``measure`` and ``fit``)
 ONE_THREAD = {
     "OMP_NUM_THREADS": "1",
@@ -331,7 +333,8 @@ def fit(raw: Path, out: Path, entries=None) -> None:
     else:
         ref = float(np.median([r["probe_s"] for r in good]))
         costs = {
-            "about": "cost data per model (CPU seconds, bytes), from bench/costs.py, read by tasks/costs.py",
+            "about": "cost data per model (CPU seconds, bytes), from tasks/costs/calibrate.py, read by "
+            "tasks/costs/model.py",
             "probe_seconds": ref,
             "process_bytes": float(np.median([r["rss0_bytes"] for r in good])),
             "overrun": old.get("overrun", {"factor": 4.0, "min_seconds": 300.0}),
@@ -416,7 +419,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tasks.costs.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["machine", "show", "measure", "fit"])
     ap.add_argument("--models", default="all", help="comma-separated cost entries (default all)")
-    ap.add_argument("--raw", default=str(ROOT / "bench" / "costs_raw.jsonl"), help="the measurements")
+    ap.add_argument("--raw", default=str(MEASUREMENTS), help="the measurements (JSON lines)")
     ap.add_argument("--out", default=str(COSTS_PATH), help="fit: the cost data written")
     ap.add_argument("--timeout", type=float, default=300.0, help="measure: wall seconds per size")
     ap.add_argument("--validate-only", action="store_true")
