@@ -46,7 +46,9 @@ class ChunkHost:
     backward task per chunk, gather) spent about 0.15 s per evaluation in Dask's own latencies and
     messages at 200,000 rows in 8 chunks (bench/README.md).
 
-    Workers with more than one thread run their chunks on that many threads (XLA releases the GIL).
+    A host on a worker with more than one thread runs its chunks on that many threads (XLA releases
+    the GIL): ``threads``, the worker's thread count, given by the placement (read from the
+    scheduler; this class asks its worker nothing).
     The calls run on the worker's actor thread, outside its task slots: the scheduler does not
     count this work, and a one-thread worker may run one queued task beside it (a sweep's fit
     secedes from its slot while it waits on the actors).
@@ -57,18 +59,12 @@ class ChunkHost:
     threads = 1
     last_threads: tuple = ()
 
-    def __init__(self, stats_fn, offsets, *parts):
+    def __init__(self, stats_fn, offsets, *parts, threads: int = 1):
         self.stats_fn = stats_fn
         self.offsets = list(offsets)  # chunk c holds block rows offsets[c]:offsets[c + 1]
         # a chunk sent as a row block is read here, from its source (RowChunks with ``sources``)
         self.parts = tuple(tuple(resolve(x) for x in part) for part in parts)
         self.rows = None
-        try:
-            from distributed import get_worker
-
-            threads = get_worker().state.nthreads
-        except (ImportError, ValueError):
-            threads = 1
         self.threads = max(1, min(int(threads), len(parts)))
         #: the names of the threads the last forward call's chunks ran on
         self.last_threads = ()
@@ -182,9 +178,11 @@ class ActorPlacement:
                 if lost():
                     raise HostLost(message) from None
 
-    def _running_workers(self) -> list:
+    def _running_workers(self) -> dict:
+        """{address: thread count} of the scheduler's running workers, in address order."""
         info = scheduler_workers(self.client)
-        return sorted(a for a, w in info.items() if w.get("status", "running") == "running")
+        running = sorted(a for a, w in info.items() if w.get("status", "running") == "running")
+        return {a: int(info[a].get("nthreads", 1)) for a in running}
 
     def _free_workers(self, workers: list) -> list:
         """Those of ``workers`` with a thread free now. An actor starts as a task, so on a worker
@@ -204,7 +202,8 @@ class ActorPlacement:
             runs = [list(range(len(self.bounds)))]
             workers = [None]
         else:
-            workers = self._running_workers()
+            running = self._running_workers()
+            workers = list(running)
             if not workers:
                 raise RuntimeError(
                     "row chunks: the Dask cluster has no running worker to hold the row chunks; "
@@ -234,6 +233,7 @@ class ActorPlacement:
                         self.stats_fn,
                         offsets,
                         *sent,
+                        threads=running[w],
                         actor=True,
                         workers=[w],
                         allow_other_workers=False,

@@ -1,7 +1,8 @@
-"""The row-chunk engine: work over row chunks of the data, in process or on the Dask cluster the
-caller runs in (``distributed.get_client``; inside a sweep's worker task under ``worker_client``,
-the sweep's own cluster). Every chunked model goes through it (``chunks`` = rows per chunk; None:
-in process, one piece); chunked and unchunked results agree up to summation order.
+"""The row-chunk engine: work over row chunks of the data, in process or on a Dask cluster whose
+client the caller passes in (``client=``; a sweep's fit task passes its worker's client, the sweep's
+own cluster: ``tasks/fit.py``). This module knows no ambient cluster: without a client the chunks
+run in this process. Every chunked model goes through it (``chunks`` = rows per chunk; None: in
+process, one piece); chunked and unchunked results agree up to summation order.
 
 * :func:`row_spans` cuts N rows into chunks; :func:`map_chunks` runs a stateless function on each
   chunk and returns the results in chunk order: GLLE's per-point statistics (``lvmcore.lle``) and
@@ -30,6 +31,7 @@ process), as :class:`JitStats` provides; ``build_for_vjp()`` may skip outputs no
 
 from __future__ import annotations
 
+import dask
 import jax
 import numpy as np
 
@@ -55,16 +57,6 @@ def row_spans(n: int, chunks: int | None) -> list[tuple[int, int]]:
     return [(s, min(s + int(chunks), n)) for s in range(0, n, int(chunks))]
 
 
-def dask_client():
-    """The distributed client this code runs under, or None (no cluster: Dask's local scheduler)."""
-    try:
-        from distributed import get_client
-
-        return get_client()
-    except (ImportError, ValueError):
-        return None
-
-
 def _call(fn, shared, blocks, a, b, kwargs):
     return fn(*shared, *blocks, slice(a, b), **kwargs)
 
@@ -76,23 +68,21 @@ def _call_stored(fn, shared, blocks, a, b, kwargs):
     return fn(*shared, *blocks, slice(a, b), **{k: resolve(v) for k, v in kwargs.items()})
 
 
-def map_chunks(fn, spans, *, shared=(), sliced=(), **kwargs) -> list:
+def map_chunks(fn, spans, *, client=None, shared=(), sliced=(), **kwargs) -> list:
     """``[fn(*shared, *(x[a:b] for x in sliced), slice(a, b), **kwargs) for (a, b) in spans]``.
 
-    One span: a plain call in process. Several: one task per span. On a distributed cluster the
-    ``shared`` arrays and array keyword arguments go to every worker once and each span's slices
-    to one worker, so nothing large travels inside the task graph; an array carrying its row
-    source (:func:`lvmcore.rows.source_of`) is not sent at all: each task reads its span's rows
-    (sliced) or the whole array (shared; once per worker process) from the source. Without a
-    cluster, ``dask.delayed`` tasks on the local scheduler. ``fn`` must be picklable (a
+    One span: a plain call in process. Several: one task per span. On the distributed cluster of
+    ``client`` (a ``distributed.Client``, passed by the caller) the ``shared`` arrays and array
+    keyword arguments go to every worker once and each span's slices to one worker, so nothing
+    large travels inside the task graph; an array carrying its row source
+    (:func:`lvmcore.rows.source_of`) is not sent at all: each task reads its span's rows (sliced)
+    or the whole array (shared; once per worker process) from the source. Without a client,
+    ``dask.delayed`` tasks on the local scheduler. ``fn`` must be picklable (a
     module-level function or a partial of one)."""
     if len(spans) == 1:
         ((a, b),) = spans
         return [_call(fn, shared, [x[a:b] for x in sliced], a, b, kwargs)]
-    client = dask_client()
     if client is None:
-        import dask
-
         sh = [dask.delayed(x, pure=True) for x in shared]
         parts = [
             dask.delayed(_call, pure=True)(fn, sh, [x[a:b] for x in sliced], a, b, kwargs) for a, b in spans
@@ -174,7 +164,7 @@ class RowChunks(ActorPlacement):
     every array carries its row source (:mod:`lvmcore.rows`), each worker reads its chunks' rows
     from the source (less the shift) instead of receiving them from the caller.
 
-    With several chunks and a Dask client (``distributed.get_client``), the chunks are dealt to the
+    With several chunks and a Dask ``client`` (passed by the caller), the chunks are dealt to the
     workers in contiguous runs, one :class:`ChunkHost` actor per worker. The driver talks to the
     actors straight, not through the scheduler, when it runs in a Dask worker (as a sweep's fit
     does, under ``worker_client``) or its client was made with ``direct_to_workers=True``; otherwise
@@ -186,11 +176,11 @@ class RowChunks(ActorPlacement):
     #: long-lived function (e.g. from the cached ``bound_objective``) for this to hit
     _compiled: dict = {}
 
-    def __init__(self, stats_fn, objective, data: tuple, chunks: int | None = None, origin=None):
+    def __init__(self, stats_fn, objective, data: tuple, chunks: int | None = None, origin=None, client=None):
         self.stats_fn, self.objective = stats_fn, objective
         self.n = data[0].shape[0]
         self.bounds = row_spans(self.n, chunks)
-        self.client = dask_client() if len(self.bounds) > 1 else None
+        self.client = client if len(self.bounds) > 1 else None
         self.parts = [tuple(np.asarray(d[a:b]) for d in data) for a, b in self.bounds]
         #: where each worker reads its rows (one RowSource per data array), or None: rows are sent
         self.sources = None

@@ -334,7 +334,8 @@ def _point_call(func, Y, idx, *blocks_and_span, **kwargs):
 def map_points(func, Y: np.ndarray, idx: np.ndarray, *arrays, chunks: int | None = None, **kwargs):
     """Apply ``func(Y, idx_block, rows, *array_blocks, **kwargs)`` -> tuple of per-point arrays over
     chunks of ``chunks`` points (``lvmcore.chunks.map_chunks``: in process for None, else one task
-    per chunk on the caller's Dask cluster, Y sent to each worker once) and concatenate each
+    per chunk, on the Dask cluster of a ``client=`` keyword if given (Y sent to each worker once),
+    else on Dask's local scheduler) and concatenate each
     output along axis 0. The per-point computations are independent, so the chunked and
     unchunked results are identical."""
     # lvmcore.chunks imports jax (seconds): only GLLE's per-point work needs it

@@ -3,7 +3,7 @@ q(u), for minibatch training (Hensman, Fusi and Lawrence 2013; paper 004 eq. 13 
 collapse, with the expectations of appendix A), from the same sufficient statistics as the
 collapsed bound (``lvmcore.collapsed``). Both minibatch estimators use it: the Euclidean
 Bayesian GP-LVM (``lvmcore.models.bgplvm_svi``, closed-form psi statistics) and the hyperboloid one
-(``lvmcore.models.hgplvm_svi``, Monte-Carlo psi statistics, paper 002 eqs. 15-20).
+(``lvmcore.models.hgplvm.minibatch``, Monte-Carlo psi statistics, paper 002 eqs. 15-20).
 
 Whitened: u = L_m v with K_mm = L_m L_m^T and q(v) = N(m, S_v) shared by the D output columns
 (m: M x D, precision P = S_v^-1). With c = L_m^-1 Psi1^T Y (M x D) and C = L_m^-1 Psi2 L_m^-T

@@ -166,7 +166,8 @@ MODELS: dict[str, ModelSpec] = {
             "lvmcore.models.hgplvm:HyperboloidGPLVM",
             ("kappa", "latent_dim", "seed"),
             # training="auto": full batch up to lvmcore.models.hgplvm.FULL_BATCH_MAX_N points,
-            # minibatch above (point latents, lvmcore.models.hgplvm_svi); the extra output says which ran
+            # minibatch above (point latents, lvmcore.models.hgplvm.minibatch); the extra output says which
+            # ran
             fixed={"variant": "sparse"},
             hyperbolic=True,
             extras={"minibatch": ()},
@@ -179,9 +180,9 @@ MODELS: dict[str, ModelSpec] = {
         _spec(
             "hgplvm_bayesian",
             "hgplvm",
-            # training="auto": full batch up to lvmcore.models.hgplvm_svi.FULL_BATCH_MAX_N points,
+            # training="auto": full batch up to lvmcore.models.hgplvm.FULL_BATCH_MAX_N points,
             # minibatch (stochastic variational) above; the extra output says which ran
-            "lvmcore.models.hgplvm_svi:BayesianHyperboloidGPLVM",
+            "lvmcore.models.hgplvm:BayesianHyperboloidGPLVM",
             ("kappa", "latent_dim", "seed"),
             hyperbolic=True,
             has_variance=True,

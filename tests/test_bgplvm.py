@@ -30,10 +30,10 @@ def _problem(kind, N=60, D=5, Q=3, M=8, seed=0):
     return Y, mu, Sv, Z, k, kp
 
 
-def _runner(kinds, Ys, chunks=None):
+def _runner(kinds, Ys, chunks=None, client=None):
     dims = tuple(Y.shape[1] for Y in Ys)
     obj = bound_objective(tuple(kinds), True, Ys[0].shape[0], dims)
-    return RowChunks(ViewStats(tuple(kinds), True), obj, tuple(Ys), chunks)
+    return RowChunks(ViewStats(tuple(kinds), True), obj, tuple(Ys), chunks, client=client)
 
 
 def _bound(kinds, Ys, local, glob, chunks=None):
@@ -112,7 +112,7 @@ def test_one_chunk_equals_many_chunks_on_local_cluster(cluster_client):
     local = {"mu": mu, "logS": np.log(Sv)}
     glob = {"Z": Z[None], "kern": [kp, {"log_vars": np.zeros(3)}], "log_beta": np.array([0.2, -0.1])}
     one = _runner(["rbf", "linear"], [Y, Y2])
-    many = _runner(["rbf", "linear"], [Y, Y2], chunks=100)
+    many = _runner(["rbf", "linear"], [Y, Y2], chunks=100, client=cluster_client)
     workers = sorted(scheduler_workers(cluster_client))
     assert many.placement == [workers[0]] * 4 + [workers[1]] * 3
     v1, gl1, gg1 = one.value_and_grad(local, glob, 0.0)
@@ -164,7 +164,7 @@ def test_chunks_go_to_the_workers_with_a_free_thread(cluster_client):
     busy = cluster_client.submit(_hold, "release-busy-worker", workers=[workers[0]], pure=False)
     try:
         _wait_executing(cluster_client, workers[0])
-        many = _runner(["rbf"], [Y], chunks=100)
+        many = _runner(["rbf"], [Y], chunks=100, client=cluster_client)
         assert not busy.done()  # placed while the other worker's task still ran
         assert many.placement == [workers[1]] * 3
         v1, _, _ = _runner(["rbf"], [Y]).value_and_grad(local, glob, 0.0)
@@ -204,7 +204,7 @@ def test_chunks_wait_for_a_worker_when_every_worker_is_busy(cluster_client, monk
     for w in workers:
         _wait_executing(cluster_client, w)
     t0 = time.perf_counter()
-    many = _runner(["rbf"], [Y], chunks=100)
+    many = _runner(["rbf"], [Y], chunks=100, client=cluster_client)
     assert time.perf_counter() - t0 > 2.0  # it did wait behind the busy threads
     assert all(b.done() for b in busy) and sorted(set(many.placement)) == workers
     v1, _, _ = _runner(["rbf"], [Y]).value_and_grad(local, glob, 0.0)
@@ -245,7 +245,7 @@ def test_chunked_evaluation_on_two_thread_workers_and_a_lost_worker():
         ) as lc,
         Client(lc) as client,
     ):
-        r = _runner(["rbf"], [Y], chunks=100)
+        r = _runner(["rbf"], [Y], chunks=100, client=client)
         check(r.value_and_grad(local, glob, 0.0), r.stats(local, glob))
         assert [h.threads for _, _, h in r.hosts] == [2, 2]
         assert [len(h.last_threads) for _, _, h in r.hosts] == [2, 2]  # the chunks ran on both

@@ -20,16 +20,15 @@ from lvmcore.manifolds.lorentz import (
 )
 from lvmcore.metrics import pearson_distance_correlation
 from lvmcore.models.hgplvm import (
-    _PATIENCE,
-    _POINT_INIT_SCALE,
+    BayesianHyperboloidGPLVM,
     HyperboloidGPLVM,
-    _drift_search,
-    _rule_windows,
     bayesian_objective,
     lift,
     sparse_objective,
 )
-from lvmcore.models.hgplvm_point import (
+from lvmcore.models.hgplvm.estimators import POINT_INIT_SCALE
+from lvmcore.models.hgplvm.full import drift_search
+from lvmcore.models.hgplvm.point import (
     chol_inverse_lower,
     point_grads,
     point_kernel,
@@ -38,7 +37,7 @@ from lvmcore.models.hgplvm_point import (
     reml_projection,
     symmetrize_lower,
 )
-from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
+from lvmcore.models.hgplvm.training import PATIENCE, rule_windows
 from lvmcore.pca import pca_start as _pca
 from lvmcore.pca import ppca_noise_variance
 from lvmcore.psi.monte_carlo import log_sinhc, mc_psi_chunk, sample_wrapped
@@ -455,7 +454,7 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree, shared_cluster):
     from distributed import Client
 
     from lvmcore.chunks import RowChunks
-    from lvmcore.models.hgplvm import MCStats, mc_objective
+    from lvmcore.models.hgplvm.objectives import MCStats, mc_objective
 
     Y, _ = tree
     Yc = Y - Y.mean(0)
@@ -467,9 +466,10 @@ def test_bayesian_chunked_map_reduce_equals_in_process(tree, shared_cluster):
     one = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), None).value_and_grad(local, glob)
     kw = dict(n_inducing=20, max_iter=5, tol=0, random_state=3, fix_variance_iter=2)
     plain = BayesianHyperboloidGPLVM(**kw).fit(Y)
-    with Client(shared_cluster):
-        many = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), 40).value_and_grad(local, glob)
-        chunked = BayesianHyperboloidGPLVM(chunks=40, **kw).fit(Y)
+    with Client(shared_cluster) as client:
+        many = RowChunks(MCStats(100.0), mc_objective(100.0, n, d), (Yc,), 40, client=client)
+        many = many.value_and_grad(local, glob)
+        chunked = BayesianHyperboloidGPLVM(chunks=40, **kw).fit(Y, client=client)
     assert abs(many[0] - one[0]) <= 1e-10 * abs(one[0])
     # the inducing inputs' gradient runs through Kmm^-1, near-singular at kappa = 100 (the kernel
     # is nearly sigma (1 - d / kappa)): measured 1.5e-9 relative, hence 1e-8 for that leaf only
@@ -516,8 +516,8 @@ def test_point_starts_from_pca_near_the_origin():
     radius 1; an explicit init_scale overrides it."""
     Y, *_ = binary_tree(3, n_per_node=5, seed=1)
     norms = np.linalg.norm(_pca(Y, 2), axis=1)
-    for kw, r0 in (({}, _POINT_INIT_SCALE), ({"variant": "sparse"}, 1.0), ({"init_scale": 0.7}, 0.7)):
-        P = HyperboloidGPLVM(**kw)._init_tangent(Y, np.random.default_rng(0))
+    for kw, r0 in (({}, POINT_INIT_SCALE), ({"variant": "sparse"}, 1.0), ({"init_scale": 0.7}, 0.7)):
+        P = HyperboloidGPLVM(**kw).init_tangent(Y, np.random.default_rng(0))
         np.testing.assert_allclose(np.linalg.norm(P, axis=1), r0 * norms / norms.max(), atol=1e-5)
 
 
@@ -532,8 +532,8 @@ def test_convergence_rule_stops_before_the_budget():
     m = HyperboloidGPLVM(variant="sparse", n_inducing=10, max_iter=5000, tol=tol, random_state=0).fit(Y)
     assert m.converged_ and m.n_iter_ < 5000 and m.n_iter_ % 25 == 0
     w = m.elbo_trace_.reshape(-1, 25).mean(axis=1)  # window means
-    window, p = _rule_windows("sparse", m._setting("drift_every"))
-    assert window == 25 and p == _PATIENCE
+    window, p = rule_windows("sparse", m.setting("drift_every"))
+    assert window == 25 and p == PATIENCE
     assert max(w[-p:]) - max(w[:-p]) <= tol * nv  # plateau: the rule's condition
     if len(w) > 2 * p:  # first checked after 2 p windows; one window earlier it had not converged
         assert max(w[-p - 1 : -1]) - max(w[: -p - 1]) > tol * nv
@@ -564,13 +564,13 @@ def test_drift_search_moves_only_uphill():
     f0 = value(X)
     assert value(step) > f0
     up, here = {"X": logmap0(step), "ls": ls}, {"X": logmap0(X), "ls": ls}
-    new, a = _drift_search(st, up, here, Yc, 100.0, True)
+    new, a = drift_search(st, up, here, Yc, 100.0, True)
     assert a in (1, 2, 4, 8, 16, 32, 64)
     assert value(new["X"]) > f0
     np.testing.assert_allclose(np.asarray(new["X"]), np.asarray(_drift_move_ref(X, up, here, a)), atol=1e-9)
     check_point(np.asarray(new["X"]), atol=1e-8)
     assert np.allclose(inner(new["X"], new["mX"]), 0.0, atol=1e-8)  # the moments in the new tangent spaces
-    same, a = _drift_search(st, here, up, Yc, 100.0, True)  # the reverse: downhill, no move
+    same, a = drift_search(st, here, up, Yc, 100.0, True)  # the reverse: downhill, no move
     assert a == 0 and same is st
 
 
@@ -589,11 +589,11 @@ def test_drift_every_setting():
     """drift_every: "auto" is 250 for the point variant and 0 (off) for sparse, which refuses a
     period, and for the Bayesian model, which has no such parameter; with 0 the rule's patience is
     six windows, with 250 a whole cycle and one."""
-    assert HyperboloidGPLVM(variant="point")._setting("drift_every") == 250
-    assert HyperboloidGPLVM(variant="sparse")._setting("drift_every") == 0
-    assert BayesianHyperboloidGPLVM()._setting("drift_every") == 0
-    assert _rule_windows("point", 0) == (25, 6) and _rule_windows("point", 250) == (25, 11)
-    assert _rule_windows("bayesian", 0) == (50, 2)
+    assert HyperboloidGPLVM(variant="point").setting("drift_every") == 250
+    assert HyperboloidGPLVM(variant="sparse").setting("drift_every") == 0
+    assert BayesianHyperboloidGPLVM().setting("drift_every") == 0
+    assert rule_windows("point", 0) == (25, 6) and rule_windows("point", 250) == (25, 11)
+    assert rule_windows("bayesian", 0) == (50, 2)
     Y = np.random.default_rng(0).standard_normal((20, 3))
     with pytest.raises(ValueError, match="drift_every=100 with variant='sparse'.*point variant"):
         HyperboloidGPLVM(variant="sparse", drift_every=100).fit(Y)
@@ -623,8 +623,8 @@ def test_importing_changes_no_global_jax_setting():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     calls = eval(out.stdout.strip())
-    mine = ("hyperbolic.py", "monte_carlo.py", "hgplvm.py", "hgplvm_point.py")
-    assert not [c for c in calls if c[0].endswith(mine)], calls
+    mine = ("hyperbolic.py", "monte_carlo.py")
+    assert not [c for c in calls if c[0].endswith(mine) or "/models/hgplvm/" in c[0]], calls
 
 
 @pytest.mark.parametrize("key", ["hgplvm_point", "hgplvm_sparse", "hgplvm_bayesian"])

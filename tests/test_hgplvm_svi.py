@@ -1,4 +1,4 @@
-"""Minibatch Bayesian hyperboloid GP-LVM (lvmcore/models/hgplvm_svi.py) against independent
+"""Minibatch Bayesian hyperboloid GP-LVM (lvmcore/models/hgplvm/minibatch.py) against independent
 references: the batch estimates average to the full uncollapsed bound; at q(u)'s optimum that bound
 is the full-batch collapsed bound of hgplvm.bayesian_objective (same draws); the per-point formula
 of the final bound equals the psi-statistics form; gradients by central differences; and the
@@ -14,16 +14,16 @@ import pytest
 from lvmcore.data import synthetic as S
 from lvmcore.linalg import KERNEL_JITTER
 from lvmcore.manifolds.lorentz import expmap0
-from lvmcore.models.hgplvm import bayesian_objective, sparse_objective
-from lvmcore.models.hgplvm_svi import (
+from lvmcore.models.hgplvm import (
     FULL_BATCH_MAX_N,
     BayesianHyperboloidGPLVM,
-    kl_qu,
-    optimal_qu,
-    point_terms,
+    bayesian_objective,
+    sparse_objective,
 )
-from lvmcore.models.hgplvm_svi import minibatch_bound as _minibatch_bound
+from lvmcore.models.hgplvm.objectives import minibatch_bound as _minibatch_bound
+from lvmcore.models.hgplvm.objectives import optimal_qu, point_terms
 from lvmcore.precision import jit64
+from lvmcore.uncollapsed import kl_qu
 
 minibatch_bound = jit64(_minibatch_bound)  # compiled once per shape: the tests run in a second
 
@@ -169,7 +169,7 @@ def test_the_rules_full_pass_bound_is_eq6_at_draws_fixed_by_its_key():
     (here 3 of 8), q(v) at its optimum, less the KL of q(X): hgplvm.bayesian_objective (the
     collapsed eq. 6) at the draws its key gives chunk by chunk. The same key gives the same value
     (common random numbers from window to window); another key another value."""
-    from lvmcore.models.hgplvm_svi import _chunks, _full_bound
+    from lvmcore.models.hgplvm.minibatch import _chunks, _full_bound
 
     local, glob, _, Y, _ = _problem(seed=6)
     n, H = Y.shape[0], 3
@@ -203,7 +203,7 @@ def test_bayesian_minibatch_rule_stops_on_the_full_pass_bound_after_whole_epochs
     number); the fit stops at the first window where the full-batch Bayesian rule (patience 2,
     after the warm-up) fires on those values, before its budget. A budget that ends before the
     rule could first stop the fit (1 + 2 x 2 windows) runs no pass."""
-    import lvmcore.models.hgplvm_svi as svi
+    import lvmcore.models.hgplvm.minibatch as svi
     from lvmcore.optim import window_plateau
 
     calls, full_bound = [], svi._full_bound

@@ -489,7 +489,9 @@ def test_chunked_fits_read_their_rows_from_the_store(tmp_path, cluster_client):
     obj = bound_objective(("rbf",), True, 400, (3,))
     want = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,)).value_and_grad(local, glob, 0.0)
     src = ZarrRows(data_path, "Y", expect={"fingerprint": ds.attrs["fingerprint"]})
-    r = RowChunks(ViewStats(("rbf",), True), obj, (Y - mu,), 100, origin=[(attach(Y, src), mu)])
+    r = RowChunks(
+        ViewStats(("rbf",), True), obj, (Y - mu,), 100, origin=[(attach(Y, src), mu)], client=cluster_client
+    )
     assert r.sources is not None and len(set(r.placement)) == 2
 
     def check(got):

@@ -51,8 +51,7 @@ def one_bound(repeats=5):
 
 def one_hgplvm(iters=(100, 300)):
     from lvmcore.data.synthetic import binary_tree
-    from lvmcore.models.hgplvm import HyperboloidGPLVM
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
+    from lvmcore.models.hgplvm import BayesianHyperboloidGPLVM, HyperboloidGPLVM
 
     Y, *_ = binary_tree(5, seed=0)
     out = {}

@@ -48,7 +48,7 @@ def best_of_interleaved(fs, repeats):
     return [min(t) for t in ts]
 
 
-def ours_runner(Y, mu, S, Z, chunks=None, impl=None):
+def ours_runner(Y, mu, S, Z, chunks=None, impl=None, client=None):
     from lvmcore.chunks import RowChunks
     from lvmcore.models.bgplvm import ViewStats, bound_objective
 
@@ -60,6 +60,7 @@ def ours_runner(Y, mu, S, Z, chunks=None, impl=None):
         bound_objective(("rbf",), True, len(Y), (Y.shape[1],)),
         (Y,),
         chunks,
+        client=client,
     )
     return lambda: r.value_and_grad(local, glob, 0.0)
 
@@ -215,7 +216,7 @@ def main():
     for _ in range(a.cluster_rounds):
         for n in (1, 2):
             with local_client(n) as c:
-                run = ours_runner(Y, mu, S, Z, chunks=a.big // 8)
+                run = ours_runner(Y, mu, S, Z, chunks=a.big // 8, client=c)
                 times[n].append(best_of_interleaved([run], a.repeats)[0])
                 cores[n] = sorted(c.run(lambda: sorted(os.sched_getaffinity(0))).values())
         if (ceiling := plain_ceiling(a.big, a.repeats)) is not None:  # in the same rounds

@@ -204,12 +204,11 @@ def point_steps(iters):
     import jax.numpy as jnp
 
     jax.config.update("jax_enable_x64", True)  # this benchmark process only
-    from lvmcore.models.hgplvm_point import point_objective, point_value_and_grad
-
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.kernels.hyperbolic import he_kernel
     from lvmcore.manifolds.lorentz import expmap0
     from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm.point import point_objective, point_value_and_grad
     from lvmcore.pca import pca_start
 
     print("point variant, gradient of eq. 4 (best of 7; ratio to one Cholesky of the same size)")
@@ -242,10 +241,9 @@ def point_steps(iters):
 def chunked(iters, big):
     """The Bayesian variant's MC psi statistics map-reduced over row chunks on 1 vs 2 Dask worker
     processes, against the in-process fused step (M = 50, H = 5)."""
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
-
     from bench.common import local_client
     from lvmcore.data.synthetic import binary_tree
+    from lvmcore.models.hgplvm import BayesianHyperboloidGPLVM
 
     Y, *_ = binary_tree(5, seed=0)
     rng = np.random.default_rng(0)
@@ -256,7 +254,7 @@ def chunked(iters, big):
             else np.tile(Y, (n // len(Y) + 1, 1))[:n] + 0.01 * rng.standard_normal((n, Y.shape[1]))
         )
 
-        def make(iters, chunks=None, Yb=Yb):
+        def make(iters, chunks=None, Yb=Yb, client=None):
             return BayesianHyperboloidGPLVM(
                 training="full",
                 n_inducing=50,
@@ -265,13 +263,13 @@ def chunked(iters, big):
                 tol=0,
                 chunks=chunks,
                 random_state=0,
-            ).fit(Yb)
+            ).fit(Yb, client=client)
 
         t_fused, _ = per_iter(make, iters)
         res = {}
         for workers in (1, 2):
-            with local_client(workers):
-                res[workers], _ = per_iter(lambda it: make(it, chunks=max(1, n // 4)), iters)  # noqa: B023
+            with local_client(workers) as c:
+                res[workers], _ = per_iter(lambda it: make(it, chunks=max(1, n // 4), client=c), iters)  # noqa: B023
         print(
             f"bayesian N={n}: in-process {1e3 * t_fused:.1f} ms/it; "
             f"chunked 1 worker {1e3 * res[1]:.1f} ms/it, "

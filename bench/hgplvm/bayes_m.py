@@ -115,11 +115,11 @@ def main():
     ap.add_argument("--estimates", action="store_true", help="noise estimates and the raw-Y gap; no fit")
     a = ap.parse_args()
     import jax
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import manifold_distances, pearson_distance_correlation, quality_scores
+    from lvmcore.models.hgplvm import BayesianHyperboloidGPLVM
     from lvmcore.pca import ppca_noise_variance
 
     kw = json.loads(a.kw)

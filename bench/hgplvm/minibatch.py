@@ -1,4 +1,4 @@
-"""Minibatch Bayesian hyperboloid GP-LVM (lvmcore.models.hgplvm_svi) against the full-batch fit.
+"""Minibatch Bayesian hyperboloid GP-LVM (lvmcore.models.hgplvm.minibatch) against the full-batch fit.
 
     python -m bench.hgplvm.minibatch tree [--depth 5] [--seeds 0 1 2]      # SBT, paper 002 section 5.1
     python -m bench.hgplvm.minibatch roll --n 100000 [--anchor]            # 3-D swiss roll, Q = 2
@@ -30,12 +30,12 @@ from bench.common import ROOT, module_command, status_mb
 def one(a):
     """One fit in this process; prints one JSON line."""
     import jax
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
     from scipy.spatial.distance import cdist
 
     from lvmcore.data.synthetic import binary_tree, swiss_roll
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import pearson_distance_correlation
+    from lvmcore.models.hgplvm import BayesianHyperboloidGPLVM
 
     if a.data == "tree":
         Y, node, codes, _ = binary_tree(a.depth, seed=a.seed)

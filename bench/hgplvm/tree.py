@@ -82,9 +82,7 @@ def main():
         summary(a.summary)
         return
     import jax
-    from lvmcore.models.hgplvm_svi import BayesianHyperboloidGPLVM
 
-    import lvmcore.models.hgplvm as hg
     from lvmcore.data.synthetic import binary_tree
     from lvmcore.manifolds.lorentz import pairwise_dist
     from lvmcore.metrics import (
@@ -93,7 +91,8 @@ def main():
         pearson_distance_correlation,
         quality_scores,
     )
-    from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm import BayesianHyperboloidGPLVM, HyperboloidGPLVM
+    from lvmcore.models.hgplvm.objectives import renorm
 
     kw = json.loads(a.kw)
 
@@ -123,7 +122,7 @@ def main():
 
                     def monitor(it, st, Dh=Dh):
                         if it % 100 == 0:
-                            X = np.asarray(hg._renorm(st["X"]))
+                            X = np.asarray(renorm(st["X"]))
                             with jax.enable_x64(True):
                                 sc = pearson_distance_correlation(
                                     np.asarray(pairwise_dist(X, X)), Dh, "precomputed", "precomputed"

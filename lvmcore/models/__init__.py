@@ -10,7 +10,7 @@ _MODELS = {
     "HyperboloidGPLVM": "lvmcore.models.hgplvm",
     "PPCA": "lvmcore.models.ppca",
     "StochasticBayesianGPLVM": "lvmcore.models.bgplvm_svi",
-    "BayesianHyperboloidGPLVM": "lvmcore.models.hgplvm_svi",
+    "BayesianHyperboloidGPLVM": "lvmcore.models.hgplvm",
 }
 
 __all__ = list(_MODELS)

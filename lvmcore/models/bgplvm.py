@@ -46,7 +46,7 @@ from lvmcore.precision import x64
 from lvmcore.psi import psi1, psi_statistics
 from lvmcore.psi.closed_form import kl_diag_gaussian, resolve_impl
 
-_KERNELS = tuple(KERNELS)
+KERNEL_NAMES = tuple(KERNELS)
 
 
 # --------------------------------------------------------------------------- plain functions
@@ -173,7 +173,7 @@ def _principal_scores(views, r: int) -> np.ndarray:
 RULES = {
     "n_components": [Interval(Integral, 1, None, closed="left")],
     "n_inducing": [Interval(Integral, 1, None, closed="left")],
-    "kernel": [StrOptions(set(_KERNELS))],
+    "kernel": [StrOptions(set(KERNEL_NAMES))],
     "max_iter": [Interval(Integral, 1, None, closed="left")],
     "snr": [Interval(Real, 0, None, closed="neither")],
     "tol": [Interval(Real, 0, None, closed="left")],
@@ -181,8 +181,12 @@ RULES = {
 }
 
 
-class _CollapsedGPLVM(LatentModel):
-    """Shared implementation of BayesianGPLVM (one view) and MRD (several)."""
+class BaseCollapsedGPLVM(LatentModel):
+    """The collapsed Bayesian GP-LVM of any number of views sharing one q(X): the shared
+    implementation of :class:`BayesianGPLVM` (one view), :class:`~lvmcore.models.mrd.MRD` (several)
+    and :class:`~lvmcore.models.bgplvm_svi.StochasticBayesianGPLVM` (the same model, fitted on
+    minibatches): the checks of the views, the start, the L-BFGS fit, the fitted state, inference
+    of new rows and prediction."""
 
     _parameter_constraints = {
         **RULES,
@@ -205,8 +209,8 @@ class _CollapsedGPLVM(LatentModel):
         q, m = int(self.n_components), int(self.n_inducing)
         kinds = [self.kernel] * len(views) if isinstance(self.kernel, str) else list(self.kernel)
         for k in kinds:
-            if k not in _KERNELS:
-                raise ValueError(f"kernel must be one of {_KERNELS} (or one per view), got {k!r}")
+            if k not in KERNEL_NAMES:
+                raise ValueError(f"kernel must be one of {KERNEL_NAMES} (or one per view), got {k!r}")
         if len(kinds) != len(views):
             raise ValueError(f"{len(kinds)} kernels given for {len(views)} views; give one per view")
         self.check_size(ns[0])
@@ -263,7 +267,7 @@ class _CollapsedGPLVM(LatentModel):
 
     # ------------------------------------------------------------------ fit
     @x64
-    def _fit_views(self, views, times=None, sequences=None):
+    def _fit_views(self, views, times=None, sequences=None, client=None):
         views, kinds, q, m = self._check_views(views)
         Yc, local, glob = self._start(views, kinds, q, m)
         N = Yc[0].shape[0]
@@ -302,6 +306,7 @@ class _CollapsedGPLVM(LatentModel):
             Yc,
             self.chunks,
             origin=list(zip(views, self.view_means_, strict=True)),  # stored views: read on the workers
+            client=client,
         )
         x, unravel = ravel_pytree((local, glob))
         x = np.asarray(x)
@@ -467,7 +472,7 @@ class _CollapsedGPLVM(LatentModel):
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
-class BayesianGPLVM(_CollapsedGPLVM):
+class BayesianGPLVM(BaseCollapsedGPLVM):
     """Bayesian GP-LVM (one view). ``fit(Y)``; ``ard_weights_`` (Q,) are the kernel's input
     sensitivities (RBF: variance / lengthscale^2; linear: the ARD variances).
 
@@ -486,12 +491,13 @@ class BayesianGPLVM(_CollapsedGPLVM):
     chunks: int | None = None
     random_state: int | None = None
 
-    def fit(self, Y, graph=None, *, times=None, sequences=None):
+    def fit(self, Y, graph=None, *, times=None, sequences=None, client=None):
         """``times`` (N,) switches on the temporal prior (paper 004 section 4.3): X's columns are GP
-        functions of time (RBF, learned time scale), independent between ``sequences`` labels."""
+        functions of time (RBF, learned time scale), independent between ``sequences`` labels.
+        ``client``: the Dask client the row chunks (``chunks``) run on (None: in process)."""
         self._validate_params()
         self._refuse_graph(graph)
-        self._fit_views([Y], times, sequences)
+        self._fit_views([Y], times, sequences, client)
         self.ard_weights_ = self._view_ard()[0]
         return self
 

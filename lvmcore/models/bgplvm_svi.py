@@ -29,7 +29,7 @@ which equals the collapsed bound at the fitted q(X) and hyperparameters.
 Estimator, not a BayesianGPLVM option: the optimiser's parameters (batch size, steps, epochs) and
 its loop have nothing in common with the collapsed L-BFGS fit; the fitted state is the same
 (``local_``, ``glob_``, the training statistics), so prediction and ``transform`` are
-BayesianGPLVM's own (``_CollapsedGPLVM``).
+BayesianGPLVM's own (``BaseCollapsedGPLVM``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from sklearn.utils._param_validation import Interval
 from lvmcore import uncollapsed
 from lvmcore.kernels.euclidean import get_kernel
 from lvmcore.linalg import KMM_JITTER
-from lvmcore.models.bgplvm import RULES, BayesianGPLVM, _CollapsedGPLVM, kmm
+from lvmcore.models.bgplvm import RULES, BaseCollapsedGPLVM, BayesianGPLVM, kmm
 from lvmcore.optim import adam, window_plateau
 from lvmcore.precision import jit64, x64
 from lvmcore.psi import psi_statistics
@@ -122,7 +122,7 @@ def _batch_step(kind: str):
 
 # --------------------------------------------------------------------------- estimator
 @dataclass(kw_only=True, eq=False, repr=False)
-class StochasticBayesianGPLVM(_CollapsedGPLVM):
+class StochasticBayesianGPLVM(BaseCollapsedGPLVM):
     """Bayesian GP-LVM (one view) trained by stochastic variational inference on minibatches of
     points (module docstring). ``embedding_`` / ``embedding_var_`` are q(X)'s means and variances;
     ``elbo_`` the full bound at the fitted state with q(u) at its optimum (= the collapsed bound);

@@ -323,7 +323,7 @@ class GLLE(LatentModel):
         self.data_scale_ = data_scale(Y)
         if self.method == "em":
             mean_w, b, c, logdet_A, eps, L = map_points(
-                em_point_stats, Y, idx, chunks=self.chunks, reg=self.reg
+                em_point_stats, Y, idx, chunks=self.chunks, client=client, reg=self.reg
             )
             floor = SIGMA_FLOOR * eps / self.reg / k / self.data_scale_**2
             sigma, trace, it = em_iterations(
@@ -337,7 +337,7 @@ class GLLE(LatentModel):
         self._order = fill_reducing_order(W) if resolve_solver(self.eigen_solver, n) == "pinned_lu" else None
         (s0,) = _seeds(self.random_state, 1)
         if self.method == "em":  # the kept generation's draw needs no LLE embedding: both solved at once
-            draws = [mean_w, self._draw_weights(s0, None)]
+            draws = [mean_w, self._draw_weights(s0, None, client)]
             self.lle_embedding_, kept = self._embed_all(draws, [seed, s0], client, worker)
         else:  # direct: the sampling covariance needs the LLE embedding, so the kept draw comes after
             (self.lle_embedding_,) = self._embed_all([mean_w], [seed], client, worker)
@@ -346,12 +346,13 @@ class GLLE(LatentModel):
                 Y,
                 idx,
                 chunks=self.chunks,
+                client=client,
                 E=self.lle_embedding_ * self.data_scale_,  # in the data's units (module docstring)
                 reg=self.reg,
             )
             self._factor, self._scale = L, np.ones(n)
             trace, it = np.array([float(np.sum(0.5 * logdet_P - 0.5 * (k - 1) * np.log(2 * np.pi)))]), 1
-            (kept,) = self._embed_all([self._draw_weights(s0, None)], [s0], client, worker)
+            (kept,) = self._embed_all([self._draw_weights(s0, None, client)], [s0], client, worker)
         # the kept draw is generation 0 of sample(G, random_state) at the constructor's a: kept to
         # answer that draw again without a second eigensolve (the sweep asks it twice more)
         self._kept = ((s0, self.cov_scale), kept)
@@ -368,7 +369,7 @@ class GLLE(LatentModel):
         self._check_fitted()
         return self._draw_weights(random_state, cov_scale)
 
-    def _draw_weights(self, random_state, cov_scale):
+    def _draw_weights(self, random_state, cov_scale, client=None):
         a = self.cov_scale if cov_scale is None else check_positive(cov_scale, "cov_scale")
         n, k = self.graph_.shape
         z = np.random.default_rng(random_state).standard_normal((n, k - 1))
@@ -381,6 +382,7 @@ class GLLE(LatentModel):
             a * self._scale,
             z,
             chunks=self.chunks,
+            client=client,
         )
         return w
 
@@ -412,7 +414,7 @@ class GLLE(LatentModel):
         todo = list(dict.fromkeys(d for d in draws if d != kept_draw))
         solved = {kept_draw: kept}
         if todo:
-            W = [self._draw_weights(s, a) for s, a in todo]
+            W = [self._draw_weights(s, a, client) for s, a in todo]
             solved.update(zip(todo, self._embed_all(W, [s for s, _ in todo], client, worker), strict=True))
         return np.stack([match_axes(self.lle_embedding_, solved[d]) for d in draws])
 

@@ -11,11 +11,11 @@ import numpy as np
 from sklearn.utils._param_validation import StrOptions
 
 from lvmcore.graph import knn_query
-from lvmcore.models.bgplvm import _KERNELS, _CollapsedGPLVM
+from lvmcore.models.bgplvm import KERNEL_NAMES, BaseCollapsedGPLVM
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
-class MRD(_CollapsedGPLVM):
+class MRD(BaseCollapsedGPLVM):
     """MRD(n_components=8, n_inducing=30, kernel="rbf" | "linear" | one per view).fit([Y1, Y2, ...])
 
     Parameters as :class:`~lvmcore.models.bgplvm.BayesianGPLVM`, plus ``shared_inducing`` (one set
@@ -24,8 +24,8 @@ class MRD(_CollapsedGPLVM):
     ``elbo_trace_``, ``n_iter_``."""
 
     _parameter_constraints = {
-        **_CollapsedGPLVM._parameter_constraints,
-        "kernel": [StrOptions(set(_KERNELS)), list, tuple],
+        **BaseCollapsedGPLVM._parameter_constraints,
+        "kernel": [StrOptions(set(KERNEL_NAMES)), list, tuple],
         "shared_inducing": ["boolean"],
     }
 
@@ -40,12 +40,12 @@ class MRD(_CollapsedGPLVM):
     chunks: int | None = None
     random_state: int | None = None
 
-    def fit(self, views, graph=None, *, times=None, sequences=None):
+    def fit(self, views, graph=None, *, times=None, sequences=None, client=None):
         """``views``: a list of (N, D_v) arrays. ``times`` / ``sequences``: optional temporal prior
-        on X, as ``BayesianGPLVM.fit``."""
+        on X, and ``client`` (the Dask client of the row chunks), as ``BayesianGPLVM.fit``."""
         self._validate_params()
         self._refuse_graph(graph)
-        self._fit_views(views, times, sequences)
+        self._fit_views(views, times, sequences, client)
         self.ard_weights_ = self._view_ard()
         return self
 

@@ -110,13 +110,13 @@ def _inducing(key: str, entry: str, args: dict, n: int) -> int:
     m = args.get("n_inducing", "auto")
     if m != "auto":
         return min(int(m), n)
-    if entry.endswith("/minibatch"):  # the hyperboloid GP-LVMs' minibatch fit (hgplvm_svi)
-        from lvmcore.models.hgplvm_svi import auto_inducing  # imported here: the model loads JAX
+    if entry.endswith("/minibatch"):  # the hyperboloid GP-LVMs' minibatch fit
+        from lvmcore.models.hgplvm import minibatch  # imported here: the model loads JAX
 
-        return auto_inducing(n)
-    from lvmcore.models.hgplvm import _auto_inducing  # imported here, as above: the hGP-LVM loads JAX
+        return minibatch.auto_inducing(n)
+    from lvmcore.models.hgplvm import full  # imported here, as above: the hGP-LVM loads JAX
 
-    return _auto_inducing(n)
+    return full.auto_inducing(n)
 
 
 def point_variables(key: str, args: dict, n: int, dims: list[int]) -> tuple[str, dict]:

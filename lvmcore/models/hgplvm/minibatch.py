@@ -1,14 +1,14 @@
 """Minibatch (stochastic variational) training of the Bayesian hyperboloid GP-LVM (paper 002,
 eq. 6) and of the sparse one (eq. 5, point latents: below), so one step costs O(B H M^2) whatever N
-is; and the sweep's ``hgplvm_bayesian``, which picks it above ``FULL_BATCH_MAX_N`` points (as
-``hgplvm_sparse`` does).
+is; the estimators (:mod:`.estimators`) pick it above ``FULL_BATCH_MAX_N`` points.
 
-Model. As ``lvmcore.models.hgplvm`` (variant "bayesian"): latent points on the Lorentz model L^Q,
-q(x_n) = N^w(mu_n, diag S_n) (wrapped normal), prior N^w(mu0, s^2 I), HE kernel
+Model. As the full-batch fit's (:mod:`.full`, variant "bayesian"): latent points on the Lorentz
+model L^Q, q(x_n) = N^w(mu_n, diag S_n) (wrapped normal), prior N^w(mu0, s^2 I), HE kernel
 k = sigma exp(-d_L / kappa) with M inducing inputs Z on L^Q. The inducing outputs keep an explicit
 whitened q(u) (u = L_m v, K_mm = L_m L_m^T, q(v) = N(m, S_v) shared by the D columns) instead of
 being collapsed, so the bound is the uncollapsed one of ``lvmcore.uncollapsed`` (Hensman et
-al. 2013) with paper 002's Monte-Carlo psi statistics (eqs. 15-20, ``lvmcore.psi.monte_carlo``):
+al. 2013) with paper 002's Monte-Carlo psi statistics (eqs. 15-20, ``lvmcore.psi``;
+:func:`~lvmcore.models.hgplvm.objectives.minibatch_bound`):
 
     F = sum_n E_q(x_n)[E_q(f_n) log p(y_n | f_n)] - KL(q(v) || N(0, I)) - sum_n KL(q(x_n) || p(x_n)).
 
@@ -16,7 +16,7 @@ The first term is linear in (psi0, Psi1^T Y, Psi2) summed over the points, so wi
 draws per point (``sample_wrapped``) and a batch of B points scaled by N / B it is an unbiased
 estimate of F (the collapsed bound, a nonlinear function of the statistics, has no unbiased MC
 estimate). At q(v)'s optimum for given statistics the uncollapsed bound equals the collapsed bound of
-``hgplvm.bayesian_objective`` with the same statistics (tests/test_hgplvm_svi.py checks both
+``objectives.bayesian_objective`` with the same statistics (tests/test_hgplvm_svi.py checks both
 identities).
 
 Training, three phases:
@@ -48,144 +48,58 @@ Training, three phases:
 Point latents: the sparse variant (``HyperboloidGPLVM(variant="sparse")``, eq. 5; the sweep's
 ``hgplvm_sparse``) runs the same three phases with q(x_n) = delta(x_n - mu_n): ``local`` holds the
 means alone ({"X"}), the statistics are exact (psi0 = n sigma, Psi1^T Y = K_nm^T Y, Psi2 = K_nm^T K_nm,
-``hgplvm.point_statistics``), there are no draws and no KL on X (that variant has no prior on X),
+``objectives.point_statistics``), there are no draws and no KL on X (that variant has no prior on X),
 beta stays fixed at the PPCA level its ``noise="auto"`` sets, and the final bound is exact: at
-q(v)'s optimum it is the collapsed bound ``hgplvm.sparse_objective`` of the fitted state
-(``elbo_se_`` = 0). The training parameters and the choice of training are ``hgplvm._Hyperboloid``'s,
-shared by both models.
+q(v)'s optimum it is the collapsed bound ``objectives.sparse_objective`` of the fitted state
+(``elbo_se_`` = 0). The training parameters and the choice of training are the estimators'
+(:mod:`.estimators`), shared by both models.
 
 Memory: q(X) (N x (Q+1) means, N x Q log S), their Adam moments and step counts (about 2.5 times
 q(X)) and the centred data; everything else is O(chunk_size H M + M^2), nothing N x M.
-
-:class:`BayesianHyperboloidGPLVM` is the Bayesian hyperboloid GP-LVM's one entry (the sweep's
-``hgplvm_bayesian``): ``training="auto"`` fits up to ``FULL_BATCH_MAX_N`` points by the full-batch
-loop shared with :class:`~lvmcore.models.hgplvm.HyperboloidGPLVM` (``hgplvm._Hyperboloid``) and above that
-on minibatches; ``training_`` says which, and the store's ``minibatch``
-output (1 or 0) records it per grid point.
 """
 
 from __future__ import annotations
 
 import functools
-import numbers
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn.utils._param_validation import Interval
 
 from lvmcore import uncollapsed
-from lvmcore.kernels.hyperbolic import he_kernel
-from lvmcore.linalg import KERNEL_JITTER, NumericalError, cholesky_jax
+from lvmcore.linalg import KERNEL_JITTER, NumericalError
 from lvmcore.manifolds.lorentz import expmap0
-from lvmcore.models.hgplvm import (
-    FULL_BATCH_MAX_N,
-    _Hyperboloid,
-    _renorm,
-    _rule_windows,
+from lvmcore.models.hgplvm.objectives import (
+    bound_of_statistics,
+    kmm,
+    minibatch_bound,
+    optimal_qu,
+    point_terms,
+    renorm,
+    row_statistics,
+)
+from lvmcore.models.hgplvm.training import (
+    Trained,
     adam_local,
+    hyper_start,
     kmeans_start,
-    mc_statistics,
-    new_rows,
-    point_statistics,
+    rule_windows,
 )
 from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.precision import jit64, x64
-from lvmcore.psi.monte_carlo import log_sinhc, sample_wrapped, wrapped_log_density_origin
 from lvmcore.uncollapsed import jitter_tries, kl_qu
 
-__all__ = [
-    "BayesianHyperboloidGPLVM",
-    "FULL_BATCH_MAX_N",
-    "fit_minibatch",
-    "transform_minibatch",
-    "minibatch_bound",
-    "point_terms",
-    "kl_qu",
-    "optimal_qu",
-    "auto_inducing",
-]
+__all__ = ["SVI_MAX_INDUCING", "auto_inducing", "fit_minibatch", "transform_minibatch"]
+
 
 #: the minibatch fit's default M: the full-batch rule (N / 10 within [64, 256]) would give 256 at
 #: every N >= 2,560, and the per-point pass costs H M^2 per point and step
 SVI_MAX_INDUCING = 64
-_LOG2PI = float(np.log(2.0 * np.pi))
 
 
 def auto_inducing(n: int) -> int:
     """The minibatch fit's M for ``n_inducing="auto"``: min(N, 64) (``SVI_MAX_INDUCING``)."""
     return int(min(n, SVI_MAX_INDUCING))
-
-
-# --------------------------------------------------------------------------- the bound
-def _kmm(glob, kappa):
-    return he_kernel(glob["Z"], glob["Z"], jnp.exp(glob["hyp"][0]), kappa)
-
-
-def _statistics(local, glob, Y, eps, kappa):
-    """(statistics, KL of q(X)) of the rows ``local``: Monte-Carlo at the draws eps (Bayesian:
-    "log_S" in local, ``hgplvm.mc_statistics``), or exact for point latents (sparse: no "log_S",
-    eps unused, ``hgplvm.point_statistics``, and no KL: the sparse variant has no prior on X)."""
-    if "log_S" not in local:
-        return point_statistics(local["X"], glob["Z"], glob["hyp"][0], Y, kappa), 0.0
-    return mc_statistics(local["X"], local["log_S"], glob["Z"], glob["hyp"], Y, eps, kappa)
-
-
-@x64
-def minibatch_bound(local, glob, qu, Y, eps, N, scale, kappa, rel_jitter=KERNEL_JITTER):
-    """The batch estimate of F (module docstring) and the batch's statistics (psi0, Psi1^T Y, Psi2,
-    tr(Y^T Y)): rows ``local`` = {"X": (B, Q+1) means, "log_S": (B, Q)} (point latents, the sparse
-    variant: {"X"} alone, eps None), data Y (B, D), draws eps (H, B, Q), globals {"Z": (M, Q+1),
-    "hyp": [log sigma, log beta, log s^2]}, q(v) = {"m": (M, D), "P": (M, M) precision};
-    ``scale`` = N / B (1 with all N points: the full uncollapsed bound)."""
-    stats, kl = _statistics(local, glob, Y, eps, kappa)
-    F = uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, scale, rel_jitter) - scale * kl
-    return F, stats
-
-
-@x64
-def point_terms(local, glob, qu, Y, eps, kappa, rel_jitter=KERNEL_JITTER):
-    """Per point and draw, l_nh = log-likelihood term minus KL(q(x_n) || p(x_n)) at draw h, (H, B),
-    by the per-point formula (not the psi statistics): with a = L_m^-1 k(x_nh, Z),
-    E_q(f)[log p(y_n | f)] = -D/2 log(2 pi / beta) - beta/2 (|y_n - m^T a|^2 + D (sigma - |a|^2 +
-    a^T S_v a)); the KL's Gaussian entropy part in closed form, its Jacobian and prior parts at the
-    draw (as ``mc_psi_chunk``). sum_n mean_h l_nh - KL(q(v)) is the full bound's MC estimate."""
-    X, log_S = local["X"], local["log_S"]
-    hyp = glob["hyp"]
-    sigma, beta = jnp.exp(hyp[0]), jnp.exp(hyp[1])
-    D, Q = Y.shape[1], log_S.shape[1]
-    x, r = sample_wrapped(X, jnp.exp(log_S), eps)  # (H, B, Q+1), (H, B)
-    Lm = cholesky_jax(_kmm(glob, kappa), rel_jitter)
-    M = Lm.shape[0]
-    Linv = jax.scipy.linalg.solve_triangular(Lm, jnp.eye(M), lower=True)
-    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
-    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
-    a = he_kernel(x, glob["Z"][None], sigma, kappa) @ Linv.T  # (H, B, M)
-    b = a @ Rinv.T  # a^T S_v a = |R^-1 a|^2
-    resid = Y[None] - a @ qu["m"]
-    ll = 0.5 * D * (hyp[1] - _LOG2PI) - 0.5 * beta * (
-        jnp.sum(resid * resid, -1) + D * (sigma - jnp.sum(a * a, -1) + jnp.sum(b * b, -1))
-    )
-    log_q = -0.5 * Q * (_LOG2PI + 1.0) - 0.5 * jnp.sum(log_S, -1)[None] - (Q - 1) * log_sinhc(r)
-    return ll - (log_q - wrapped_log_density_origin(x, hyp[2]))
-
-
-def optimal_qu(stats, glob, kappa, scale=1.0, rel_jitter=KERNEL_JITTER):
-    """q(v) maximising the bound for these statistics (scaled by ``scale``): {"m", "P"} (numpy)."""
-    P, m = _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter)
-    return {"m": np.asarray(m), "P": np.asarray(P)}
-
-
-@jit64
-def _optimal_qu_jit(stats, glob, kappa, scale, rel_jitter):
-    return uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, rel_jitter)
-
-
-@jit64
-def _bound_of_statistics(stats, glob, qu, N, kappa, rel_jitter):
-    """The uncollapsed bound from the statistics of all N points (point latents: exact, no KL)."""
-    return uncollapsed.bound(_kmm(glob, kappa), stats, glob["hyp"][1], qu, N, 1.0, rel_jitter)
 
 
 # --------------------------------------------------------------------------- steps
@@ -197,7 +111,7 @@ def _svi_step(local, lmom, glob, gmom, qu, Y, eps, N, scale, kappa, jitter, t, l
     (F, stats), (g_lo, g_gl) = jax.value_and_grad(minibatch_bound, argnums=(0, 1), has_aux=True)(
         local, glob, qu, Y, eps, N, scale, kappa, jitter
     )
-    P_t, m_t = uncollapsed.optimal_qu(_kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
+    P_t, m_t = uncollapsed.optimal_qu(kmm(glob, kappa), stats, glob["hyp"][1], scale, jitter)
     qu_new = uncollapsed.natural_step(qu, P_t, m_t, r_ng)
     finite = jnp.isfinite(F) & jnp.all(jnp.isfinite(qu_new["P"])) & jnp.all(jnp.isfinite(qu_new["m"]))
     # the batch's gradient is N / B times the full bound's for its points (Adam: scale-free)
@@ -243,7 +157,7 @@ def _local_pass(local, glob, qu, Y, key, kappa, jitter, lr, hlr, n_steps, H):
 def _stats_chunk(local, glob, Y, eps, kappa):
     """(statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)), KL of q(X)) of a chunk of rows at draws eps
     (point latents: exact, eps None, KL 0)."""
-    return _statistics(local, glob, Y, eps, kappa)
+    return row_statistics(local, glob, Y, eps, kappa)
 
 
 @jit64
@@ -283,22 +197,22 @@ def _full_bound(X, log_S, glob, Y, key, H, kappa, jitter, size):
     data Y, in one pass over all rows: the statistics and KL(q(X) || p(X)) summed over chunks of
     about ``size`` rows (:func:`_chunk_sums`: H draws per row from ``key``; point latents exact),
     q(v) at its optimum for them, and the uncollapsed bound there less the KL, i.e. the collapsed
-    bound of this state (eq. 5; Bayesian: eq. 6 at these draws, ``hgplvm.bayesian_objective``).
+    bound of this state (eq. 5; Bayesian: eq. 6 at these draws, ``objectives.bayesian_objective``).
     The same ``key`` gives the same draws: with it fixed, the value is a deterministic function
     of the state."""
     fn = lambda lo, y, e: _stats_chunk(lo, glob, y, e, kappa)
     stats, kl = _chunk_sums(fn, X, log_S, Y, key, H, size)
     qu = optimal_qu(stats, glob, kappa, 1.0, jitter)
-    F = float(_bound_of_statistics(stats, glob, qu, float(X.shape[0]), kappa, jitter)) - float(kl)
+    F = float(bound_of_statistics(stats, glob, qu, float(X.shape[0]), kappa, jitter)) - float(kl)
     return F, qu
 
 
 # --------------------------------------------------------------------------- the minibatch fit
 def _minibatch_start(model, Yc, rng):
-    """Initial means (the full-batch fit's :func:`~lvmcore.models.hgplvm.tangent_start`) and Z
+    """Initial means (the model's start, :func:`~lvmcore.models.hgplvm.training.tangent_start`) and Z
     (k-means centres of at most 20,000 of them)."""
     n = Yc.shape[0]
-    P = model._init_tangent(Yc, rng)
+    P = model.init_tangent(Yc, rng)
     m = auto_inducing(n) if model.n_inducing == "auto" else int(model.n_inducing)
     sub = P if n <= 20000 else P[rng.choice(n, 20000, replace=False)]
     if m >= sub.shape[0]:
@@ -309,9 +223,10 @@ def _minibatch_start(model, Yc, rng):
 @x64
 def fit_minibatch(model, Y):
     """The three phases of the module docstring on Y (N, D), for a hyperboloid GP-LVM ``model``
-    (``hgplvm._Hyperboloid``, whose ``fit`` checked its settings): its ``variant`` "bayesian"
-    (wrapped-Gaussian q(x_n)) or "sparse" (point latents: exact statistics, no draws, no KL, the
-    final bound exact); sets the model's fitted attributes."""
+    (:class:`~lvmcore.models.hgplvm.estimators.BaseHyperboloidGPLVM`, whose ``fit`` checked its
+    settings): its ``variant`` "bayesian" (wrapped-Gaussian q(x_n)) or "sparse" (point latents:
+    exact statistics, no draws, no KL, the final bound exact). Returns the fitted state
+    (:class:`~lvmcore.models.hgplvm.training.Trained`)."""
     n, d = Y.shape
     q = int(model.n_components)
     point = model.variant == "sparse"
@@ -323,10 +238,10 @@ def fit_minibatch(model, Y):
     mean = Y.mean(0)
     Yc = Y - mean
     P, C = _minibatch_start(model, Yc, rng)
-    hyp0, hmask = model._hyper_start(Yc)
+    hyp0, hmask = hyper_start(Yc, int(model.n_components), model.setting("noise"), model.prior_scale)
     X = np.array(expmap0(jnp.asarray(P)))
     del P
-    log_S = None if point else np.full((n, q), np.log(1e-2 * float(model._setting("init_scale")) ** 2))
+    log_S = None if point else np.full((n, q), np.log(1e-2 * float(model.setting("init_scale")) ** 2))
     glob = {"Z": expmap0(jnp.asarray(C)), "hyp": hyp0}
     M = int(glob["Z"].shape[0])
     gmom = {"mZ": jnp.zeros_like(glob["Z"]), "vZ": jnp.zeros(M), "mh": jnp.zeros(3), "vh": jnp.zeros(3)}
@@ -355,8 +270,8 @@ def fit_minibatch(model, Y):
     # five draws stopped the fits as well (bench/README.md, "hGP-LVM minibatch"). No pass with
     # tol = 0, nor where the budget ends before the rule could first stop the fit (start + 2 pat
     # windows: 5,000 steps at 10^6 points and B = 1000)
-    window = nb * -(-_rule_windows("bayesian", 0)[0] // nb)
-    pat = _rule_windows(model.variant, 0)[1]
+    window = nb * -(-rule_windows("bayesian", 0)[0] // nb)
+    pat = rule_windows(model.variant, 0)[1]
     start = -(-warm // window)  # windows before the rule may stop the fit
     rule = model.tol > 0 and (start + 2 * pat) * window <= int(model.max_iter)
     key_rule = jax.random.fold_in(key, 2**30 + 3)
@@ -400,7 +315,7 @@ def fit_minibatch(model, Y):
         _local_passes(model, X, log_S, glob, qu, Yc, key_local, jitter, int(model.local_iter))
     # phase 3: q(v) at its optimum for one pass of (draws of) the statistics, then the bound
     F, qu = _full_bound(X, log_S, glob, Yc, jax.random.fold_in(key, 2**30 + 1), H, kappa, jitter, size)
-    model.qu_, se = qu, 0.0  # point latents: exact statistics, F the collapsed bound (eq. 5)
+    se = 0.0  # point latents: exact statistics, F the collapsed bound (eq. 5)
     if not point:  # the bound with fresh draws (the sum over points of mean_h l_nh, less
         # KL(q(v))) and its standard error
         terms_fn = lambda lo, y, e: _terms_chunk(lo, glob, qu, y, e, kappa, jitter)
@@ -409,14 +324,17 @@ def fit_minibatch(model, Y):
         F, se = float(s) - float(kl_qu(qu)), float(np.sqrt(float(v)))
     if not np.isfinite(F):
         raise NumericalError(f"the final bound is not finite ({F}); lower learning_rate", name="K_mm")
-    model.elbo_se_ = se
-    model.n_steps_ = step
-    model.window_bounds_ = np.asarray(bounds)
-    model.extra_jitter_ = jitter
-    model.n_inducing_ = M
     S = None if point else np.exp(log_S)
-    model._set_fitted(X, glob["hyp"], S, glob["Z"], hmask, Yc, mean, [*trace, F], converged)
-    model.glob_ = {k: np.asarray(v) for k, v in glob.items()}
+    attrs = {
+        "qu_": qu,
+        "elbo_se_": se,
+        "n_steps_": step,
+        "window_bounds_": np.asarray(bounds),
+        "extra_jitter_": jitter,
+        "n_inducing_": M,
+        "glob_": {k: np.asarray(v) for k, v in glob.items()},
+    }
+    return Trained(X, glob["hyp"], S, glob["Z"], hmask, Yc, mean, [*trace, F], converged, attrs)
 
 
 def _local_passes(model, X, log_S, glob, qu, Y, key, jitter, n_steps):
@@ -435,12 +353,11 @@ def _local_passes(model, X, log_S, glob, qu, Y, key, jitter, n_steps):
 
 
 @x64
-def transform_minibatch(model, Y_new, max_iter=None):
-    """Latent positions (n_new, Q+1) on the hyperboloid (means) of new rows after a minibatch fit:
-    q(x) of each started at the fitted mean of its nearest training row (in data space) and fitted
-    by the per-point pass with everything else fixed (``max_iter`` steps, default ``local_iter`` or
-    50)."""
-    Yn, idx = new_rows(model, Y_new)
+def transform_minibatch(model, Yn, idx, max_iter=None):
+    """Latent positions (n_new, Q+1) on the hyperboloid (means) of new rows Yn (centred by the
+    training mean) after a minibatch fit of ``model`` (its fitted attributes): q(x) of each started
+    at the fitted mean of its nearest training row ``idx`` (in data space) and fitted by the
+    per-point pass with everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
     X = model.lorentz_embedding_[idx].copy()
     log_S = None if model.embedding_var_ is None else np.log(model.embedding_var_[idx])
     steps = int(max_iter) if max_iter is not None else (int(model.local_iter) or 50)
@@ -448,57 +365,4 @@ def transform_minibatch(model, Y_new, max_iter=None):
     qu = {k: jnp.asarray(v) for k, v in model.qu_.items()}
     key = jax.random.PRNGKey(int(np.random.default_rng(model.random_state).integers(2**31)) + 1)
     _local_passes(model, X, log_S, glob, qu, Yn, key, model.extra_jitter_, steps)
-    return np.asarray(_renorm(jnp.asarray(X)))
-
-
-# --------------------------------------------------------------------------- the model's one entry
-@dataclass(kw_only=True, eq=False, repr=False)
-class BayesianHyperboloidGPLVM(_Hyperboloid):
-    """The Bayesian hyperboloid GP-LVM (paper 002, eq. 6): the one entry of this model (the sweep's
-    ``hgplvm_bayesian``) and its one set of defaults, fitted full-batch or on minibatches by N.
-
-    ``training``: "auto" (default) fits N <= ``FULL_BATCH_MAX_N`` points full-batch (the
-    collapsed bound, every point every step: the loop it shares with ``HyperboloidGPLVM``
-    with the Bayesian bound, run on this object) and larger N on minibatches (the three phases of
-    the module docstring); "full" and "minibatch" force one. ``training_`` ("full" / "minibatch")
-    and ``minibatch_`` (0.0 / 1.0, stored by the sweep) say which ran. Shared parameters mean the
-    same in both: ``max_iter`` optimiser steps (minibatch: of batches), ``tol`` the plateau rule,
-    the learning rates (Riemannian Adam on the means and Z, Adam on log sigma, log beta, log s^2
-    and log S), H = ``n_samples`` draws per point and step, init, noise, prior.
-    ``n_inducing="auto"`` is each training's own rule (full: N / 10 within [64, 256]; minibatch:
-    min(N, 64)). The minibatch fit's own: ``batch_size`` B; ``local_iter`` steps of the per-point
-    pass; ``ng_step`` the natural-gradient step on q(u); ``local_samples`` draws per point and step
-    of that pass (1: the reparameterisation gradient of one draw, as in SVI generally);
-    ``eval_samples`` draws per point for ``elbo_``; ``chunk_size`` rows per vectorised chunk of the
-    per-point and final passes. ``chunks`` and ``optimizer`` are the full-batch fit's, and refused
-    (before any work) when minibatch training is chosen with a non-default value.
-    The training parameters and the choice are ``hgplvm._Hyperboloid``'s, shared with the sparse
-    variant of ``HyperboloidGPLVM`` (whose minibatch fit is the same three phases with point latents);
-    ``local_samples`` and ``eval_samples`` are this model's alone (the sparse one has no draws).
-
-    Attributes after a minibatch fit, beside the full-batch fit's: ``elbo_`` is an unbiased MC
-    estimate of the bound at the final state over all points (q(u) at its optimum) and
-    ``elbo_se_`` its standard error; ``elbo_trace_`` the batch estimates of the steps, then
-    ``elbo_``; ``window_bounds_`` the full-pass bounds the plateau rule read (one per window of
-    whole epochs; none with tol = 0 or where the budget ends before the rule could stop the fit);
-    ``n_iter_`` (steps + 1), ``n_steps_``, ``qu_``, ``n_inducing_``, ``extra_jitter_``.
-
-    ``max_iter`` = 3000: every full-batch fit behind the recorded tree and myeloid scores
-    (bench/README.md, "hGP-LVM quality", Bayesian variant) stopped by the plateau rule, after at
-    most 2,400 iterations, so the budget does not bind there; at N = 10^5 the minibatch fit runs
-    to it (bench/README.md, "hGP-LVM minibatch")."""
-
-    variant = "bayesian"  # the shared loop runs eq. 6; not a parameter of this model
-    mean = "auto"  # the centred data (eq. 6 as written)
-    drift_every = "auto"  # no drift line search (a Monte-Carlo bound is too noisy for trial moves)
-
-    max_iter: int = 3000
-    init_scale: float = 1.0
-    local_samples: int = 1
-    eval_samples: int = 10
-
-    _parameter_constraints = {
-        **_Hyperboloid._parameter_constraints,
-        "local_samples": [Interval(numbers.Integral, 1, None, closed="left")],
-        "eval_samples": [Interval(numbers.Integral, 2, None, closed="left")],
-    }
+    return np.asarray(renorm(jnp.asarray(X)))
