@@ -70,7 +70,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore.checks import check_data, check_graph, check_positive, check_positive_int
-from lvmcore.graph import knn
+from lvmcore.graph import knn, knn_query
 from lvmcore.lle import (
     BLOCK_POINTS,
     barycenter_weights,
@@ -83,7 +83,7 @@ from lvmcore.lle import (
     trace_regulariser,
     weight_matrix,
 )
-from lvmcore.models._base import LatentModel, stalled
+from lvmcore.models._base import REFERENCE_SCORE_CELLS, LatentModel, stalled
 from lvmcore.rows import resolve, source_of
 
 #: sigma_i never falls below this times the neighbourhood's mean squared distance over the data's
@@ -195,6 +195,18 @@ def sample_point_weights(Y, idx, rows, mean_w, L, scale, z):
     return (mean_w + (v * np.sqrt(scale)[:, None]) @ B.T,)
 
 
+@in_blocks
+def oos_point_stats(Y, idx, rows, *, reg):
+    """``em_point_stats`` and quad (n,) = (y - ybar)^T A^-1 (y - ybar) = |r|^2 / eps + |m|^2 (the
+    minimum of |y - X~ v|^2 / eps + |v|^2, at v = m): what the out-of-sample step of each row needs."""
+    mean_w, b, c, logdet_A, eps, L = em_point_stats(Y, idx, rows, reg=reg)
+    G = neighbour_differences(Y, idx, rows)
+    dw = mean_w - 1.0 / idx.shape[1]  # B m
+    r = -G.mean(axis=1) - np.einsum("nk,nkd->nd", dw, G)
+    quad = np.einsum("nd,nd->n", r, r) / eps + np.einsum("nk,nk->n", dw, dw)
+    return mean_w, b, c, logdet_A, eps, L, quad
+
+
 def em_iterations(b, c, logdet_A, D, kp, *, max_iter, tol, floor):
     """Run the sigma updates of Algorithm 1. Returns (sigma, trace of the expected complete-data
     log-likelihood per iteration, iterations)."""
@@ -258,6 +270,16 @@ class GLLE(LatentModel):
         "eigen_solver": [StrOptions({"auto", "dense", "pinned_lu"})],
         "random_state": [Interval(Integral, 0, None, closed="left"), None],
     }
+    #: the store keeps these; the training rows and the fit's neighbour graph come back as inputs
+    persisted = LatentModel.persisted + (
+        "elbo_trace_",
+        "lle_embedding_",
+        "data_scale_",
+        "weights_",
+        "sigma_",
+        "score_reference_",
+    )
+    needs_inputs = ("data", "graph")
 
     def __init__(
         self,
@@ -364,6 +386,103 @@ class GLLE(LatentModel):
         self.embedding_var_ = None
         return self
 
+    # --- the model as arrays, and the out-of-sample step ---------------------------------------
+    def _restore(self, data, graph) -> None:
+        """The training rows and the fit's graph back from the store's inputs; the sampling
+        factors (per-point statistics of the fit, recomputed exactly) wait for the first draw."""
+        Y = check_data(data)
+        if len(Y) != len(self.lle_embedding_):
+            raise ValueError(f"data has {Y.shape[0]} rows, the model was fitted on {len(self.lle_embedding_)}")
+        self.Y_train_, self.graph_ = Y, check_graph(graph, Y.shape[0], int(self.n_neighbors))
+        self._factor = self._scale = self._order = None
+        self._kept = ((None, None), None)  # generation 0 is solved again when asked (same seed)
+
+    def _sampling_factors(self, client=None) -> None:
+        """The per-point factors and scales of the weight draws, as ``fit`` computed them."""
+        Y, idx = self.Y_train_, self.graph_
+        if self.method == "em":
+            *_, eps, L = map_points(em_point_stats, Y, idx, chunks=self.chunks, client=client, reg=self.reg)
+            self._factor, self._scale = L, self.sigma_ * eps
+        else:
+            E = self.lle_embedding_ * self.data_scale_
+            L, _ = map_points(direct_point_stats, Y, idx, chunks=self.chunks, client=client, E=E, reg=self.reg)
+            self._factor, self._scale = L, np.ones(len(Y))
+        if resolve_solver(self.eigen_solver, len(Y)) == "pinned_lu":
+            self._order = fill_reducing_order(weight_matrix(self.weights_, idx))
+
+    def _map_rows(self, Yc, idx, rows, e_rows=None):
+        """The out-of-sample step for rows ``rows`` of ``Yc`` reconstructed from the training
+        neighbours ``idx`` (each row its own problem). Returns (mean (n, Q) = sum_j w_j x_j over the
+        neighbours' ``embedding_``; var (n, Q) = a X_nbr^T Cov[w] X_nbr per latent dimension, Cov[w]
+        the weights' posterior (EM: sigma eps (X~^T X~ + eps I)^-1; direct: Gamma of eq. 35, the
+        row's LLE coordinate ``e_rows`` (default: its mean map) in H); log-likelihood (n,) of the
+        row's reconstruction, log N(y - ybar; 0, sigma A) with A = X~ X~^T + eps I (module docstring),
+        sigma the row's EM variance (``n_iter_`` updates from b / (D + k'), as the fit ran them; for
+        direct sampling their fixed point))."""
+        k, D = idx.shape[1], Yc.shape[1]
+        dk = D + k - 1
+        mean_w, b, c, logdet_A, eps, L, quad = oos_point_stats(Yc, idx, rows, reg=self.reg)
+        floor = SIGMA_FLOOR * eps / self.reg / k / self.data_scale_**2
+        if self.method == "em":
+            sigma = np.maximum(b / dk, floor)
+            for _ in range(int(self.n_iter_)):
+                sigma = np.maximum((b + c * sigma) / dk, floor)
+            scale = sigma * eps
+        else:
+            sigma = np.maximum(b / (dk - c), floor)
+            E = self.lle_embedding_ * self.data_scale_
+            e_rows = np.einsum("nk,nkq->nq", mean_w, E[idx]) if e_rows is None else e_rows
+            Ec = np.zeros((len(Yc), E.shape[1]))
+            Ec[: len(E)] = E
+            Ec[rows] = e_rows
+            L, _ = direct_point_stats(Yc, idx, rows, E=Ec, reg=self.reg)
+            scale = np.ones(len(rows))
+        Xn = self.embedding_[idx]  # (n, k, Q)
+        T = np.linalg.solve(L, np.einsum("kp,nkq->npq", sum_to_one_basis(k), Xn))  # L^-1 B^T X_nbr
+        var = float(self.cov_scale) * scale[:, None] * np.sum(T**2, axis=1)
+        loglik = -0.5 * (D * np.log(2.0 * np.pi) + D * np.log(sigma) + logdet_A + quad / sigma)
+        return np.einsum("nk,nkq->nq", mean_w, Xn), var, loglik
+
+    def _map_new(self, Y_new):
+        self._check_fitted()
+        Y_new = check_data(Y_new, "Y_new")
+        n, D = self.Y_train_.shape
+        if Y_new.shape[1] != D:
+            raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {D}")
+        nbr, _ = knn_query(self.Y_train_, Y_new, int(self.n_neighbors))  # exact, Euclidean as the fit's
+        return self._map_rows(np.vstack([self.Y_train_, Y_new]), nbr, n + np.arange(len(Y_new)))
+
+    def transform(self, Y_new, return_var: bool = False):
+        """New points (n, D) -> their latent means (n, Q) (and variances (n, Q) with ``return_var``)
+        through the reconstruction weights from their k nearest training points (``_map_rows``),
+        weights fitted as the fit's (same regulariser), the neighbours' latents ``embedding_``. A
+        training row finds itself among its neighbours (distance 0)."""
+        mean, var, _ = self._map_new(Y_new)
+        return (mean, var) if return_var else mean
+
+    def score_samples(self, Y_new) -> np.ndarray:
+        """GLLE's named per-point log density: each new point's reconstruction log-likelihood from
+        its k nearest training points under its weight model (``_map_rows``); higher = better
+        reconstructed by the reference."""
+        return self._map_new(Y_new)[2]
+
+    def reference_score_stats(self, Y_train=None, random_state: int = 0) -> tuple[float, float]:
+        """Median and MAD of the training points' scores (at most ``REFERENCE_SCORE_CELLS``, a
+        seeded subsample), each scored from its fitted neighbours, itself left out, as a new point
+        is (a training row passed to ``score_samples`` would find itself at distance 0)."""
+        self._check_fitted()
+        n = len(self.Y_train_)
+        rows = np.arange(n)
+        if n > REFERENCE_SCORE_CELLS:
+            rng = np.random.default_rng(random_state)
+            rows = np.sort(rng.choice(n, REFERENCE_SCORE_CELLS, replace=False))
+        E = self.lle_embedding_ * self.data_scale_
+        s = self._map_rows(self.Y_train_, self.graph_[rows], rows, E[rows])[2]
+        med = float(np.median(s))
+        mad = float(np.median(np.abs(s - med)))
+        self.score_reference_ = [med, mad if mad > 0 else 1.0]
+        return med, self.score_reference_[1]
+
     def sample_weights(self, random_state=None, cov_scale=None) -> np.ndarray:
         """One draw of all reconstruction weights (N, k)."""
         self._check_fitted()
@@ -371,6 +490,8 @@ class GLLE(LatentModel):
 
     def _draw_weights(self, random_state, cov_scale, client=None):
         a = self.cov_scale if cov_scale is None else check_positive(cov_scale, "cov_scale")
+        if self._factor is None:  # a model loaded by from_arrays: its sampling factors, once
+            self._sampling_factors(client)
         n, k = self.graph_.shape
         z = np.random.default_rng(random_state).standard_normal((n, k - 1))
         (w,) = map_points(
