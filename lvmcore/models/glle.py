@@ -392,7 +392,7 @@ class GLLE(LatentModel):
         factors (per-point statistics of the fit, recomputed exactly) wait for the first draw."""
         Y = check_data(data)
         if len(Y) != len(self.lle_embedding_):
-            raise ValueError(f"data has {Y.shape[0]} rows, the model was fitted on {len(self.lle_embedding_)}")
+            raise ValueError(f"data has {len(Y)} rows, the model was fitted on {len(self.lle_embedding_)}")
         self.Y_train_, self.graph_ = Y, check_graph(graph, Y.shape[0], int(self.n_neighbors))
         self._factor = self._scale = self._order = None
         self._kept = ((None, None), None)  # generation 0 is solved again when asked (same seed)
@@ -405,7 +405,9 @@ class GLLE(LatentModel):
             self._factor, self._scale = L, self.sigma_ * eps
         else:
             E = self.lle_embedding_ * self.data_scale_
-            L, _ = map_points(direct_point_stats, Y, idx, chunks=self.chunks, client=client, E=E, reg=self.reg)
+            L, _ = map_points(
+                direct_point_stats, Y, idx, chunks=self.chunks, client=client, E=E, reg=self.reg
+            )
             self._factor, self._scale = L, np.ones(len(Y))
         if resolve_solver(self.eigen_solver, len(Y)) == "pinned_lu":
             self._order = fill_reducing_order(weight_matrix(self.weights_, idx))
