@@ -29,7 +29,21 @@ from pathlib import Path
 import numpy as np
 
 #: arrays and attributes that change on every run by design: wall times, the run's provenance
-VOLATILE = ("fit_seconds", "time", "created", "started", "finished", "host", "pid", "run_id", "duration", "wall")
+VOLATILE = (
+    "fit_seconds",
+    "time",
+    "created",
+    "started",
+    "finished",
+    "host",
+    "pid",
+    "run_id",
+    "duration",
+    "wall",
+    # a hash of the numerics source files (tasks.store.fingerprint.numerics_version): changes with
+    # every edit of those files by design, so a restructuring changes it while the numbers stay
+    "numerics",
+)
 
 
 def prepare(root: Path) -> None:
@@ -62,13 +76,20 @@ def prepare(root: Path) -> None:
             "model_options": {"bgplvm": {"max_iter": 100, "n_inducing": 20}},
         },
         {
-            "dataset": {"path": pbmc, "preprocess": {"pca": 10, "mask_var": None}, "label_column": "bulk_labels"},
+            "dataset": {
+                "path": pbmc,
+                "preprocess": {"pca": 10, "mask_var": None},
+                "label_column": "bulk_labels",
+            },
             "models": ["ppca", "glle"],
             "grid": {"k": [10], "latent_dim": [2], "seed": [0]},
             "store": "pbmc_all.zarr",
         },
         {
-            "dataset": {"path": str(root / "cite.h5mu"), "modalities": {"rna": {"preprocess": {"log1p": True}}, "prot": {}}},
+            "dataset": {
+                "path": str(root / "cite.h5mu"),
+                "modalities": {"rna": {"preprocess": {"log1p": True}}, "prot": {}},
+            },
             "models": ["mrd", "ppca"],
             "grid": {"latent_dim": [3], "seed": [0]},
             "store": "cite.zarr",
@@ -79,7 +100,9 @@ def prepare(root: Path) -> None:
             "models": ["hgplvm_bayesian"],
             "grid": {"latent_dim": [2], "kappa": [30.0], "seed": [0]},
             "store": "roll_minibatch.zarr",
-            "model_options": {"hgplvm_bayesian": {"training": "minibatch", "batch_size": 100, "max_iter": 60}},
+            "model_options": {
+                "hgplvm_bayesian": {"training": "minibatch", "batch_size": 100, "max_iter": 60}
+            },
         },
     ]
     (root / "extra.json").write_text(json.dumps({"sweeps": sweeps}, indent=1))
@@ -201,7 +224,9 @@ def main() -> int:
         prepare(args.dir)
         return 0
     if args.cmd == "run":
-        run(args.code.resolve(), args.out.resolve(), (args.config or args.out.parent / "extra.json").resolve())
+        run(
+            args.code.resolve(), args.out.resolve(), (args.config or args.out.parent / "extra.json").resolve()
+        )
         return 0
     return compare(args.a, args.b)
 

@@ -37,7 +37,9 @@ def private_imports(root: Path) -> list[str]:
                 continue
             if node.level:
                 base = mod.split(".")
-                target = ".".join(base[: len(base) - node.level + pkg] + ([node.module] if node.module else []))
+                target = ".".join(
+                    base[: len(base) - node.level + pkg] + ([node.module] if node.module else [])
+                )
             else:
                 target = node.module or ""
             if target.split(".")[0] not in CODE or target == mod:
