@@ -86,7 +86,8 @@ def matrix_view(name, path, group, o, where, limit) -> View:
     check_extent(m.shape, what, _EMPTY_FIX.get(bool(group), ""))
     settings = pp.normalise_settings(o.get("preprocess"), where)
     genes = o.get("use_rep") in (None, "X")  # X or a layer: columns are the var table's genes
-    columns = pp.resolve_mask(settings, hdf5.read_var(path, group) if genes else None, where)
+    pca = bool(settings) and settings.get("pca") is not None  # var is read only for a PCA's mask
+    columns = pp.resolve_mask(settings, hdf5.read_var(path, group) if genes and pca else None, where)
     width = pp.output_width(settings, m.shape[1])
     D = m.shape[1] if columns is None else len(columns)
     if settings and settings.get("pca") is not None and settings["pca"] > min(m.shape[0] - 1, D):
