@@ -256,7 +256,7 @@ def check_out_of_sample(m, Y, Ynew, k, gain=1.0):
     new data better than ``gain`` times the plain mean of the k nearest training points in latent
     space. Returns (Xnew, Vnew)."""
     n = len(Ynew)
-    Xnew, Vnew = m.transform(Ynew, return_var=True)
+    Xnew, Vnew = m.transform(Ynew, return_cov=True)
     assert Xnew.shape == (n, 2) and Vnew.shape == (n, 2, 2)
     assert np.all(np.linalg.eigvalsh(Vnew) > 0)
     nn = ((Ynew[:, None, :] - Y[None]) ** 2).sum(-1).argmin(1)

@@ -240,7 +240,7 @@ def test_transform_factorised_fit():
     Y, _, _ = lllvm_swiss_roll(200, 0)
     m = LLLVM(n_neighbors=7, max_iter=15, tol=0, random_state=0, solver="factorised").fit(Y)
     Ynew, _, _ = lllvm_swiss_roll(20, 7)
-    Xnew, Vnew = m.transform(Ynew, return_var=True)
+    Xnew, Vnew = m.transform(Ynew, return_cov=True)
     assert Xnew.shape == (20, 2) and np.all(np.linalg.eigvalsh(Vnew) > 0)
     d2 = ((Ynew[:, None, :] - Y[None]) ** 2).sum(-1)
     spread = np.ptp(m.embedding_, axis=0).max()

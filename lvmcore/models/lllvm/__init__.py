@@ -30,7 +30,7 @@ from .estimator import (
 )
 from .likelihood import FactStats, LikStats, expected_S, gauss_loglik, lik_stats
 from .mstep import update_alpha, update_beta, update_gamma
-from .oos import reconstruct, transform_points
+from .oos import conditional_loglik, reconstruct, transform_points
 from .operators import (
     QC,
     QX,
@@ -68,6 +68,7 @@ __all__ = [
     "lllvm_fit",
     "spectral_init",
     "transform_points",
+    "conditional_loglik",
     "reconstruct",
     "x_quad",
     "c_quad",

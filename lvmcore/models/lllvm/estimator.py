@@ -17,11 +17,11 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from lvmcore import graph as lg
 from lvmcore.checks import check_data
 
-from .._base import LatentModel, stalled
+from .._base import REFERENCE_SCORE_CELLS, LatentModel, stalled
 from .bound import elbo
 from .likelihood import lik_stats
 from .mstep import update_alpha, update_beta, update_gamma
-from .oos import reconstruct, transform_points
+from .oos import conditional_loglik, reconstruct, transform_points
 from .operators import EPSILON_FORMS, LIKELIHOODS, QC, QX, Theta, prepare_graph
 from .qc import update_qc
 from .qx import update_qx
@@ -221,6 +221,21 @@ class LLLVM(LatentModel):
         "alpha": [None, Interval(Real, 0, None, closed="neither")],
         "beta": [None, Interval(Real, 0, None, closed="neither")],
     }
+    #: the store keeps these and q(x), q(C) (``to_arrays``); the training rows and the neighbour
+    #: graph come back as inputs
+    persisted = LatentModel.persisted + (
+        "elbo_trace_",
+        "embedding_cov_",
+        "center_",
+        "scale_",
+        "solver_",
+        "alpha_",
+        "beta_",
+        "gamma_",
+        "C_",
+        "score_reference_",
+    )
+    needs_inputs = ("data", "graph")
 
     def __init__(
         self,
@@ -392,21 +407,118 @@ class LLLVM(LatentModel):
         self.converged_ = self.tol > 0 and stalled(trace, self.tol)
         return self
 
-    def transform(self, Y_new, return_var: bool = False):
-        """Posterior mean (and with ``return_var`` the (M, Q, Q) covariances) of x* for new points: each
-        joins the training graph with edges to its n_neighbors nearest training points; E-step for
-        (x*, C*) with the training posterior and theta frozen (``oos.transform_points``, on the fit's
-        solver). Does not change the fit."""
+    # ------------------------------------------------------------------ the model as arrays
+    def to_arrays(self) -> tuple[dict, dict]:
+        """The contract's arrays and params, with q(x) and q(C) beside them (their means are
+        ``embedding_`` and ``C_``): covariance blocks, and the full covariances of the dense solver."""
+        arrays, params = super().to_arrays()
+        for name, q in (("qx", self.qx_), ("qc", self.qc_)):
+            for part in ("cov", "cov_edge", "full"):
+                if getattr(q, part) is not None:
+                    arrays[f"{name}_{part}"] = getattr(q, part)
+            params["fitted"][f"{name}_logdet_prec"] = float(q.logdet_prec)
+        params["fitted"]["qx_alpha"] = None if self.qx_.alpha is None else float(self.qx_.alpha)
+        return arrays, params
+
+    def _restore(self, data, graph) -> None:
+        """q(x), q(C), theta from the kept arrays; the scaled training rows, the adjacency and the
+        solver's graph quantities from the store's data and neighbour graph, as ``fit`` made them."""
+        Y = check_data(data)
+        if Y.shape != (len(self.embedding_), self.C_.shape[1]):
+            raise ValueError(f"data has shape {Y.shape}, the model was fitted on {self.C_.shape[:2]}")
+        self.Y_train_ = (Y - self.center_) / self.scale_
+        self.adjacency_ = self._graph(Y, graph)
+        self.graph_ = prepare_graph(
+            self.adjacency_, self.solver_, self.chunks, self.likelihood, self.epsilon_form
+        )
+        q = {
+            name: self.__dict__.pop(name, None) for name in list(self.__dict__) if name[:3] in ("qx_", "qc_")
+        }
+        self.qx_ = QX(
+            mean=self.embedding_,
+            cov=q["qx_cov"],
+            cov_edge=q["qx_cov_edge"],
+            logdet_prec=q["qx_logdet_prec"],
+            full=q.get("qx_full"),
+            alpha=q["qx_alpha"],
+        )
+        self.qc_ = QC(
+            mean=self.C_,
+            cov=q["qc_cov"],
+            cov_edge=q["qc_cov_edge"],
+            logdet_prec=q["qc_logdet_prec"],
+            full=q.get("qc_full"),
+        )
+        self.theta_ = Theta(
+            alpha=self.alpha_,
+            beta=self.beta_,
+            gamma=self.gamma_,
+            eps_c=float(self.epsilon_c),
+            eps_y=float(self.epsilon_y),
+        )
+
+    # ------------------------------------------------------------------ new points
+    def _out_of_sample(self, Y_new):
+        """(scaled rows, neighbours, q(x*) mean and cov, q(C*) mean and cov) of new points."""
         self._check_fitted()
         Ytr = self.Y_train_
         Y_new = check_data(Y_new, "Y_new")
         if Y_new.shape[1] != Ytr.shape[1]:
             raise ValueError(f"Y_new has {Y_new.shape[1]} features, the model was fitted on {Ytr.shape[1]}")
         Y_new = (Y_new - self.center_) / self.scale_
-        d2 = np.sum(Y_new**2, 1)[:, None] + np.sum(Ytr**2, 1)[None, :] - 2.0 * Y_new @ Ytr.T
-        nbr = np.argsort(d2, axis=1)[:, : int(self.n_neighbors)]
-        mx, Sx, _, _ = transform_points(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr)
-        return (mx, Sx) if return_var else mx
+        nbr, _ = lg.knn_query(Ytr, Y_new, int(self.n_neighbors))
+        return (Y_new, nbr, *transform_points(Ytr, self.graph_, self.qx_, self.qc_, self.theta_, Y_new, nbr))
+
+    def transform(self, Y_new, return_var: bool = False, return_cov: bool = False):
+        """Posterior mean (M, Q) of x* for new points, with ``return_var`` also the marginal variances
+        (M, Q), with ``return_cov`` the covariances (M, Q, Q): each new point joins the training graph
+        alone with edges to its n_neighbors nearest training points; E-step for (x*, C*) with the
+        training posterior and theta frozen (``oos.transform_points``, on the fit's solver), so a
+        point's answer does not depend on the others transformed with it. Does not change the fit."""
+        _, _, mx, Sx, _, _ = self._out_of_sample(Y_new)
+        if return_cov:
+            return mx, Sx
+        return (mx, np.diagonal(Sx, axis1=1, axis2=2).copy()) if return_var else mx
+
+    def score_samples(self, Y_new) -> np.ndarray:
+        """LL-LVM's per-point likelihood term: log p(y* | the training rows) under the likelihood
+        (``oos.conditional_loglik``) with x*, C* at their out-of-sample posterior means, the training
+        ones at theirs; a density of Y as given (the standardisation's - D log scale). Higher =
+        better represented."""
+        Ys, nbr, mx, _, Cs, _ = self._out_of_sample(Y_new)
+        Ytr, x, C = self.Y_train_, self.embedding_, self.C_
+        et = np.einsum("mkdq,mkq->md", Cs[:, None] + C[nbr], mx[:, None, :] - x[nbr])
+        others = np.broadcast_to(Ytr.sum(axis=0), Ys.shape) if self.epsilon_form == "ones" else None
+        ll = conditional_loglik(
+            Ys, np.full(len(Ys), nbr.shape[1]), et, Ytr[nbr].sum(axis=1), self.theta_, others
+        )
+        return ll - Ys.shape[1] * np.log(self.scale_)
+
+    def reference_score_stats(self, Y_train=None, random_state: int = 0) -> tuple[float, float]:
+        """Median and MAD of the training points' likelihood terms (at most ``REFERENCE_SCORE_CELLS``,
+        a seeded subsample): each training row's log p(y_i | the other rows) in the fitted model at
+        the posterior means, as ``score_samples`` scores a new row (a training row passed to it would
+        find itself among its neighbours)."""
+        self._check_fitted()
+        Y, x, C, g = self.Y_train_, self.embedding_, self.C_, self.graph_
+        n = len(Y)
+        rows = np.arange(n)
+        if n > REFERENCE_SCORE_CELLS:
+            rows = np.sort(
+                np.random.default_rng(random_state).choice(n, REFERENCE_SCORE_CELLS, replace=False)
+            )
+        v = np.einsum("edq,eq->ed", C[g.ei] + C[g.ej], x[g.ei] - x[g.ej])
+        et = np.zeros_like(Y)
+        np.add.at(et, g.ei, v)
+        np.add.at(et, g.ej, -v)
+        others = Y.sum(axis=0) - Y[rows] if self.epsilon_form == "ones" else None
+        nbr_sum = np.asarray(g.W @ Y)[rows]
+        s = conditional_loglik(Y[rows], g.deg[rows], et[rows], nbr_sum, self.theta_, others)
+        s = s - Y.shape[1] * np.log(self.scale_)
+        med = float(np.median(s))
+        mad = float(np.median(np.abs(s - med)))
+        self.score_reference_ = [med, mad if mad > 0 else 1.0]
+        return med, self.score_reference_[1]
 
     def inverse_transform(self, X):
         """Reconstruction of section 4.2 from the n_neighbors nearest training latents (both likelihoods:

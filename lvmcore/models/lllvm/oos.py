@@ -11,7 +11,11 @@ by coordinate ascent (``transform_points``, on the fit's solver and likelihood):
 - gaussian likelihood, factorised solver: the same in the per-point factorised family, CG on the new
   points' block of each factorised system (``qx.x_system``, ``qc.c_system``).
 
-The new points of one batch join the graph together.
+Each new point is its own problem: it joins the training graph alone (so its answer never depends
+on which other points are transformed with it), and its coordinate ascent stops by its own rule.
+
+``conditional_loglik`` is the model's per-point likelihood term: the log-density of y_i given every
+other row under the likelihood, at the posterior means (both likelihoods give the same conditional).
 """
 
 from __future__ import annotations
@@ -40,10 +44,6 @@ from .qx import x_system
 
 #: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
 OOS_SWEEPS = 50
-#: new points per enlarged dense model under the gaussian likelihood
-OOS_BATCH = 256
-#: new points per enlarged graph of the factorised solver
-OOS_BATCH_FACTORISED = 2000
 
 
 def transform_points(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, sweeps: int = OOS_SWEEPS):
@@ -51,8 +51,8 @@ def transform_points(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, *, swe
     solver and likelihood (``g``, the training graph).
 
     ``nbr`` (M, k): training neighbours of each new point (the new point joins the graph with these
-    edges; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*). Returns mean
-    (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
+    edges, alone; the training graph is unchanged). Coordinate ascent over q(x*) and q(C*), per
+    point. Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov (M, Q, Q).
     """
     if g.solver == "factorised":
         return _transform_factorised(Y, g, qx, qc, th, Ynew, nbr, sweeps)
@@ -74,35 +74,38 @@ def _transform_decoupled(Y, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
     S_j = qx.cov[nbr]  # (M, k, Q, Q)
     Cj = qc.mean[nbr]  # (M, k, D, Q)
     Mj = Mtr[nbr]
-    a = Y[nbr] - Ynew[:, None, :]  # y_j - y*  (M, k, D)
+    a_ = Y[nbr] - Ynew[:, None, :]  # y_j - y*  (M, k, D)
     # x-independent pieces of q(x*)
     P_fix = (th.alpha + 2.0 * k) * eye + th.gamma * Mj.sum(1)
     h_fix = 2.0 * mu_j.sum(1) + th.gamma * (
-        np.einsum("mkdq,mkd->mq", Cj, -a) + np.einsum("mkqr,mkr->mq", Mj, mu_j)
+        np.einsum("mkdq,mkd->mq", Cj, -a_) + np.einsum("mkqr,mkr->mq", Mj, mu_j)
     )
-    PC = None
     mx = mu_j.mean(1)
     Sx = np.zeros((m, Q, Q))
     Cs = np.zeros((m, D, Q))
     SC = np.zeros((m, Q, Q))
+    a = np.arange(m)  # the points still moving: each stops by its own rule
     for _ in range(int(sweeps)):
         # q(C*): precision gamma Gamma* + beta (eps_c + 2k) I, shared by the D rows
-        dm = mu_j - mx[:, None, :]  # <x_j - x*>
-        Gam = S_j.sum(1) + k * Sx + np.einsum("mkq,mkr->mqr", dm, dm)
+        dm = mu_j[a] - mx[a][:, None, :]  # <x_j - x*>
+        Gam = S_j[a].sum(1) + k * Sx[a] + np.einsum("mkq,mkr->mqr", dm, dm)
         PC = th.gamma * Gam + th.beta * (th.eps_c + 2.0 * k) * eye
-        Hs = np.einsum("mkd,mkq->mdq", a, dm)
-        rhs = th.gamma * Hs + 2.0 * th.beta * Cj.sum(1)  # (M, D, Q)
-        SC = np.linalg.solve(PC, np.broadcast_to(eye, PC.shape))
-        Cs = np.swapaxes(np.linalg.solve(PC, np.swapaxes(rhs, 1, 2)), 1, 2)
-        Ms = D * SC + np.einsum("mdq,mdr->mqr", Cs, Cs)
+        Hs = np.einsum("mkd,mkq->mdq", a_[a], dm)
+        rhs = th.gamma * Hs + 2.0 * th.beta * Cj[a].sum(1)  # (M, D, Q)
+        SC[a] = np.linalg.solve(PC, np.broadcast_to(eye, PC.shape))
+        Cs[a] = np.swapaxes(np.linalg.solve(PC, np.swapaxes(rhs, 1, 2)), 1, 2)
+        Ms = D * SC[a] + np.einsum("mdq,mdr->mqr", Cs[a], Cs[a])
         # q(x*)
-        P = P_fix + th.gamma * k * Ms
-        h = h_fix + th.gamma * (-np.einsum("mdq,mkd->mq", Cs, a) + np.einsum("mqr,mkr->mq", Ms, mu_j))
+        P = P_fix[a] + th.gamma * k * Ms
+        h = h_fix[a] + th.gamma * (
+            -np.einsum("mdq,mkd->mq", Cs[a], a_[a]) + np.einsum("mqr,mkr->mq", Ms, mu_j[a])
+        )
         mx_new = np.linalg.solve(P, h[..., None])[..., 0]
-        Sx = np.linalg.solve(P, np.broadcast_to(eye, P.shape))
-        done = np.max(np.abs(mx_new - mx)) <= 1e-12 * (1.0 + np.max(np.abs(mx_new)))
-        mx = mx_new
-        if done:
+        Sx[a] = np.linalg.solve(P, np.broadcast_to(eye, P.shape))
+        done = np.max(np.abs(mx_new - mx[a]), axis=1) <= 1e-12 * (1.0 + np.max(np.abs(mx_new), axis=1))
+        mx[a] = mx_new
+        a = a[~done]
+        if not len(a):
             break
     return mx, Sx, Cs, SC
 
@@ -117,6 +120,24 @@ def reconstruct(Y, qx: QX, qc: QC, X, k: int):
     return np.mean(Y[nb] + np.einsum("mkdq,mkq->mkd", qc.mean[nb], diff), axis=1)
 
 
+def conditional_loglik(Y, deg, et, nbr_sum, th: Theta, others_sum=None):
+    """log p(y_i | every other row) (M,) under the likelihood at the posterior means, for rows Y
+    (M, D) of degree ``deg`` (M,) with e~_i = sum_j (C_i + C_j)(x_i - x_j) at the means (``et``,
+    (M, D); ``operators.etilde``) and their neighbours' rows summed (``nbr_sum``, (M, D)):
+    Sigma_y^-1 = eps_y O + 2 gamma L (kron I_D) and the linear term e = gamma e~ make it
+    N(mu_i, s_i^-1 I_D) with s_i = eps_y + 2 gamma deg_i and s_i mu_i = gamma e~_i + 2 gamma nbr_sum_i
+    (- eps_y times the sum of every other row, ``others_sum``, under eps 1 1^T). The quadratic
+    variant's exp(-eps_y |y|^2 / 2 - gamma S / 2) has the same conditional (S counts each edge both
+    ways)."""
+    D = Y.shape[1]
+    s = th.eps_y + 2.0 * th.gamma * np.asarray(deg, dtype=np.float64)
+    h = th.gamma * et + 2.0 * th.gamma * nbr_sum
+    if others_sum is not None:
+        h = h - th.eps_y * others_sum
+    r = Y - h / s[:, None]
+    return -0.5 * D * np.log(2.0 * np.pi / s) - 0.5 * s * np.einsum("md,md->m", r, r)
+
+
 def _conditional(P, rhs, nt: int, fixed_mean):
     """Moments of the new block of N(P^{-1} rhs, P^{-1}) with the first ``nt`` rows held at
     ``fixed_mean`` in expectation (the optimum of a factor q(new) with q(train) frozen):
@@ -129,13 +150,13 @@ def _conditional(P, rhs, nt: int, fixed_mean):
 
 
 def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
-    """The gaussian likelihood on the dense solver: batches of new points on the enlarged dense model."""
+    """The gaussian likelihood on the dense solver: each new point alone on the enlarged dense model
+    (through (eps_y O + 2 gamma L*)^-1 the points of one enlarged model would move each other)."""
     Y = np.asarray(Y, dtype=np.float64)
     Ynew = np.asarray(Ynew, dtype=np.float64)
-    m = Ynew.shape[0]
     outs = [
-        _transform_batch_dense(Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH], nbr[a : a + OOS_BATCH], sweeps)
-        for a in range(0, m, OOS_BATCH)
+        _transform_batch_dense(Y, g, qx, qc, th, Ynew[a : a + 1], nbr[a : a + 1], sweeps)
+        for a in range(Ynew.shape[0])
     ]
     return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
 
@@ -187,15 +208,14 @@ def _transform_batch_dense(Y, g, qx, qc, th, Ynew, nbr, sweeps):
 
 # --------------------------------------------------------------------------- factorised solver
 def _transform_factorised(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
-    """Out-of-sample E-step in the factorised family (paper 000 section 4.2): the new points of a
-    batch join the training graph with edges to their training neighbours ``nbr`` (M, k); the training
-    factors and theta stay frozen; q(x*_i) and q(C*_i) per new point by coordinate ascent (CG on the new
-    points' block of each system). Returns mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov."""
+    """Out-of-sample E-step in the factorised family (paper 000 section 4.2): each new point joins
+    the training graph alone with edges to its training neighbours ``nbr`` (M, k) (new points sharing
+    a neighbour would move each other through Lt); the training factors and theta stay frozen;
+    q(x*) and q(C*) by coordinate ascent (CG on the new point's block of each system). Returns mean
+    (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov."""
     outs = [
-        _transform_batch_factorised(
-            Y, g, qx, qc, th, Ynew[a : a + OOS_BATCH_FACTORISED], nbr[a : a + OOS_BATCH_FACTORISED], sweeps
-        )
-        for a in range(0, len(Ynew), OOS_BATCH_FACTORISED)
+        _transform_batch_factorised(Y, g, qx, qc, th, Ynew[a : a + 1], nbr[a : a + 1], sweeps)
+        for a in range(len(Ynew))
     ]
     return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
 
