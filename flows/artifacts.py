@@ -20,6 +20,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from tasks.results.selection import summary_rows
+
 
 def artifact_key(store, kind: str) -> str:
     """``embed-sweep-<store name>-<6 hex of its absolute path>-<kind>`` (Prefect keys: lowercase
@@ -53,8 +55,6 @@ def publish_results(store, report: str | None, failures=(), notes=()) -> dict:
     """The summary table and the links artifact; returns {kind: artifact id}. ``failures``: the
     distinct reasons of failed grid points (tasks.store.failure_summary), ``notes``: what the
     evaluation left out or could not compute; both are listed in the links artifact."""
-    from tasks.results.selection import summary_rows
-
     rows = [{k: _cell(v) for k, v in row.items()} for row in summary_rows(store)]
     ids = {
         "summary": create_table_artifact(
