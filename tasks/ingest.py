@@ -79,8 +79,8 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     (lvmcore.data.ingest_source), never held whole: the worker that ingests holds one block at a
     time; a preprocessing PCA runs its passes on this worker's cluster (:func:`preprocessing_client`).
     An .h5ad / .h5mu file's store records its plan's fingerprint (the file's content and the
-    options, lvmcore.data.sources.plan): a store with it is reused as it is, its preprocessing (PCA)
-    included, when the sweep resumes or grows. A named data set is drawn here, on the
+    options, lvmcore.data.sources.planned): a store with it is reused as it is, its preprocessing
+    (PCA) included, when the sweep resumes or grows. A named data set is drawn here, on the
     worker (the flow planned from its recipe, lvmcore.data.recipe_fingerprint): a store is reused
     only if it records this recipe and the content just drawn."""
     src, opts = dataset_spec(dataset)
