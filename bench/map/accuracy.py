@@ -1,0 +1,151 @@
+"""Mapping new cells onto a fitted model, on scanpy's pbmc68k_reduced (X_pca, 700 cells, label
+bulk_labels), as `embed-sweep map` does it (tasks.results.mapping: the model's per-cell transform,
+its mapping score, 15-NN distance-weighted label transfer):
+
+- label transfer over 5 stratified 80/20 splits: the mapped 20%'s accuracy against the same
+  model's when those cells are fitted with the reference (the same 15-NN transfer from the other
+  80%'s embedding);
+- cells of a kind the reference lacks: one bulk_labels category left out of the reference, its
+  cells and the other categories' held-out 20% mapped; the AUROC of -mapping score (low = new);
+- MRD's cross-modal prediction on the two-view toy (paper 004) beside ridge and 10-NN regression
+  on the same split (median per-feature Pearson r; the 95% interval's coverage).
+
+    .venv/bin/python -m bench.map.accuracy [--models ppca,bgplvm_rbf] [--splits 5]
+
+Models are built as the sweep builds them (tasks.registry: the key's fixed options) at latent_dim 5,
+seed 0, with ``--options`` JSON on top."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+from bench.common import pin_one_core
+
+LEAVE_OUT = ("CD19+ B", "CD34+")
+
+
+def pbmc():
+    import anndata as ad
+    import scanpy as sc
+
+    a = ad.read_h5ad(os.path.join(os.path.dirname(sc.__file__), "datasets", "10x_pbmc68k_reduced.h5ad"))
+    return a.obsm["X_pca"].astype(np.float64), a.obs["bulk_labels"]
+
+
+def split(labels, seed, frac=0.8, leave_out=None):
+    rng = np.random.default_rng(seed)
+    ref, qry = [], []
+    for cat in labels.cat.categories:
+        rows = rng.permutation(np.flatnonzero((labels == cat).to_numpy()))
+        if cat == leave_out:
+            qry += rows.tolist()
+            continue
+        cut = int(round(frac * len(rows)))
+        ref += rows[:cut].tolist()
+        qry += rows[cut:].tolist()
+    return np.sort(ref), np.sort(qry)
+
+
+def build(key, q, options):
+    from tasks.registry import MODELS
+
+    spec = MODELS[key]
+    return spec.estimator_class()(**spec.constructor_args({"latent_dim": q, "seed": 0}, options.get(key, {})))
+
+
+def auroc(score_new, score_kept):
+    """P(a new cell scores below a kept one) (ties: one half): the AUROC of -score."""
+    from scipy.stats import mannwhitneyu
+
+    u = mannwhitneyu(score_kept, score_new).statistic
+    return float(u / (len(score_new) * len(score_kept)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="ppca,bgplvm_rbf")
+    ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--latent-dim", type=int, default=5)
+    ap.add_argument("--options", default="{}")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: labels, novel, predict")
+    a = ap.parse_args()
+    print(f"on core {pin_one_core()}")
+    from tasks.results.mapping import map_cells, transfer_labels
+
+    Y, labels = pbmc()
+    names, codes, truth = list(labels.cat.categories), labels.cat.codes.to_numpy(), labels.to_numpy()
+    opts = json.loads(a.options)
+    skip = set(a.skip.split(","))
+    for key in a.models.split(","):
+        if "labels" not in skip:
+            diffs = []
+            for s in range(a.splits):
+                ref, qry = split(labels, s)
+                t0 = time.perf_counter()
+                est = build(key, a.latent_dim, opts).fit(Y[ref])
+                est.reference_score_stats(Y[ref])
+                got = map_cells(est, Y[qry])
+                cat, _ = transfer_labels(est.embedding_, codes[ref], names, got["mean"])
+                mapped = float((np.asarray(cat) == truth[qry]).mean())
+                full = build(key, a.latent_dim, opts).fit(Y)
+                cat, _ = transfer_labels(full.embedding_[ref], codes[ref], names, full.embedding_[qry])
+                fitted = float((np.asarray(cat) == truth[qry]).mean())
+                diffs.append(mapped - fitted)
+                print(
+                    f"{key} split {s}: mapped {mapped:.3f}, fitted with the reference {fitted:.3f} "
+                    f"({time.perf_counter() - t0:.1f} s)",
+                    flush=True,
+                )
+            print(f"{key}: mean(mapped - fitted) over {a.splits} splits = {np.mean(diffs):+.4f}", flush=True)
+        if "novel" not in skip:
+            for cat in LEAVE_OUT:
+                ref, qry = split(labels, 0, leave_out=cat)
+                est = build(key, a.latent_dim, opts).fit(Y[ref])
+                est.reference_score_stats(Y[ref])
+                got = map_cells(est, Y[qry])
+                new = truth[qry] == cat
+                score_auc = auroc(got["score"][new], got["score"][~new])
+                var = got["var"].sum(axis=1) if got["var"] is not None else None
+                var_auc = auroc(-var[new], -var[~new]) if var is not None else float("nan")
+                print(
+                    f"{key} leaving out {cat}: AUROC mapping score {score_auc:.3f} (variance: {var_auc:.3f})"
+                )
+    if "predict" not in skip:
+        predict_toy()
+
+
+def predict_toy(n=500, seed=0):
+    """MRD's prediction of view 1 from view 0 for the 20% held out, beside ridge and 10-NN."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.neighbors import KNeighborsRegressor
+
+    from lvmcore.data.synthetic import mrd_toy
+    from lvmcore.models import MRD
+
+    views, _ = mrd_toy(n, seed=seed)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    tr, te = np.sort(perm[: int(0.8 * n)]), np.sort(perm[int(0.8 * n) :])
+    A, B = views
+    est = MRD(n_components=8, kernel="linear", max_iter=1000, random_state=0).fit([A[tr], B[tr]])
+    mean, var = est.predict({0: A[te]}, 1)
+    ridge = RidgeCV().fit(A[tr], B[tr]).predict(A[te])
+    knn = KNeighborsRegressor(10).fit(A[tr], B[tr]).predict(A[te])
+    for name, P in (("MRD", mean), ("ridge", ridge), ("10-NN", knn)):
+        print(f"predict view 1 from view 0: {name} median r {median_r(P, B[te]):.3f}")
+    z = np.abs(mean - B[te]) / np.sqrt(var)
+    print(f"MRD's 95% interval covers {100 * float((z <= 1.959964).mean()):.1f}% of held-out values")
+
+
+def median_r(P, T):
+    r = [np.corrcoef(P[:, j], T[:, j])[0, 1] for j in range(T.shape[1]) if T[:, j].std() > 0]
+    return float(np.median(r))
+
+
+if __name__ == "__main__":
+    main()
