@@ -1,4 +1,4 @@
-"""`embed-sweep` command line: run, show, report, datasets."""
+"""`embed-sweep` command line: run, show, report, verify, export, map, datasets."""
 
 from __future__ import annotations
 
@@ -558,6 +558,64 @@ def _add_export_parser(sub) -> None:
     e.set_defaults(fn=cmd_export)
 
 
+def cmd_map(a) -> int:
+    """`map STORE --dataset SPEC --to OUT`: new cells onto the store's fitted models (flows.map), in a
+    copy of the query file; every refusal (tasks.results.mapping.plan_map) before any server starts."""
+    _env_defaults()
+    from flows.server import local_server
+    from tasks.results.mapping import plan_map
+    from tasks.results.selection import parse_setting
+
+    setting = parse_setting(a.setting)
+    dataset = _json_arg(a.dataset, "dataset") if a.dataset.startswith("{") else a.dataset
+    spec = _cluster_arg(a.cluster, a.connect_timeout)
+    models = _models_arg(a.model) if a.model is not None else None
+    args = dict(models=models, setting=setting, predict=a.predict, fill_missing=a.fill_missing)
+    flags = dict(overwrite=a.overwrite, replace_file=a.replace_file)
+    plan = plan_map(a.store, dataset, a.to, **args, **flags)
+    print(f"query {plan['query'].get('path')}: mapping onto {', '.join(plan['models'])} of {plan['store']}")
+    out = Path(a.to).resolve().parent
+    out.mkdir(parents=True, exist_ok=True)
+    from flows.map import embed_sweep_map  # Prefect's import (seconds): after every refusal
+
+    with local_server(out / "prefect-server.log") as url:
+        print(f"Prefect API: {url}")
+        res = embed_sweep_map(a.store, dataset, a.to, **args, cluster=spec, **flags)
+    for view, (dropped, filled) in res["genes"].items():
+        print(
+            f"  {view}: {dropped} query genes not in the reference dropped, "
+            f"{filled} reference genes filled with zeros"
+        )
+    print(
+        f"wrote {res['path']}: a copy of the query ({res['n_obs']} cells) with "
+        + ", ".join(f"X_{m} ({s})" for m, s in res["models"].items())
+        + (f"; labels {res['labels']}" if res["labels"] else "")
+    )
+    if res["moved_aside"]:
+        print(f"moved the file that was at {a.to} aside to {res['moved_aside']} (--replace-file)")
+    return EXIT_OK
+
+
+def _add_map_parser(sub) -> None:
+    m = sub.add_parser(
+        "map", help="map new cells onto a finished sweep's fitted models (a copy of the query)"
+    )
+    m.add_argument("store")
+    m.add_argument("--dataset", required=True, help="the query: a path or JSON, with run's data options")
+    m.add_argument("--to", required=True, help="output file (.h5ad / .h5mu as the query): a copy of it")
+    m.add_argument("--model", help="comma-separated model keys (default every model in the store)")
+    m.add_argument("--setting", help="named setting, e.g. k=8,latent_dim=2,seed=0 (default: the chosen one)")
+    m.add_argument("--predict", metavar="MODALITY", help="predict this modality the query lacks (MRD)")
+    m.add_argument(
+        "--fill-missing", choices=["zeros"], help="fill reference genes the query lacks with zeros"
+    )
+    m.add_argument("--cluster", help="number of local workers, tcp://scheduler:8786, or a JSON spec")
+    m.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, metavar="SECONDS")
+    m.add_argument("--overwrite", action="store_true", help="replace keys of the query file the map writes")
+    m.add_argument("--replace-file", action="store_true", help="move an existing --to aside (never deleted)")
+    m.set_defaults(fn=cmd_map)
+
+
 def _log_note() -> str:
     """Where the tasks' tracebacks of a failure went, if any did (flows.errors)."""
     log = written_log()
@@ -617,6 +675,7 @@ def main(argv=None) -> int:
     v.add_argument("store")
     v.set_defaults(fn=cmd_verify)
     _add_export_parser(sub)
+    _add_map_parser(sub)
     d = sub.add_parser("datasets", help="what can be loaded")
     d.set_defaults(fn=cmd_datasets)
     a = p.parse_args(argv)
