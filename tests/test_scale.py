@@ -111,8 +111,9 @@ def test_store_point_dimension_is_chunked(tmp_path, monkeypatch):
     and the cells read back as written."""
     from tasks import store as st
     from tasks.registry import MODELS
+    from tasks.store import schema
 
-    monkeypatch.setattr(st, "POINT_CHUNK", 100)
+    monkeypatch.setattr(schema, "POINT_CHUNK", 100)  # read where the arrays are laid out
     spec = MODELS["bgplvm_rbf"]
     grid = {"latent_dim": [2], "seed": [0, 1]}
     layout = st.Layout(n_points=250, q_max=2, trace_len={spec.key: 5})

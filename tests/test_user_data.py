@@ -212,6 +212,7 @@ def test_a_store_being_written_is_exported_only_with_partial(pbmc, tmp_path, cap
         "run the sweep again",
         "--partial",
     )
+    out = tmp_path / "out_pending.h5ad"  # a new file: out.h5ad is the first export (kept, not replaced)
     assert cli_main(["export", str(copy), "--to", str(out), "--partial"]) == 0
     assert "partial export: 1 of 2 grid points pending" in capsys.readouterr().out
     got = read_h5ad(out)
