@@ -79,9 +79,6 @@ def embed_sweep_map(
     for note in plan["query"]["notes"]:
         print(f"note: {note}")
     read = mapping.read_query(plan)
-    for m in plan["models"]:
-        if "setting" in plan["models"][m]:
-            mapping.check_width(plan, m, mapping.model_input(plan, read, m))
     spec = normalise_cluster(cluster)
     if os.environ.get("PREFECT_API_URL") is None and PREFECT_API_URL.value():
         os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()  # worker processes talk to the same API

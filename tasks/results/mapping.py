@@ -147,6 +147,7 @@ def plan_map(
             f"{src} lacks the reference's modalities {miss}; pass --predict {miss[0]} (an MRD model "
             "predicts a missing modality), or give a query with every modality"
         )
+    check_widths(path, ref, query)
     keys = keys or list(groups)
     chosen = {}
     for m in keys:
@@ -270,6 +271,40 @@ def _plan_view(path: str, v: dict, fill_missing, notes: list) -> dict:
         )
     out.update(columns=cols.tolist(), dropped=dropped, filled=filled, width=len(ref_genes))
     return out
+
+
+def reference_widths(store) -> dict:
+    """{view name: the width the reference's models were fitted on} (its ingested views), and
+    ``"Y"``: the single-view models' matrix."""
+    g = zarr.open_group(str(store_data_path(store)), mode="r")
+    names = [v["name"] for v in reference_views(store)["views"]]
+    out = {"Y": int(g["Y"].shape[1])}
+    views = [k for k in sorted(g.array_keys()) if k.startswith("view_")]
+    if views and len(views) == len(names):
+        out.update({n: int(g[f"view_{i}"].shape[1]) for i, n in enumerate(names)})
+    elif len(names) == 1:
+        out[names[0]] = out["Y"]
+    return out
+
+
+def check_widths(store, ref: dict, query: dict) -> None:
+    """A query of another width than the reference's fitted matrix: refused, naming both."""
+    want = reference_widths(store)
+    if query["kind"] == "other":
+        from lvmcore.data import describe  # the loaders: only for a query that is not an AnnData file
+
+        src, opts = query["path"], query["options"]
+        have = {"Y": int(describe(src, **opts)["sizes"]["feature"])}
+    else:
+        pca = {v["name"]: v["preprocess"] for v in ref["views"]}
+        have = {n: int((pca[n] or {}).get("pca") or v["width"]) for n, v in query["views"].items()}
+    for name, width in have.items():
+        if name in want and width != want[name]:
+            what = "the query" if name in ("X", "Y") else f"the query's modality {name}"
+            raise ValueError(
+                f"{what} has {width} columns and the reference's models were fitted on {want[name]}; "
+                "give data of the reference's features (an .h5ad / .h5mu query is matched by var_names)"
+            )
 
 
 def check_output(
@@ -396,27 +431,6 @@ def model_input(plan: dict, read: dict, model: str):
     if ref["fitted"] == "concat" and len(names) > 1:
         return np.hstack([views[n] for n in names])
     return views[ref["fitted"]] if ref["fitted"] in views else views[order[0]]
-
-
-def check_width(plan: dict, model: str, Y) -> None:
-    """A query of another width than the model was fitted on: refused, naming both."""
-    est = reference_model(plan["store"], model, json.dumps(plan["models"][model]["setting"], sort_keys=True))
-    want = _fitted_width(est)
-    if isinstance(Y, dict) or want is None:
-        return
-    if Y.shape[1] != want:
-        raise ValueError(
-            f"the query has {Y.shape[1]} columns and model {model} was fitted on {want}; give data of the "
-            "reference's features (an .h5ad / .h5mu query is matched by var_names)"
-        )
-
-
-def _fitted_width(est):
-    for name in ("mean_", "Y_mean_", "data_mean_"):
-        value = getattr(est, name, None)
-        if isinstance(value, np.ndarray) and value.ndim == 1:
-            return int(value.shape[0])
-    return None
 
 
 # --- one chunk of cells: the work of a Dask task --------------------------------------------------
