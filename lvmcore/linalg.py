@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg as sla
+from scipy.linalg import lapack
 
 __all__ = [
     "chol_inverse",
@@ -76,7 +77,7 @@ def jitter_escalation(current: float = 0.0) -> list[float]:
 def cholesky_jax(A, rel_jitter=0.0):
     """JAX, float64: lower Cholesky factor of A + rel_jitter * mean(diag A) * I (NaN where A is not
     positive definite: the caller retries with the next value of :func:`jitter_schedule`)."""
-    import jax
+    import jax  # here: the numpy users of this module (LL-LVM, sparse_chol) do not load jax (seconds)
     import jax.numpy as jnp
 
     with jax.enable_x64(True):
@@ -160,8 +161,6 @@ def chol_inverse_lower(K, what: str = "K"):
     potrf + potri; the upper triangle of the first result is left as it was (see
     :func:`chol_inverse`). Raises ``np.linalg.LinAlgError`` naming ``what`` if K is not positive
     definite."""
-    from scipy.linalg import lapack
-
     L, info = lapack.dpotrf(np.asarray(K, dtype=np.float64), lower=1, clean=0)
     if info != 0:
         raise np.linalg.LinAlgError(f"{what} is not positive definite (potrf info {info})")

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.optimize import minimize
 
 from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, inner, proj, project_to_manifold, transp
 
@@ -67,8 +68,6 @@ def lbfgs(fg, x, *, n_values, max_iter, tol, gtol=1e-8, bounds=None, callback=No
     (:func:`stalled`) are per data value; ``gtol`` is on the gradient of f itself (its inf-norm
     per data value is compared, the same test at any size). ``tol = 0`` and ``gtol = 0`` run the
     whole budget. ``fg`` may return ``inf`` for a rejected trial point."""
-    from scipy.optimize import minimize
-
     nv = float(n_values)
     f0 = float(fg(x)[0])
     if not np.isfinite(f0):

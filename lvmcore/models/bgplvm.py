@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import solve_triangular
+from scipy.optimize import minimize
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from lvmcore import collapsed
@@ -390,8 +391,6 @@ class BaseCollapsedGPLVM(LatentModel):
         new rows in one vectorised optimisation). ``observed`` maps view index -> (N*, D_v) array
         (raw units). Returns (mu*, S*)."""
         self._check_fitted()
-        from scipy.optimize import minimize
-
         if not observed:
             raise ValueError("observed must name at least one view, e.g. {0: Y0_new}")
         V = len(self.kinds_)

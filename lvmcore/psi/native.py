@@ -52,7 +52,12 @@ import threading
 import warnings
 from pathlib import Path
 
+import jax
+import jax.ffi
+import jax.numpy as jnp
 import numpy as np
+
+from lvmcore import user_cache_dir
 
 SOURCE = Path(__file__).with_name("_pairs.c")
 FFI_SOURCE = Path(__file__).with_name("_pairs_ffi.cc")
@@ -68,8 +73,6 @@ _state: dict = {}  # "lib": ctypes library or None, "reason": why not
 
 
 def cache_dir() -> Path:
-    from lvmcore import user_cache_dir
-
     return Path(os.environ.get(ENV_DIR) or user_cache_dir("native"))
 
 
@@ -117,9 +120,6 @@ def _run(cmd: list[str]) -> None:
 def _build() -> Path:
     """Compile (or find in the cache) the shared library: the C kernel and its XLA FFI handlers
     (C++, against the headers jaxlib ships). Raises RuntimeError with the reason."""
-    import jax
-    import jax.ffi
-
     cc, cxx = _compilers()
     cflags = ["-O3", "-std=gnu11", "-fPIC", "-Wno-psabi", *_cpu_flags()]
     cxxflags = ["-O2", "-std=c++17", "-fPIC", "-I", jax.ffi.include_dir()]
@@ -167,8 +167,6 @@ def _load(path: Path):
     err = np.abs(y - ref) / np.maximum(ref, 1e-300)
     if not np.all(err[x > -700.0] < 1e-14) or np.any(y[x < -708.0] != 0.0):
         raise RuntimeError(f"self check failed: exp relative error {err[x > -700].max():.3g}")
-    import jax.ffi
-
     for name, symbol in FFI_TARGETS.values():
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return lib
@@ -218,17 +216,12 @@ def unavailable_reason() -> str | None:
 
 
 def _f64(*shape):
-    import jax
-    import jax.numpy as jnp
-
     return jax.ShapeDtypeStruct(shape, jnp.float64)
 
 
 def _ffi(kind: str, result, *args, **attributes):
     """The kernel's XLA custom call ``FFI_TARGETS[kind]`` on the jax arrays ``args``, with result
     shape(s) ``result`` (:func:`_f64`) and the handler's ``attributes``."""
-    import jax
-
     return jax.ffi.ffi_call(FFI_TARGETS[kind][0], result, vmap_method="sequential")(*args, **attributes)
 
 

@@ -220,6 +220,7 @@ class BaseHyperboloidGPLVM(LatentModel):
         self.minibatch_ = float(training == "minibatch")
         return self
 
+    @x64  # as inside the trainings: the state's arrays converted in float64
     def _set_fitted(self, t: Trained):
         """The fitted state both trainings set: the points (means) X on the hyperboloid and in the
         Poincare ball, their variances S (None: point, sparse), the inducing inputs Z (None:
