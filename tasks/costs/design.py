@@ -150,7 +150,7 @@ PLAN = {
         iteration=["1", "N*M", "N*M^2", "N*M*D", "M^3"],
         memory=["1", "N*M"],
     ),
-    # its minibatch fit (point latents, lvmcore.models.hgplvm_svi): the fixed part holds the PCA
+    # its minibatch fit (point latents, lvmcore.models.hgplvm.minibatch): the fixed part holds the PCA
     # start, the per-point pass (local_iter steps over every row: N M^2, N M D) and the final pass;
     # a step is one batch. 100 steps for the per-step difference (milliseconds each)
     "hgplvm_sparse/minibatch": dict(
