@@ -60,6 +60,16 @@ def _with_sources(data: dict, data_path: str, graph, graph_path):
     return Y, views, graph
 
 
+def fitted_model(est) -> tuple[tuple | None, str]:
+    """The fitted estimator as plain arrays and params (``to_arrays()``, kept in the result store:
+    tasks.store.models), or None and why an estimator refused (the point's embedding and metrics
+    are kept either way; loading its model then names the reason)."""
+    try:
+        return est.to_arrays(), ""
+    except (NotImplementedError, TypeError, AttributeError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
 def fit_point(
     key: str,
     options: dict,
@@ -118,6 +128,7 @@ def fit_point(
         for name in spec.extras:  # learned quantities the registry asks for, e.g. ard_weights_, alpha_
             if name not in ("generations", "scale_study") and getattr(est, name + "_", None) is not None:
                 res.extras[name] = np.asarray(getattr(est, name + "_"), dtype=np.float64)
+        res.model, res.model_error = fitted_model(est)
         res.status = "done"
     except Exception as e:  # recorded per grid point; the sweep goes on
         last = traceback.extract_tb(e.__traceback__)[-1]

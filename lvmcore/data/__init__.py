@@ -28,7 +28,7 @@ from lvmcore.data.sources.base import MAX_FEATURES
 from lvmcore.data.sources.hdf5 import read_obs, read_var
 from lvmcore.data.sources.named import DATASETS, list_datasets, recipe, recipe_fingerprint
 from lvmcore.data.sources.views import VIEWS_SOURCE
-from lvmcore.data.store import open_dataset, write_store
+from lvmcore.data.store import open_dataset, read_preprocessing, write_store
 
 __all__ = [
     "BLOCK_ROWS",
@@ -49,6 +49,7 @@ __all__ = [
     "open_dataset",
     "open_source",
     "read_obs",
+    "read_preprocessing",
     "read_var",
     "recipe",
     "recipe_fingerprint",

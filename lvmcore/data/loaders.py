@@ -30,7 +30,14 @@ import zarr
 from lvmcore.data.sources import PLANNED, kind_of, named, open_source, plan
 from lvmcore.data.sources.base import Source, content_pass
 from lvmcore.data.sources.planned import check_values
-from lvmcore.data.store import check_target, replace_dir, store_encoding, temporary_path, write_store
+from lvmcore.data.store import (
+    check_target,
+    replace_dir,
+    store_encoding,
+    temporary_path,
+    write_preprocessing,
+    write_store,
+)
 
 __all__ = ["load", "describe", "check_input", "ingest", "ingest_source", "views_of", "BLOCK_ROWS"]
 
@@ -168,6 +175,7 @@ def write_source(source: Source, path: Path, planned: str | None, chunk_rows: in
             group[name][a:b] = block
 
         content = content_pass(source, rows, write)
+        write_preprocessing(tmp, source.preprocessing)
         fp = planned or content
         group.attrs["fingerprint"] = fp
         group.attrs["content_fingerprint"] = content

@@ -5,6 +5,13 @@ lazily (:func:`open_dataset`).
 Its attributes: the loaded data set's, plus ``fingerprint`` (what a sweep planned with: a file's
 plan, a named data set's recipe, else the content's) and ``content_fingerprint`` (of the arrays
 written, lvmcore.data.fingerprint).
+
+Beside the variables, the subgroup ``preprocessing/<view>/`` keeps what made each view's fitted
+matrix from the file's genes (:func:`write_preprocessing`, :func:`read_preprocessing`):
+``var_names`` (the view's genes, where its columns are genes), and for a PCA ``components`` (k, D:
+the loadings, as scanpy's ``varm["PCs"].T``), ``mean`` (D) and ``columns`` (the genes of
+``mask_var`` among ``var_names``; absent: every gene). They are not part of the content
+fingerprint (the data the models were fitted on is the variables).
 """
 
 from __future__ import annotations
@@ -15,11 +22,25 @@ import shutil
 import uuid
 from pathlib import Path
 
+import numpy as np
 import xarray as xr
+import zarr
 
 from lvmcore.data.fingerprint import fingerprint
 
-__all__ = ["open_dataset", "write_store", "replace_dir", "temporary_path", "check_target", "store_encoding"]
+__all__ = [
+    "open_dataset",
+    "write_store",
+    "replace_dir",
+    "temporary_path",
+    "check_target",
+    "store_encoding",
+    "write_preprocessing",
+    "read_preprocessing",
+]
+
+#: the subgroup of a data store that keeps each view's preprocessing arrays
+PREPROCESSING_GROUP = "preprocessing"
 
 
 def replace_dir(tmp: Path, path: Path) -> None:
@@ -106,3 +127,42 @@ def temporary_path(path: Path) -> Path:
 def store_encoding(dims, shape, chunk_rows: int) -> dict:
     """A variable's zarr encoding: chunks of ``chunk_rows`` points, whole along every other dim."""
     return {"chunks": tuple(min(chunk_rows, s) if d == "point" else s for d, s in zip(dims, shape))}
+
+
+def write_preprocessing(path, arrays: dict) -> None:
+    """Keep ``{view: {name: array}}`` (``var_names``, ``components``, ``mean``, ``columns``) in the
+    data store at ``path`` (written before the store is renamed into place)."""
+    if not arrays:
+        return
+    root = zarr.open_group(str(path), mode="r+").require_group(PREPROCESSING_GROUP)
+    for view, named in arrays.items():
+        g = root.require_group(view)
+        for name, value in named.items():
+            a = np.asarray(value)
+            if a.dtype.kind in "OSU":
+                a = a.astype(str)
+            elif a.dtype.kind in "iu":
+                a = a.astype(np.int64)
+            else:
+                a = a.astype(np.float64)
+            arr = g.create_array(name, shape=a.shape, dtype=a.dtype, chunks=tuple(max(1, n) for n in a.shape))
+            if a.size:
+                arr[...] = a
+
+
+def read_preprocessing(path) -> dict:
+    """``{view: {name: array}}`` as :func:`write_preprocessing` kept it (``var_names`` a list of
+    str); empty for a store without any (a named data set, or one ingested before they were kept)."""
+    try:
+        root = zarr.open_group(str(path), mode="r")
+    except Exception:  # no store there: nothing kept
+        return {}
+    if PREPROCESSING_GROUP not in root:
+        return {}
+    out = {}
+    for view, g in root[PREPROCESSING_GROUP].groups():
+        out[view] = {}
+        for name, arr in g.arrays():
+            a = np.asarray(arr[...])
+            out[view][name] = [str(x) for x in a] if name == "var_names" else a
+    return out

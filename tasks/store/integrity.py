@@ -21,8 +21,10 @@ from zarr.codecs import Crc32cCodec
 
 from tasks.registry import MODELS, SWEEP_DIMS
 from tasks.store.fingerprint import numerics_version
+from tasks.store.models import model_problem
 from tasks.store.paths import store_path
 from tasks.store.schema import (
+    MODEL_BYTES,
     STATUS_DONE,
     STATUS_FAILED,
     STATUS_PENDING,
@@ -264,7 +266,7 @@ def _read_status(st) -> tuple[np.ndarray, dict]:
 WHOLE_READ_BYTES = 64 * 2**20
 
 
-def verify_points(path, finite: bool = True) -> list[dict]:
+def verify_points(path, finite: bool = True, models: bool = True) -> list[dict]:
     """The grid points of a store that cannot be trusted, each as ``{"key", "index", "point",
     "what", "chunk"}`` (``chunk``: the damaged chunk file under the group, if one is):
 
@@ -274,7 +276,11 @@ def verify_points(path, finite: bool = True) -> list[dict]:
       (``CHECKSUMMED``) or bytes that do not decode; for failed points, their ``error`` and
       ``numerics`` (what the summaries read); a ``status`` chunk (the point's state is unknown);
     - with ``finite``, a done point's embedding value that is NaN or infinite within its latent
-      dimensions (every model promises a finite embedding).
+      dimensions (every model promises a finite embedding);
+    - with ``models``, a done point that recorded a kept model (``model_bytes`` > 0) whose model
+      group or one of its arrays is missing, or a chunk of it that fails its checksum
+      (:mod:`tasks.store.models`; the readers of embeddings, ``show`` and ``export``, leave the
+      models out).
 
     Arrays whose sweep dimensions disagree with ``status`` are damaged metadata
     (:class:`StoreDamagedError`)."""
@@ -343,6 +349,14 @@ def verify_points(path, finite: bool = True) -> list[dict]:
                             f"embedding holds {cell[tuple(r)]} at point {r[0]}, component {r[-1]}",
                             None,
                         )
+        if models and MODEL_BYTES in cells and done:
+            kept, _ = _read_cells(cells[MODEL_BYTES], np.nan)
+            for idx in done:
+                if idx in why or not kept[idx] > 0:
+                    continue
+                problem = model_problem(path, key, {d: coords[d][i].item() for d, i in zip(sdims, idx)})
+                if problem is not None:
+                    why[idx] = (problem, None)
         for idx, (what, chunk) in sorted(why.items()):
             point = {d: coords[d][i].item() for d, i in zip(sdims, idx)}
             bad.append({"key": key, "index": idx, "point": point, "what": what, "chunk": chunk})
@@ -423,7 +437,7 @@ def open_results(path, check: bool = True) -> xr.DataTree:
     if "sweep_id" not in root.attrs:
         raise ValueError(f"{path} is not an embed-sweep result store")
     if check:
-        bad = verify_points(path)
+        bad = verify_points(path, models=False)  # its readers read embeddings, not the models
         if bad:
             raise StoreDamagedError(f"{describe_damage(path, bad)}; {POINTS_FIX}")
     return xr.open_datatree(str(path), engine="zarr", consolidated=False)

@@ -29,11 +29,14 @@ from lvmcore.data import list_datasets
 from tasks.registry import ModelSpec, model_grid
 from tasks.store.fingerprint import NUMERICS_CHARS, numerics_version, sweep_id
 from tasks.store.integrity import check_metadata, rebuild_metadata
+from tasks.store.models import write_model, write_model_note
 from tasks.store.schema import (
     CHECKSUMMED,
     ERROR_CHARS,
     METRICS,
+    MODEL_BYTES,
     SCALARS,
+    SCHEMA_VERSION,
     STATUS_DONE,
     STATUS_FAILED,
     Layout,
@@ -173,7 +176,7 @@ def _add_missing_scalars(path: Path, specs, layout: Layout) -> None:
         st = g["status"]
         dims = array_dims(st)
         per_point = [name for name, extra_dims in stored_extras(spec, layout).items() if not extra_dims]
-        for name in [*SCALARS, *per_point]:
+        for name in [*SCALARS, MODEL_BYTES, *per_point]:
             if name not in g:
                 g.create_array(
                     name, shape=st.shape, chunks=st.chunks, dtype="float64", fill_value=np.nan,
@@ -223,6 +226,9 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
             _grow_group(path, key, new)
         _add_missing_scalars(path, held, layout)
         missing = [s.key for s in specs if s.key not in root]
+        if root.attrs.get("schema_version", 1) < SCHEMA_VERSION:
+            # a store of an earlier version, resumed or grown: its new points keep their models
+            write_store_attrs(path, {"schema_version": SCHEMA_VERSION})
         if not missing and grown is None:
             return sid
         target = path
@@ -239,6 +245,7 @@ def prepare_store(path, identity: dict, specs, grid, layout: Layout, attrs: dict
         {
             **encode_attrs(attrs),
             "sweep_id": sid,
+            "schema_version": SCHEMA_VERSION,
             "code_version": __version__,
             "identity": json.dumps(identity, sort_keys=True, default=str),
             "groups": json.dumps([s.key for s in specs]),
@@ -301,6 +308,13 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
         for name, dims in stored_extras(spec, layout).items():
             if name in res.extras:
                 data[name] = var(dims, _pad(res.extras[name], extra_shape(dims, layout)))
+        # the fitted model goes before the point's status: a point marked done has its model
+        if res.model is not None:
+            size = write_model(path, spec.key, res.point, *res.model)
+        else:
+            write_model_note(path, spec.key, res.point, res.model_error or "the fit kept no model")
+            size = 0
+        data[MODEL_BYTES] = var((), np.float64(size))
     code = STATUS_DONE if res.status == "done" else STATUS_FAILED
     data["error"] = var((), np.array(res.error[:ERROR_CHARS], dtype=f"<U{ERROR_CHARS}"))
     version = layout.numerics or numerics_version()

@@ -17,6 +17,17 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from tasks.registry import COV_SCALES, ModelSpec, model_grid
 from tasks.store.fingerprint import NUMERICS_CHARS
 
+#: the version of what a result store holds, one number for the whole store (root attribute
+#: ``schema_version``; a store without it is version 1), raised by each change of its content:
+#: 1: embeddings, variances, metrics, traces and extras per grid point;
+#: 2 (issue 50): each finished point's fitted model as plain arrays (``<key>/models/<point id>/``,
+#: :mod:`tasks.store.models`) with its size per point (``model_bytes``), and the preprocessing that
+#: made the fitted matrix kept with the ingested inputs. Whatever else this turn adds to the store
+#: (the atlas issue's extras) shares this number.
+SCHEMA_VERSION = 2
+#: the first schema version whose finished points keep their fitted models
+MODELS_SCHEMA = 2
+
 STATUS_PENDING, STATUS_DONE, STATUS_FAILED = 0, 1, 2
 STATUS_NAMES = {STATUS_PENDING: "pending", STATUS_DONE: "done", STATUS_FAILED: "failed"}
 ERROR_CHARS = 400
@@ -34,6 +45,9 @@ METRICS = (
 #: ``converged``: 1 where the fit ended by its own stopping rule (or is a closed form), 0 where it
 #: ran out of iterations or its optimiser gave up (the model's ``converged_``)
 SCALARS = ("elbo", "fit_seconds", "n_iter", "converged") + METRICS
+#: per grid point, beside the scalars: the bytes its fitted model takes on disk (NaN: not recorded,
+#: a point written before models were kept; 0: none kept, tasks.store.models)
+MODEL_BYTES = "model_bytes"
 MAX_TRACE = 2000
 
 #: rows per chunk along ``point`` (embeddings, variances, generations): a grid point's cell of a
@@ -81,6 +95,10 @@ class PointResult:
     fit_seconds: float = float("nan")
     extras: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
+    #: the fitted model as ``to_arrays()`` gave it, (arrays, params); None where none is kept;
+    #: ``model_error``: why ``to_arrays`` refused it
+    model: tuple | None = None
+    model_error: str = ""
 
 
 def extra_shape(dims, layout: Layout):
@@ -120,6 +138,7 @@ def group_template(spec: ModelSpec, grid: dict, layout: Layout) -> xr.Dataset:
         v["embedding_var"] = lazy(("point", "component"), (n, q))
     for name in SCALARS:
         v[name] = lazy((), ())
+    v[MODEL_BYTES] = lazy((), ())
     for name, dims in stored_extras(spec, layout).items():
         v[name] = lazy(dims, extra_shape(dims, layout))
     coords = {d: g[d] for d in sdims}

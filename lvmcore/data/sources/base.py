@@ -72,6 +72,9 @@ class Source:
     attrs: dict
     close: object = field(default=lambda: None)
     fingerprint: str | None = None
+    #: ``{view: {name: array}}`` kept beside the variables, outside the content fingerprint: what
+    #: made each view's fitted matrix (lvmcore.data.store.write_preprocessing)
+    preprocessing: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:

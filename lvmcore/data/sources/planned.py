@@ -21,7 +21,7 @@ from lvmcore.data import pca_stream
 from lvmcore.data import preprocess as pp
 from lvmcore.data.labels import check_label_column, encode_color, encode_labels
 from lvmcore.data.provenance import file_fingerprint
-from lvmcore.data.sources import named
+from lvmcore.data.sources import hdf5, named
 from lvmcore.data.sources.base import Source, Variable, dataset_attrs, refuse_nonfinite
 
 __all__ = [
@@ -193,10 +193,38 @@ def apply_labels(plan: Plan, obs, opts: dict, where: str, lookup=None) -> None:
         plan.applied["color_column"] = opts["color_column"]
 
 
-def _dense_reader(view: View, results: dict, client):
+def _var_names(view: View) -> list | None:
+    """The genes of a view whose columns are an AnnData's genes (X or a layer of an .h5ad or of a
+    MuData modality), read from its var table; None for any other matrix (an obsm representation,
+    a .npy view) or a file whose var cannot be read."""
+    m = view.matrix
+    if not isinstance(m, hdf5.Matrix) or view.options.get("use_rep", "X") != "X" or m.field:
+        return None
+    key = m.key
+    group = key.split("layers/")[0] if "layers/" in key else key.removesuffix("X")
+    try:
+        var = hdf5.read_var(m.path, group.rstrip("/"))
+    except (OSError, ValueError, KeyError):
+        return None
+    if var is None or len(var) != m.shape[1]:
+        return None
+    return var.index.astype(str).tolist()
+
+
+def _dense_reader(view: View, results: dict, client, kept: dict | None = None):
+    """Rows a:b of a view's fitted matrix (preprocessed as its settings say: a PCA runs here);
+    ``kept`` receives the view's preprocessing arrays (genes, PCA loadings, mean, gene mask)."""
     m, s = view.matrix, view.settings
+    kept = {} if kept is None else kept
+    names = _var_names(view)
+    if names is not None:
+        kept.setdefault(view.name, {})["var_names"] = np.asarray(names, dtype=str)
     if s and s.get("pca") is not None:
         res = pca_stream.run_pca(m, s, view.columns, client)
+        arrays = kept.setdefault(view.name, {})
+        arrays.update(components=np.asarray(res["components"]), mean=np.asarray(res["mean"]))
+        if view.columns is not None:
+            arrays["columns"] = np.asarray(view.columns, dtype=np.int64)
         scores = res["scores"]
         results[view.name] = {
             "explained_variance": res["explained_variance"].tolist(),
@@ -228,7 +256,8 @@ def plan_source(p: Plan, src: str, client=None) -> Source:
     """The planned data as a :class:`Source`, the plan's fingerprint its ``fingerprint``. A view's
     preprocessing runs here: its passes on ``client`` (a Dask client; None: in this process)."""
     results: dict = {}
-    readers = {v.name: _dense_reader(v, results, client) for v in p.views}
+    kept: dict = {}
+    readers = {v.name: _dense_reader(v, results, client, kept) for v in p.views}
     n = p.n
     f64 = np.dtype(np.float64)
     variables = {}
@@ -250,7 +279,7 @@ def plan_source(p: Plan, src: str, client=None) -> Source:
         names = np.asarray(p.obs_names).astype(str)
         variables["obs_names"] = Variable(("point",), names.shape, names.dtype, lambda a, b: names[a:b])
     attrs = p.attrs(results)
-    return Source(str(src), variables, attrs, fingerprint=p.fingerprint())
+    return Source(str(src), variables, attrs, fingerprint=p.fingerprint(), preprocessing=kept)
 
 
 def check_values(p: Plan) -> None:
