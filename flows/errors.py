@@ -20,7 +20,10 @@ LOG_ENV = "EMBED_SWEEP_RUN_LOG"
 #: the loggers of Prefect's flow and task runs (the engines' records and ``get_run_logger``'s)
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 #: how a run's failed end state is logged (at INFO for a flow run): the failure said once more
-FAILED_END = ("Finished in state Failed", "Finished in state Crashed")
+FAILED_END = "Finished in state Failed"
+#: how a crashed run (interrupted, its process killed) is logged: one line each, no traceback, kept
+#: on the terminal beside the CLI's own line for an interrupt
+CRASHED = ("Crash detected", "Finished in state Crashed")
 
 
 def run_log_path(stores: list[str], out: Path) -> Path:
@@ -32,26 +35,32 @@ def run_log_path(stores: list[str], out: Path) -> Path:
 
 
 def is_failure_record(record: logging.LogRecord) -> bool:
-    """A flow or task run's record of a failure: an error (with its traceback) or a failed end state."""
+    """A flow or task run's record of a failure: an error (with its traceback) or a failed end state;
+    not a crash's lines."""
     if not record.name.startswith(RUN_LOGGERS):
         return False
-    if record.levelno >= logging.ERROR:
-        return True
-    return record.getMessage().startswith(FAILED_END)
+    message = record.getMessage()
+    if message.startswith(CRASHED):
+        return False
+    return record.levelno >= logging.ERROR or message.startswith(FAILED_END)
 
 
 class ToRunLog(logging.Filter):
-    """On a console handler: a failure record goes to ``log`` (a handler) and not to the console."""
+    """On the console handlers: a failure record goes to ``log`` (a handler), once however many
+    console handlers pass it on, and not to the console."""
 
     def __init__(self, log: logging.Handler):
         super().__init__()
         self.log = log
+        self.last: logging.LogRecord | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if is_failure_record(record):
+        if not is_failure_record(record):
+            return True
+        if record is not self.last:  # each console handler sees the same record in turn
+            self.last = record
             self.log.handle(record)
-            return False
-        return True
+        return False
 
 
 def console_handlers() -> list[logging.Handler]:
@@ -72,12 +81,10 @@ def divert(path: Path) -> tuple[logging.Handler, list[tuple[logging.Handler, ToR
     consoles = console_handlers()
     log = logging.FileHandler(path, mode="a", delay=True, encoding="utf-8")
     log.setFormatter(consoles[0].formatter if consoles else logging.Formatter(logging.BASIC_FORMAT))
-    filters = []
+    one = ToRunLog(log)
     for h in consoles:
-        f = ToRunLog(log)
-        h.addFilter(f)
-        filters.append((h, f))
-    return log, filters
+        h.addFilter(one)
+    return log, [(h, one) for h in consoles]
 
 
 def restore(log: logging.Handler, filters) -> None:

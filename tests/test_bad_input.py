@@ -14,8 +14,10 @@ line with the tasks' log beside the store, is the last test here."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -465,3 +467,46 @@ def test_a_failure_inside_a_task_is_one_line_with_the_tracebacks_in_the_log(
     runs = [r for r in runs if r.parameters.get("store") == str(tmp_path / "failing.zarr")]
     assert runs and all(r.state.is_failed() for r in runs), runs
     assert any("raised inside the ingest task" in (r.state.message or "") for r in runs), runs
+
+
+def test_the_run_log_takes_failures_and_leaves_the_rest_on_the_terminal(tmp_path):
+    """flows.errors: a flow or task run's error (with its traceback) and failed end state go to the
+    log, not the console; its other lines, a crash's lines and other loggers' records stay."""
+    import logging
+
+    from flows.errors import divert, is_failure_record, restore
+
+    def record(name, level, msg, exc=False):
+        try:
+            raise ValueError("bad input")
+        except ValueError:
+            info = sys.exc_info() if exc else None
+        r = logging.LogRecord(name, level, __file__, 1, msg, None, info)
+        r.flow_run_name, r.task_run_name = "a-flow-run", "a-task-run"  # as Prefect's run loggers add
+        return r
+
+    moved = [
+        record("prefect.task_runs", logging.ERROR, "Task run failed with exception", exc=True),
+        record("prefect.flow_runs", logging.ERROR, "Encountered exception during execution", exc=True),
+        record("prefect.flow_runs", logging.INFO, "Finished in state Failed('bad input')"),
+    ]
+    kept = [
+        record("prefect.flow_runs", logging.INFO, "Beginning flow run 'x'"),
+        record("prefect.flow_runs", logging.ERROR, "Crash detected! Execution was interrupted"),
+        record("prefect.flow_runs", logging.ERROR, "Finished in state Crashed('interrupted')"),
+        record("distributed.worker", logging.ERROR, "a worker's own error"),
+    ]
+    assert [is_failure_record(r) for r in moved + kept] == [True] * 3 + [False] * 4
+    console = logging.StreamHandler(io.StringIO())
+    root = logging.getLogger()
+    root.addHandler(console)
+    log, filters = divert(tmp_path / "run.log")
+    try:
+        for r in moved + kept:
+            root.handle(r)
+    finally:
+        restore(log, filters)
+        root.removeHandler(console)
+    shown, text = console.stream.getvalue(), (tmp_path / "run.log").read_text()
+    assert "Traceback" not in shown and "Crash detected" in shown and "Beginning flow run" in shown
+    assert text.count("Traceback") == 2 and "Finished in state Failed" in text and "Crash" not in text
