@@ -16,18 +16,23 @@ import math
 import time
 
 import numpy as np
+import zarr
 
 from tasks.costs.guard import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.registry import MODELS, ModelSpec
 from tasks.store import (
+    STATUS_DONE,
     STATUS_FAILED,
     STATUS_PENDING,
     Layout,
     PointResult,
     StoreWriteError,
+    has_model,
+    numerics_version,
     read_status,
+    record_model,
     write_error,
     write_point,
 )
@@ -149,3 +154,53 @@ def run_points(
             out.append(f"write-error: {e}")
             break
     return out + ["skipped"] * (len(items) - len(out))
+
+
+#: --refit-models: a refit whose embedding differs from the stored one by more than this (largest
+#: absolute difference) is said: the store's numbers are kept, and the point keeps its old numerics
+REFIT_TOLERANCE = 1e-8
+
+
+def points_without_models(store: str, spec: ModelSpec, points) -> list:
+    """The finished grid points (``points``: (index, point) pairs) of ``spec`` whose model the
+    store does not hold (a store written before models were kept: ``--refit-models``)."""
+    status = read_status(store, spec.key)
+    return [
+        (idx, point)
+        for idx, point in points
+        if status[tuple(idx)] == STATUS_DONE and not has_model(store, spec.key, point)
+    ]
+
+
+def refit_points(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    items: list,
+    store: str,
+    layout: Layout,
+) -> list[str]:
+    """``--refit-models``: fit finished grid points again and keep their models, the stored
+    embedding, metrics and extras unchanged. Each state is ``refit <largest absolute difference of
+    the refit's embedding from the stored one>`` (within ``REFIT_TOLERANCE``: the point records this
+    version of the numerics), or ``failed: <why>``."""
+    spec = MODELS[key]
+    group = zarr.open_group(str(store), mode="r")[key]
+    out = []
+    for index, point in items:
+        index = tuple(index)
+        n_gen = layout.n_generations if "generations" in spec.extras else 0
+        res = fit_point(key, options, data_path, graph_path, index, point, n_gen)
+        if res.status != "done":
+            out.append(f"failed: {res.error}")
+            continue
+        stored = np.asarray(group["embedding"][index])
+        q = res.embedding.shape[1]
+        moved = float(np.max(np.abs(stored[: len(res.embedding), :q] - res.embedding), initial=0.0))
+        if not np.isfinite(moved):
+            moved = float("inf")
+        version = (layout.numerics or numerics_version()) if moved <= REFIT_TOLERANCE else ""
+        record_model(store, key, index, point, res.model, res.model_error, version)
+        out.append(f"refit {moved!r}")
+    return out

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from tasks.results.models import model_sizes
 from tasks.results.selection import QUALITY, criterion_of, model_groups, quality_grid, select
 from tasks.store import STATUS_DONE, open_results
 
@@ -46,10 +47,15 @@ def best_point(ds: xr.Dataset) -> dict | None:
 
 def summary_table(store) -> pd.DataFrame:
     """One row per model: grid points done / failed, the chosen setting, the criterion that chose
-    it ("chosen by"), its bound and metrics."""
+    it ("chosen by"), its bound and metrics, and the size of its kept fitted models ("model MiB per
+    point": the median over the points that keep one; issue 50)."""
     from tasks.results.selection import summary_rows
 
-    return pd.DataFrame(summary_rows(store))
+    table = pd.DataFrame(summary_rows(store))
+    sizes = model_sizes(store)
+    if sizes and "model" in table:
+        table["model MiB per point"] = [sizes[m][0] / 2**20 if m in sizes else np.nan for m in table["model"]]
+    return table
 
 
 def _scatter(ax, X, c, title, hyperbolic, var=None):

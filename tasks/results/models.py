@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from lvmcore.data import read_preprocessing as read_kept
 from lvmcore.data import source_info
 from lvmcore.models.persist import model_from_arrays
@@ -30,8 +32,10 @@ from tasks.store import (
     inputs_dir,
     open_root,
     point_name,
+    prune_models,
     read_model,
     stored_model_ids,
+    write_store_attrs,
 )
 
 #: how a store without models gets them (the refusal's fix)
@@ -190,3 +194,34 @@ def _data_attrs(data_path) -> dict:
         return json.loads((data_path / "zarr.json").read_text()).get("attributes", {})
     except (OSError, ValueError):
         return {}
+
+
+def keep_chosen_models(store) -> dict:
+    """``--keep-models chosen``: after the sweep's selection, remove every stored model but the
+    chosen setting's of each model group (as ``export`` chooses); returns ``{model: removed}``."""
+    path = existing_store(store)
+    root = open_root(path)
+    out = {}
+    for key in json.loads(root.attrs.get("groups", "[]")):
+        if key not in root:
+            continue
+        chosen = select(str(path), key)
+        out[key] = prune_models(path, key, chosen["setting"])
+    write_store_attrs(path, {"keep_models": "chosen"})
+    return out
+
+
+def model_sizes(store) -> dict:
+    """``{model: (bytes on disk per kept model, the median over its points; how many points keep
+    one)}`` for the model groups that keep any (the report's "model MiB/point")."""
+    path = existing_store(store)
+    root = open_root(path)
+    out = {}
+    for key in json.loads(root.attrs.get("groups", "[]")):
+        if key not in root or MODEL_BYTES not in root[key]:
+            continue
+        sizes = np.asarray(root[key][MODEL_BYTES][...], dtype=np.float64).ravel()
+        kept = sizes[np.isfinite(sizes) & (sizes > 0)]
+        if kept.size:
+            out[key] = (float(np.median(kept)), int(kept.size))
+    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tasks.store.schema import CHECKSUMMED, POINT_CHUNK
+from tasks.store.schema import CHECKSUMMED, MODEL_BYTES, POINT_CHUNK
 
 #: the subgroup of a model group that holds the points' models
 MODELS_GROUP = "models"
@@ -201,3 +201,48 @@ def stored_model_ids(path, key: str) -> list[str]:
         return sorted(e.name for e in os.scandir(d) if e.is_dir() and (Path(e.path) / "zarr.json").exists())
     except OSError:
         return []
+
+
+def _cells(group):
+    """(sweep dims, their coordinate values) of a model group, in its ``status`` order."""
+    st = group["status"]
+    dims = list(st.metadata.dimension_names or st.attrs.get("_ARRAY_DIMENSIONS") or [])
+    return dims, {d: [v.item() for v in np.asarray(group[d][...])] for d in dims}
+
+
+def prune_models(path, key: str, keep: dict | None) -> int:
+    """Remove the stored models of ``key`` except the one at grid point ``keep`` (``--keep-models
+    chosen``); each removed point's ``model_bytes`` becomes 0 (none kept, on purpose: ``verify``
+    expects no model there). Returns how many were removed."""
+    root = zarr.open_group(str(path), mode="r+")
+    g = root[key]
+    if MODEL_BYTES not in g:
+        return 0
+    dims, coords = _cells(g)
+    sizes = np.asarray(g[MODEL_BYTES][...])
+    want = point_id(keep) if keep else None
+    removed = 0
+    for idx in np.ndindex(sizes.shape):
+        point = {d: coords[d][i] for d, i in zip(dims, idx)}
+        if point_id(point) == want or not has_model(path, key, point):
+            continue
+        remove_model(path, key, point)
+        g[MODEL_BYTES][idx] = 0.0
+        removed += 1
+    return removed
+
+
+def record_model(path, key: str, index: tuple, point: dict, model, why: str = "", numerics: str = "") -> int:
+    """Write one finished point's model alone (``--refit-models``: its embedding and metrics stay
+    as stored) and its ``model_bytes``; ``numerics``: the version to record for the point (the refit
+    reproduced its embedding), or "" to leave it. Returns the bytes written."""
+    if model is not None:
+        size = write_model(path, key, point, *model)
+    else:
+        write_model_note(path, key, point, why or "the fit kept no model")
+        size = 0
+    g = zarr.open_group(str(path), mode="r+")[key]
+    g[MODEL_BYTES][tuple(index)] = float(size)
+    if numerics:
+        g["numerics"][tuple(index)] = np.array(numerics, dtype=g["numerics"].dtype)
+    return size
