@@ -6,7 +6,6 @@ library (tasks/), run here or as a Prefect task (flows.tasks) on the cluster."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
@@ -22,10 +21,7 @@ from flows.artifacts import publish_results, start_progress, update_progress
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
 from flows.tasks import grid_points_task, ingest_task, knn_task, report_task
-from lvmcore.data import label_names
 from tasks.costs import check_plan, predicted_seconds
-from tasks.evaluate import eval_subset, eval_subset_attrs, label_notes, read_labels
-from tasks.ingest import ingested_attrs
 from tasks.knn import graph_matches
 from tasks.point import work_batches
 from tasks.registry import model_grid, options_for
@@ -34,13 +30,11 @@ from tasks.store import (
     describe_damage,
     failure_summary,
     mark_pending,
-    prepare_store,
     record_flow_run,
     store_lock,
     store_path,
     verify_points,
     write_error,
-    write_store_attrs,
 )
 from tasks.sweep_plan import (
     SweepPlan,
@@ -49,6 +43,7 @@ from tasks.sweep_plan import (
     input_paths,
     plan_sweep,
     points_to_run,
+    set_up_store,
 )
 
 
@@ -146,18 +141,7 @@ def sweep_grid(
         graph = knn_task.submit(data_path, max(ks), graph_path, knn_method).result() if ks else None
         if graph and not graph_matches(graph, data_path, max(ks), knn_method):
             raise RuntimeError(f"the kNN graph {graph} does not match the data {data_path}; re-run")
-        labels = read_labels(data_path)
-        attrs = {
-            "dataset": json.dumps(plan.dataset),
-            "flow_parameters": json.dumps(plan.identity),
-            **{f"data_{k}": v for k, v in plan.provenance.items()},
-            **ingested_attrs(data_path),  # the preprocessing's record (explained variance), ingest's own
-            **eval_subset_attrs(plan.size[0], labels),
-        }
-        prepare_store(store, plan.identity, specs, grid, layout, attrs)
-        # what the label metrics leave out or cannot compute: said once here, kept for `show`
-        notes = label_notes(labels, eval_subset(plan.size[0], labels), label_names(data_path))[1]
-        write_store_attrs(store, {"evaluation_notes": notes})
+        notes = set_up_store(store, plan, data_path)
         for note in notes:
             print(f"note: {note}")
     except OSError as e:

@@ -2,7 +2,8 @@
 described (sizes, fingerprint), the models resolved, the grid and every model option validated
 against the estimators (with the fix in each refusal), the store's layout, and the refusal of a
 store that holds another sweep. :class:`SweepPlan` is handed on as plain JSON (the CLI to the flow,
-the flow to its subflow); :func:`points_to_run` says which of its grid points a run still has to do.
+the flow to its subflow); :func:`set_up_store` makes its result store once the data is ingested, and
+:func:`points_to_run` says which of its grid points a run still has to do.
 What the plan costs is :mod:`tasks.costs`."""
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pathlib import Path
 
 import zarr
 
-from lvmcore.data import describe, list_datasets
+from lvmcore.data import describe, label_names, list_datasets
 from lvmcore.graph import KNN_METHODS
-from tasks.ingest import dataset_spec
+from tasks.evaluate import eval_subset, eval_subset_attrs, label_notes, read_labels
+from tasks.ingest import dataset_spec, ingested_attrs
 from tasks.registry import (
     MODELS,
     PARAM_OF_DIM,
@@ -41,10 +43,12 @@ from tasks.store import (
     inputs_dir,
     metadata_to_rebuild,
     numerics_version,
+    prepare_store,
     read_status,
     store_grid,
     store_path,
     sweep_id,
+    write_store_attrs,
 )
 
 DEFAULT_GRID = {"k": [8, 12], "latent_dim": [2], "kappa": [100.0], "seed": [0]}
@@ -366,3 +370,22 @@ def points_to_run(store: str, specs, retry_failed: bool = False) -> tuple[list, 
             todo.append((s, idx, point))
     total = sum(1 for s in specs for _ in store_points(store, s))
     return todo, total, int(n_failed_before)
+
+
+def set_up_store(store: str, plan: SweepPlan, data_path: str) -> list[str]:
+    """The result store of ``plan`` made (or checked and grown) once its data is ingested at
+    ``data_path``: its attributes (the dataset, the flow's parameters, the data's provenance, the
+    ingest's record, the evaluation subset); returns what the label metrics leave out or cannot
+    compute, kept in the store as ``evaluation_notes`` (``show`` reads them back)."""
+    labels = read_labels(data_path)
+    attrs = {
+        "dataset": json.dumps(plan.dataset),
+        "flow_parameters": json.dumps(plan.identity),
+        **{f"data_{k}": v for k, v in plan.provenance.items()},
+        **ingested_attrs(data_path),  # the preprocessing's record (explained variance), ingest's own
+        **eval_subset_attrs(plan.size[0], labels),
+    }
+    prepare_store(store, plan.identity, plan.specs, plan.grid, plan.store_layout(), attrs)
+    notes = label_notes(labels, eval_subset(plan.size[0], labels), label_names(data_path))[1]
+    write_store_attrs(store, {"evaluation_notes": notes})
+    return notes
