@@ -1,15 +1,15 @@
 """The bad-input corpus (issue 51, item 6): every bad input a new user's probe found, and the inputs it
 found handled well, as rows of one table: the command, the exit code it must end with, and a line
 it must print. A refusal is one line on stderr, no traceback, and comes before any Prefect server
-or cluster starts; an input that passes every refusal reaches the point where the server would
-start (``STARTS``: the server is replaced by a stop here, so the corpus stays fast).
+starts or any store is made; an input that passes every refusal reaches the point where the server
+would start (``STARTS``: the server is replaced by a stop there, so the corpus stays fast).
 
 The files are small subsets of scanpy's ``pbmc68k_reduced`` written once per module. A new bad
-input is added as a row. The cases that need a running sweep are tested where the sweep is:
-a second run on a locked store (test_lifecycle, test_reliability), ``show`` / ``export`` /
-``--replace`` during a run (test_user_data's ``--partial`` test, test_lifecycle), SIGINT and
-SIGKILL then resume (test_lifecycle, test_faults); a NaN that only the cluster finds, shown as one
-line with the tasks' log beside the store, is the last test here."""
+input is added as a row. Besides the table: chained exports (SW2) and an unrelated file kept (SW1);
+`show`, `export` and `run --replace` on a store a live sweep holds; the run log's filter; a failure
+met inside a task on a real cluster (slow). Tested where a real sweep runs: a second sweep on a
+running store (test_integrity), SIGINT / SIGTERM (test_lifecycle) and SIGKILL then resume
+(test_lifecycle, test_faults)."""
 
 from __future__ import annotations
 
@@ -510,3 +510,27 @@ def test_the_run_log_takes_failures_and_leaves_the_rest_on_the_terminal(tmp_path
     shown, text = console.stream.getvalue(), (tmp_path / "run.log").read_text()
     assert "Traceback" not in shown and "Crash detected" in shown and "Beginning flow run" in shown
     assert text.count("Traceback") == 2 and "Finished in state Failed" in text and "Crash" not in text
+
+
+def test_commands_on_a_store_a_sweep_is_writing(stores, tmp_path, capsys, monkeypatch):
+    """A store whose lock a live sweep holds: `show` reads it; `export` is refused naming --partial;
+    a second `run --replace` is refused naming the holder, and nothing is moved aside."""
+    from tests.results_store import hold_lock
+
+    store = stores["store"]
+    holder = hold_lock(store)
+    try:
+        rc, out, err = run_case(["show", store], capsys, monkeypatch)
+        assert rc == 0 and "ppca" in out, err
+        rc, out, err = run_case(["export", store, "--to", str(tmp_path / "x.h5ad")], capsys, monkeypatch)
+        assert rc == 2 and f"a sweep is running on {store} (pid {holder.pid}" in err and "--partial" in err
+        argv = fill(_run(_ds("pbmc", use_rep="X_pca")), stores, tmp_path)
+        argv += ["--out", str(Path(store).parent), "--store", Path(store).name, "--replace"]
+        rc, out, err = run_case(argv, capsys, monkeypatch)
+        assert rc == 2 and "is being written by another sweep" in err and f"pid {holder.pid}" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert Path(store).exists() and not list(Path(store).parent.glob("*.replaced-*"))
+    finally:
+        holder.kill()
+        holder.wait()
+        Path(f"{store}.lock").unlink(missing_ok=True)  # the module's store, for the tests after
