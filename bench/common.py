@@ -13,7 +13,7 @@ XLA sizes its CPU thread pool from the process's CPU affinity; the thread variab
 against a single-threaded reference (GPy) was not true. :func:`pin_one_core` must run before jax
 starts its CPU backend (the first jax computation), and not at import in a script that starts Dask
 workers (they re-import the main module). :func:`unpin` gives the threads their cores back for
-processes started afterwards (the Dask workers, which ``flows.pin_cores`` then pins one core each);
+processes started afterwards (the Dask workers, which ``flows.workers.pin_cores`` then pins one core each);
 jax's pool keeps the one thread it was sized for."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def local_client(n_workers: int):
             processes=True,
             host="127.0.0.1",
             dashboard_address=None,
-            preload=["flows.pin_cores", "flows.worker_heap"],
+            preload=["flows.workers.pin_cores", "flows.workers.heap"],
         ) as lc,
         Client(lc, direct_to_workers=True) as client,
     ):

@@ -176,7 +176,7 @@ def slurm_cluster_kwargs(spec: dict) -> dict:
     opts = {"dashboard_address": "127.0.0.1:0", **(spec.pop("scheduler_options", None) or {})}
     prologue = list(spec.pop("job_script_prologue", []))
     prologue += [f"export {k}='{v}'" for k, v in worker_env().items()]
-    spec["worker_extra_args"] = [*spec.get("worker_extra_args", []), "--preload", "flows.worker_heap"]
+    spec["worker_extra_args"] = [*spec.get("worker_extra_args", []), "--preload", "flows.workers.heap"]
     kw = {"scheduler_options": opts, "job_script_prologue": prologue, **spec}
     if sec is True:
         kw["security"] = Security.temporary()
@@ -318,9 +318,9 @@ def start_cluster(spec: dict):
                 # then import the task code while the workers start, not at their first task; the
                 # task runs' failure records to the run's log, not the terminal (flows.errors)
                 "preload": [
-                    "flows.pin_cores",
-                    "flows.worker_heap",
-                    "flows.worker_logs",
+                    "flows.workers.pin_cores",
+                    "flows.workers.heap",
+                    "flows.workers.logs",
                     "flows.tasks",
                     "flows.errors",
                 ],

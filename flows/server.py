@@ -53,10 +53,10 @@ def flush_prefect_logs() -> None:
 
 def start_child(cmd, **kw) -> subprocess.Popen:
     """Start a helper process (the Prefect server) that ends when this process ends, however it
-    ends: ``flows.pdeath`` arms the parent-death signal and execs ``cmd`` (no fork-time callback
+    ends: ``flows.workers.pdeath`` arms the parent-death signal and execs ``cmd`` (no fork-time callback
     in this multithreaded process). Only safe from the main thread: the signal follows the
     thread that started the child."""
-    wrapper = [sys.executable, "-m", "flows.pdeath", str(os.getpid())]
+    wrapper = [sys.executable, "-m", "flows.workers.pdeath", str(os.getpid())]
     return subprocess.Popen([*wrapper, *map(str, cmd)], **kw)
 
 

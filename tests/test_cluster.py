@@ -227,7 +227,7 @@ def test_slurm_cluster_spec_listens_with_tls_and_dashboard_on_loopback(tmp_path,
 
 
 def test_worker_heartbeat_to_a_lost_scheduler_logs_one_line():
-    """The worker preload flows.worker_logs: distributed's heartbeat failure on a closed connection
+    """The worker preload flows.workers.logs: distributed's heartbeat failure on a closed connection
     (an OSError) is logged without its traceback, the message kept; any other record from the
     worker's logger keeps its traceback."""
     import io
@@ -235,7 +235,7 @@ def test_worker_heartbeat_to_a_lost_scheduler_logs_one_line():
 
     from distributed.comm.core import CommClosedError
 
-    from flows import worker_logs
+    from flows.workers import logs as worker_logs
 
     log = logging.getLogger("distributed.worker")
     out = io.StringIO()

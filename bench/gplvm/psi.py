@@ -111,7 +111,7 @@ def _plain_chunks(core, which, big, repeats, barrier, out):
     os.sched_setaffinity(0, {core})
     import jax
 
-    from flows.worker_heap import keep_heap
+    from flows.workers.heap import keep_heap
     from lvmcore.models.bgplvm import ViewStats
 
     keep_heap()  # the heap settings of a Dask worker (see plain_ceiling)
@@ -203,7 +203,7 @@ def main():
         return
     from bench.common import local_client
 
-    unpin()  # the workers start with every core; flows.pin_cores gives each its own
+    unpin()  # the workers start with every core; flows.workers.pin_cores gives each its own
 
     Y, mu, S, Z = problem(a.big, 50, 5, 20)
     # one cluster at a time, their lifetimes alternating (1 worker, 2 workers, 1, 2, ...): both

@@ -1,4 +1,4 @@
-"""``python -m flows.pdeath PARENT_PID CMD...``: run CMD so that it ends when PARENT_PID dies,
+"""``python -m flows.workers.pdeath PARENT_PID CMD...``: run CMD so that it ends when PARENT_PID dies,
 however it dies (SIGKILL included), through Linux's parent-death signal (prctl PR_SET_PDEATHSIG),
 which survives the exec. Used to start helper processes (the Prefect server) without a
 ``preexec_fn``, whose fork of a multithreaded parent (JAX's threads) can deadlock."""
