@@ -197,7 +197,9 @@ def _data_notes():
         log.propagate = propagate
 
 
-def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None) -> list[dict]:
+def _plan_all(
+    sweeps, stores, replace: bool, cluster=None, max_point_hours=None, refit_models: bool = False
+) -> list[dict]:
     """Every sweep's refusals before any server or cluster starts: models, options, grid, data,
     each grid point's predicted cost on ``cluster`` (tasks.costs), an existing store's identity, a
     writable location. Returns each sweep's plan (a dict, handed to the flow: the data is loaded
@@ -223,7 +225,7 @@ def _plan_all(sweeps, stores, replace: bool, cluster=None, max_point_hours=None)
         check_plan(plan, cluster or {"type": "local"}, max_point_hours)
         plans.append(plan.to_dict())
         if not replace:
-            check_store(store, plan.identity)
+            check_store(store, plan.identity, refit_models=refit_models)
         check_writable(store)
     return plans
 
@@ -280,7 +282,7 @@ def cmd_run(a) -> int:
         for sw in sweeps
     ]
     # every sweep's errors (and points its cluster cannot run) before any work starts
-    plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours)
+    plans = _plan_all(sweeps, stores, a.replace, spec, a.max_point_hours, a.refit_models)
     if spec["type"] == "address":  # an unreachable scheduler refused before any store or server
         check_scheduler(spec["address"], spec["connect_timeout"])
     failed = {}
@@ -320,6 +322,8 @@ def cmd_run(a) -> int:
                 retry_failed=a.retry_failed,
                 plan=plan,
                 max_point_hours=a.max_point_hours,
+                keep_models=a.keep_models,
+                refit_models=a.refit_models,
                 return_state=True,
             )
             res = outcome(state)  # a run with failed points ends Failed in Prefect; its counts are here
@@ -651,6 +655,19 @@ def main(argv=None) -> int:
     r.add_argument("--no-report", action="store_true")
     r.add_argument(
         "--retry-failed", action="store_true", help="run the grid points that failed in an earlier run again"
+    )
+    r.add_argument(
+        "--keep-models",
+        choices=("all", "chosen"),
+        default="all",
+        help="the fitted models the store keeps: every finished point's (default), or only each model's "
+        "chosen setting's (the others removed after the sweep: less space)",
+    )
+    r.add_argument(
+        "--refit-models",
+        action="store_true",
+        help="fit the finished points of a store written before models were kept again and keep their "
+        "models (the stored numbers unchanged); says if an embedding moved by more than 1e-8",
     )
     r.add_argument(
         "--max-point-hours",

@@ -20,11 +20,12 @@ from prefect_dask import DaskTaskRunner
 from flows.artifacts import publish_results, start_progress, update_progress
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
-from flows.tasks import grid_points_task, ingest_task, knn_task, report_task
+from flows.tasks import grid_points_task, ingest_task, knn_task, refit_points_task, report_task
 from tasks.costs import check_plan, predicted_seconds
 from tasks.knn import graph_matches
-from tasks.point import work_batches
+from tasks.point import points_without_models, refit_summary, work_batches
 from tasks.registry import model_grid, options_for
+from tasks.results.models import keep_chosen_models
 from tasks.store import (
     StoreWriteError,
     describe_damage,
@@ -44,6 +45,7 @@ from tasks.sweep_plan import (
     plan_sweep,
     points_to_run,
     set_up_store,
+    store_points,
 )
 
 
@@ -115,6 +117,35 @@ def _progress(store: str, todo: int, already: int, predicted: float | None = Non
     return Progress(todo, on_update=lambda f: update_progress(artifact, f), predicted=predicted)
 
 
+def refit_models_of(store: str, plan: SweepPlan, data_path: str, graph: str | None, n_workers: int) -> None:
+    """``--refit-models``: every finished grid point whose model the store lacks fitted again on
+    the cluster (tasks.point.refit_points: the model kept, the stored numbers not changed), and what
+    it found said (tasks.point.refit_summary: an embedding that moved by more than 1e-8 is named)."""
+    todo = [
+        (s, idx, pt)
+        for s in plan.specs
+        for idx, pt in points_without_models(store, s, store_points(store, s))
+    ]
+    if not todo:
+        print("--refit-models: every finished grid point keeps its model already")
+        return
+    futures = []
+    for s, items in work_batches(plan.specs, todo, max(1, n_workers)):
+        opts = options_for(s, plan.options)
+        fut = refit_points_task.submit(
+            s.key, opts, data_path, graph, items, store, plan.store_layout(), len(items)
+        )
+        futures.append((s.key, items, fut))
+    by_key = {}
+    for key, items, fut in futures:
+        got = by_key.setdefault(key, ([], []))
+        got[0].extend(items)
+        got[1].extend(fut.result())
+    for key, (items, states) in by_key.items():
+        for line in refit_summary(key, items, states):
+            print(line)
+
+
 @flow(name="embed-sweep-grid", log_prints=True)
 def sweep_grid(
     plan: dict,
@@ -123,6 +154,8 @@ def sweep_grid(
     dashboard: str = "",
     points_per_task: int | None = None,
     retry_failed: bool = False,
+    keep_models: str = "all",
+    refit_models: bool = False,
 ) -> dict:
     """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster.
     ``plan``: the outer flow's :class:`SweepPlan`, as a dict."""
@@ -152,6 +185,8 @@ def sweep_grid(
     if damaged:
         print(f"{describe_damage(store, damaged)}; running them again")
         mark_pending(store, damaged)
+    if refit_models:  # the finished points of a store written without models: fitted again for them
+        refit_models_of(store, plan, data_path, graph or None, get_dask_worker_count())
 
     todo, total, n_failed_before = points_to_run(store, specs, retry_failed)
     print(
@@ -201,6 +236,9 @@ def sweep_grid(
         )
     for line in reasons:
         logger.error(line)
+    if keep_models == "chosen":  # after the selection: only each model's chosen setting keeps its model
+        removed = keep_chosen_models(store)
+        print(f"--keep-models chosen: {sum(removed.values())} model(s) of settings not chosen removed")
     report = None
     if make_report:
         report = report_task.submit(store).result()
@@ -235,6 +273,8 @@ def embed_sweep(
     retry_failed: bool = False,
     plan: dict | None = None,
     max_point_hours: float | None = None,
+    keep_models: str = "all",
+    refit_models: bool = False,
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -255,6 +295,10 @@ def embed_sweep(
         plans every sweep before it starts anything); refused if made for other arguments.
     max_point_hours: refuse the sweep if a grid point is predicted to run longer (default 24 h;
         also a Slurm job's walltime and a worker's memory: tasks.costs.plan.check_plan).
+    keep_models: "all" (every finished point keeps its fitted model in the store) or "chosen" (after
+        the sweep, only each model's chosen setting's: tasks.results.models.keep_chosen_models).
+    refit_models: fit the finished points of a store written before models were kept again and keep
+        their models, the stored numbers unchanged; says if any embedding moved by more than 1e-8.
     """
     spec = normalise_cluster(cluster)
     store = str(store_path(store))
@@ -264,7 +308,7 @@ def embed_sweep(
     else:
         plan = SweepPlan.from_dict(plan)
         plan.check_request(dataset, models, grid, model_options, n_generations, knn_method)
-    check_store(store, plan.identity)
+    check_store(store, plan.identity, refit_models=refit_models)
     check_writable(store)
     check_plan(plan, spec, max_point_hours, out=print if given is None else None)  # before the cluster
     if os.environ.get("PREFECT_API_URL") is None:
@@ -284,6 +328,8 @@ def embed_sweep(
             dashboard,
             points_per_task,
             retry_failed,
+            keep_models,
+            refit_models,
             return_state=True,
         )
         if state.is_failed():  # failed grid points or an unwritable store: this run ends Failed too

@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.ingest import ingest_dataset
 from tasks.knn import build_graph
-from tasks.point import run_points
+from tasks.point import refit_points, run_points
 from tasks.report import make_report
 from tasks.store import Layout
 
@@ -41,6 +41,22 @@ def grid_points_task(
 ) -> list[str]:
     """A batch of ``n`` grid points of one model (tasks.point.run_points); ``n`` names the task run."""
     return run_points(key, options, data_path, graph_path, items, store, layout, retry_failed)
+
+
+@task(name="refit-models", cache_policy=NO_CACHE, task_run_name="{key}-refit-{n}-points")
+def refit_points_task(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    items: list,
+    store: str,
+    layout: Layout,
+    n: int = 0,
+) -> list[str]:
+    """``--refit-models``: finished grid points fitted again for their models, the stored numbers
+    kept (tasks.point.refit_points); ``n`` names the task run."""
+    return refit_points(key, options, data_path, graph_path, items, store, layout)
 
 
 @task(name="report", retries=1)

@@ -204,3 +204,31 @@ def refit_points(
         record_model(store, key, index, point, res.model, res.model_error, version)
         out.append(f"refit {moved!r}")
     return out
+
+
+def refit_summary(key: str, items: list, states: list[str]) -> list[str]:
+    """The lines ``--refit-models`` says for one model's refit points: how many kept their model,
+    the largest embedding change, and each point whose embedding moved by more than
+    ``REFIT_TOLERANCE`` (the stored numbers are kept; its model is the refit's) or whose refit failed."""
+    moved, failed, largest = [], [], 0.0
+    for (_, point), state in zip(items, states):
+        if state.startswith("refit "):
+            d = float(state.removeprefix("refit "))
+            largest = max(largest, d)
+            if d > REFIT_TOLERANCE:
+                moved.append((point, d))
+        elif state != "skipped":
+            failed.append((point, state.removeprefix("failed: ")))
+    n = len(items) - len(failed)
+    lines = [
+        f"{key}: {n} finished grid point(s) fitted again, their models kept; the largest embedding change "
+        f"{largest:.3g} ({'within' if not moved else 'above'} {REFIT_TOLERANCE:g})"
+    ]
+    for point, d in moved:
+        lines.append(
+            f"warning: {key} {point}: the refit's embedding moved by {d:.3g} from the stored one (more than "
+            f"{REFIT_TOLERANCE:g}); the store keeps its numbers, and this version does not reproduce them"
+        )
+    for point, why in failed:
+        lines.append(f"warning: {key} {point}: the refit failed ({why}); the point keeps no model")
+    return lines

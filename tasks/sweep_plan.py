@@ -322,8 +322,10 @@ class SweepPlan:
             raise ValueError(f"the sweep plan was made for other {', '.join(differ)}; plan this sweep again")
 
 
-def check_store(store: str, identity: dict) -> None:
-    """Refuse a store that holds a different sweep (before any work starts)."""
+def check_store(store: str, identity: dict, refit_models: bool = False) -> None:
+    """Refuse a store that holds a different sweep (before any work starts). With ``refit_models``
+    (``--refit-models``) finished points of another version of the numerics are not refused: the
+    run fits them again and says if an embedding moved (tasks.point.refit_points)."""
     p = store_path(store)
     if not p.exists():
         return
@@ -343,7 +345,8 @@ def check_store(store: str, identity: dict) -> None:
         )
     if have != sweep_id(identity):  # refused unless this sweep extends the store (more values, models)
         growth(p, identity, [MODELS[k] for k in identity["models"]], identity["grid"])
-    check_numerics(p, skip=rebuilt)  # finished points of another version of the numerics are not resumed
+    if not refit_models:
+        check_numerics(p, skip=rebuilt)  # finished points of another version of the numerics are not resumed
 
 
 def store_points(store: str, spec: ModelSpec):
