@@ -84,6 +84,7 @@ from lvmcore.lle import (
     weight_matrix,
 )
 from lvmcore.models._base import REFERENCE_SCORE_CELLS, LatentModel, stalled
+from lvmcore.models.components import by_component, neighbour_index_graph
 from lvmcore.rows import resolve, source_of
 
 #: sigma_i never falls below this times the neighbourhood's mean squared distance over the data's
@@ -227,8 +228,9 @@ def em_iterations(b, c, logdet_A, D, kp, *, max_iter, tol, floor):
 
 
 # --------------------------------------------------------------------------- estimator
+@by_component(neighbour_index_graph)  # a graph in several pieces: one fit per component
 class GLLE(LatentModel):
-    """Generative LLE (paper 001).
+    """Generative LLE (paper 001); on a disconnected graph, per component (``models.components``).
 
     Parameters
     ----------

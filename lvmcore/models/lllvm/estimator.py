@@ -18,6 +18,7 @@ from lvmcore import graph as lg
 from lvmcore.checks import check_data
 
 from .._base import REFERENCE_SCORE_CELLS, LatentModel, stalled
+from ..components import by_component
 from .bound import elbo
 from .likelihood import lik_stats
 from .mstep import update_alpha, update_beta, update_gamma
@@ -168,9 +169,24 @@ def centroid_relative_cov(qx: QX, solver: str) -> np.ndarray:
     return qx.cov - np.eye(Q) / (qx.alpha * n)
 
 
+def adjacency_graph(est, Y, graph):
+    """LL-LVM's graph for :func:`lvmcore.models.components.by_component`: (what its fit gets:
+    ``graph``, else the kNN indices of Y; the union-symmetrised adjacency; the graph of a
+    component's rows in its own numbering)."""
+    if graph is None:
+        graph = lg.knn(Y, int(est.n_neighbors))[0]
+    W = est._graph(Y, graph)
+    if sp.issparse(graph):
+        return graph, W, lambda rows, inv: W[rows][:, rows]
+    idx = np.asarray(graph)[:, : int(est.n_neighbors)]
+    return graph, W, lambda rows, inv: inv[idx[rows]]
+
+
+@by_component(adjacency_graph)  # a graph in several pieces: one fit per component
 class LLLVM(LatentModel):
     """Locally linear latent variable model: variational EM over q(x), q(C) with gamma learned
-    (paper 000 appendix C; paper 003).
+    (paper 000 appendix C; paper 003). On a disconnected graph, per component
+    (``lvmcore.models.components``).
 
     Parameters (keyword-only)
     ----------
@@ -349,8 +365,7 @@ class LLLVM(LatentModel):
             if idx.min() < 0 or idx.max() >= n:
                 raise ValueError(f"graph indices must lie in [0, {n - 1}]")
             W = lg.adjacency(idx[:, :k], mode="union")
-        lg.require_connected(W)
-        return W
+        return W  # a disconnected graph is fitted per component (``models.components``)
 
     # ------------------------------------------------------------------ fit
     def fit(self, Y, graph=None):
