@@ -241,6 +241,22 @@ def test_refusals_exit_2_with_one_line_before_any_server(mapped, tmp_path, capsy
     refused([*base, "--dataset", str(qp)], capsys, "--replace-file")
     out.unlink()
     refused(["map", store, "--to", str(out), "--dataset", str(mapped["out"])], capsys, "--overwrite")
+    # a store written without models, and a damaged model array: copies of the store
+    import shutil
+
+    for what in ("none", "damaged"):
+        copy = tmp_path / what / "ref.zarr"
+        shutil.copytree(store, copy)
+        shutil.copytree(mapped["store"].parent / "ref.inputs", copy.parent / "ref.inputs")
+        kept = copy / "ppca" / "models"
+        if what == "none":
+            shutil.rmtree(kept)
+            words = ("holds no fitted models", "--refit-models")
+        else:
+            chunk = next(p for p in sorted(kept.rglob("*")) if p.is_file() and "/c/" in str(p))
+            chunk.write_bytes(b"\0" * len(chunk.read_bytes()))
+            words = ("ppca", "damaged")
+        refused(["map", str(copy), "--to", str(out), "--dataset", str(qp)], capsys, *words)
     assert not out.exists() and not (tmp_path / "prefect-server.log").exists()
 
 
