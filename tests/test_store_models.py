@@ -15,6 +15,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from embed_sweep import load_model
+from flows.cli import main as cli_main
 from tasks.inputs import load_data, load_graph
 from tasks.point import points_without_models, refit_points, run_points
 from tasks.registry import MODELS, grid_points, options_for
@@ -113,7 +114,7 @@ def test_the_loaded_model_equals_an_in_memory_fit(swept, key):
     )
 
 
-def test_a_damaged_model_array_is_named_by_verify_and_repaired_by_a_rerun(swept, tmp_path):
+def test_a_damaged_model_array_is_named_by_verify_and_repaired_by_a_rerun(swept, tmp_path, capsys):
     store = _copy(swept, tmp_path)
     point = {"latent_dim": 2, "seed": 0}
     before, _ = read_model(store, "bgplvm_rbf", point)
@@ -127,6 +128,9 @@ def test_a_damaged_model_array_is_named_by_verify_and_repaired_by_a_rerun(swept,
     assert "model array" in bad[0]["what"] and "crc32c" in bad[0]["what"], bad[0]["what"]
     with pytest.raises(ValueError, match="fails its crc32c checksum.*run the same"):
         load_model(store, "bgplvm_rbf", point)
+    assert cli_main(["verify", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert f"bgplvm_rbf/models/{point_id(point)}/" in err and "run the same `embed-sweep run`" in err
     # the run's repair: the damaged point set pending, then run again (flows.sweep: verify, mark, run)
     mark_pending(store, bad)
     plan = _plan(store)
@@ -158,10 +162,10 @@ def test_keep_models_chosen_keeps_the_chosen_settings_model_only(swept, tmp_path
     assert verify_points(store) == []  # removed on purpose: not damage
 
 
-def _make_old(store) -> None:
+def _make_old(store, keys=KEYS) -> None:
     """The store as this code's predecessor wrote it: no models, no model_bytes, no schema version."""
     root = zarr.open_group(str(store), mode="r+")
-    for key in KEYS:
+    for key in keys:
         shutil.rmtree(store / key / MODELS_GROUP)
         shutil.rmtree(store / key / MODEL_BYTES)
     del root.attrs["schema_version"]
@@ -238,3 +242,38 @@ def test_the_preprocessing_is_kept_with_the_inputs(tmp_path):
     np.testing.assert_allclose(comp, sk.components_ * sign[:, None], rtol=0, atol=1e-8)
     Y = load_data(str(data_path))["Y"]
     np.testing.assert_allclose(Y, (Z - prep["pca"]["mean"]) @ comp.T, rtol=0, atol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def api(prefect_api):
+    """This module's CLI runs on the test run's Prefect server (no server start per command)."""
+    from tests.prefect_server import pointed_at
+
+    with pointed_at(prefect_api):
+        yield prefect_api
+
+
+def test_keep_models_chosen_then_refit_models_by_the_cli(api, sweep_cluster, tmp_path, capfd, caplog):
+    """`run --keep-models chosen` keeps one model per model group; on a store written without
+    models, `run --refit-models` fits its finished points again, keeps their models and says that
+    no embedding moved by more than 1e-8."""
+    grid = json.dumps({"latent_dim": [2], "seed": [0, 1]})
+    argv = ["run", "--out", str(tmp_path), "--store", "c.zarr", "--no-report", "--models", "ppca"]
+    argv += ["--grid", grid, "--dataset", json.dumps(DATASET), "--cluster", sweep_cluster]
+    assert cli_main([*argv, "--keep-models", "chosen"]) == 0
+    store = tmp_path / "c.zarr"
+    kept = [p.name for p in (store / "ppca" / MODELS_GROUP).iterdir() if p.is_dir()]
+    assert len(kept) == 1 and zarr.open_group(str(store)).attrs["keep_models"] == "chosen"
+    assert cli_main(["verify", str(store)]) == 0
+    _make_old(store, ["ppca"])
+    capfd.readouterr()
+    caplog.clear()
+    assert cli_main([*argv, "--refit-models"]) == 0
+    got = capfd.readouterr()
+    out = got.out + got.err + caplog.text  # the flow's prints are its run's log records
+    assert "ppca: 2 finished grid point(s) fitted again, their models kept" in out and "(within 1e-08)" in out
+    assert sorted(p.name for p in (store / "ppca" / MODELS_GROUP).iterdir() if p.is_dir()) == [
+        "latent_dim=2,seed=0",
+        "latent_dim=2,seed=1",
+    ]
+    assert verify_points(store) == []
