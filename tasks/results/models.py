@@ -122,7 +122,7 @@ def load_model(store, model: str, setting=None):
     try:
         arrays, params = read_model(path, model, point)
     except ModelArrayError as e:
-        raise ValueError(f"{where}: {e}; {POINTS_FIX}") from None
+        raise ValueError(f"{where}: its fitted model is damaged: {e}; {POINTS_FIX}") from None
     except LookupError as e:
         raise ValueError(f"{where}: {e}") from None
     return model_from_arrays(arrays, params, **training_inputs(path, params.get("needs_inputs", [])))
