@@ -440,7 +440,21 @@ def open_results(path, check: bool = True) -> xr.DataTree:
         bad = verify_points(path, models=False)  # its readers read embeddings, not the models
         if bad:
             raise StoreDamagedError(f"{describe_damage(path, bad)}; {POINTS_FIX}")
-    return xr.open_datatree(str(path), engine="zarr", consolidated=False)
+    return _model_tree(path, root)
+
+
+def _model_tree(path: Path, root) -> xr.DataTree:
+    """The store's root attributes and its model groups (lazily read datasets) as a DataTree, as
+    ``xr.open_datatree`` gives them, without opening the fitted models' subgroups (one per grid
+    point, tasks.store.models: opening each would cost a metadata read per array per point)."""
+    keys = json.loads(root.attrs.get("groups") or "null") or list(root.group_keys())
+    nodes = {"/": xr.Dataset(attrs=dict(root.attrs))}
+    for key in keys:
+        if key in root:
+            nodes[key] = xr.open_dataset(str(path), group=key, engine="zarr", consolidated=False)
+    tree = xr.DataTree.from_dict(nodes)
+    tree.encoding = {"source": str(path)}  # as open_datatree records it: selection reads it
+    return tree
 
 
 def check_numerics(path, skip=()) -> None:
