@@ -169,7 +169,8 @@ def sweep_grid(
     src, opts = plan.dataset
     fp = plan.identity["data_fingerprint"]
     try:  # a full disk or an unwritable folder: one line (StoreWriteError), not a traceback
-        data_path = ingest_task.submit({"name": src, **opts} if src else src, data_path, fp).result()
+        data = {"name": src, **opts} if src else src
+        data_path = ingest_task.submit(data, data_path, fp, refit_models).result()
         ks = [max(model_grid(s, grid)["k"]) for s in specs if "k" in s.dims]
         graph = knn_task.submit(data_path, max(ks), graph_path, knn_method).result() if ks else None
         if graph and not graph_matches(graph, data_path, max(ks), knn_method):

@@ -14,9 +14,11 @@ from tasks.store import Layout
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2)
-def ingest_task(dataset: str | dict, data_path: str, expect: str | None = None) -> str:
+def ingest_task(
+    dataset: str | dict, data_path: str, expect: str | None = None, keep_preprocessing: bool = False
+) -> str:
     """The data set written to the sweep's data store (tasks.ingest.ingest_dataset)."""
-    return ingest_dataset(dataset, data_path, expect)
+    return ingest_dataset(dataset, data_path, expect, keep_preprocessing)
 
 
 @task(name="knn", retries=1)

@@ -15,6 +15,7 @@ from lvmcore.data import (
     open_dataset,
     recipe,
     recipe_fingerprint,
+    source_info,
     write_store,
 )
 
@@ -68,7 +69,20 @@ def preprocessing_client():
         yield client
 
 
-def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
+def preprocessing_missing(data_path) -> bool:
+    """Whether the ingested store of an .h5ad / .h5mu file was written before the ingest kept the
+    preprocessing (genes, PCA loadings and mean: lvmcore.data.store.write_preprocessing)."""
+    try:
+        attrs = open_dataset(data_path).attrs
+    except ValueError:
+        return False
+    kind = (source_info(str(data_path)) or {}).get("kind")
+    return kind in ("h5ad", "h5mu") and not attrs.get("preprocessing_kept")
+
+
+def ingest_dataset(
+    dataset, data_path: str, expect: str | None = None, keep_preprocessing: bool = False
+) -> str:
     """Write the data set to ``data_path`` unless a store with the same content fingerprint is
     already there (a store made from other data, or one without a fingerprint, is rewritten).
 
@@ -82,12 +96,16 @@ def ingest_dataset(dataset, data_path: str, expect: str | None = None) -> str:
     options, lvmcore.data.sources.planned): a store with it is reused as it is, its preprocessing
     (PCA) included, when the sweep resumes or grows. A named data set is drawn here, on the
     worker (the flow planned from its recipe, lvmcore.data.recipe_fingerprint): a store is reused
-    only if it records this recipe and the content just drawn."""
+    only if it records this recipe and the content just drawn.
+
+    ``keep_preprocessing`` (``--refit-models``): a file's store written before the preprocessing was
+    kept with it is written again, so that it is (the refit then says if any embedding moved)."""
     src, opts = dataset_spec(dataset)
     p = Path(data_path)
     if src not in DATASETS:
         if expect is not None and p.exists() and stored_fingerprint(p) == expect:
-            return str(p)
+            if not (keep_preprocessing and preprocessing_missing(p)):
+                return str(p)
         with preprocessing_client() as client:
             _, fp = ingest_source(src, p, overwrite=True, client=client, **opts)
         if expect is not None and fp != expect:

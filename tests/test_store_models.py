@@ -242,6 +242,22 @@ def test_the_preprocessing_is_kept_with_the_inputs(tmp_path):
     np.testing.assert_allclose(comp, sk.components_ * sign[:, None], rtol=0, atol=1e-8)
     Y = load_data(str(data_path))["Y"]
     np.testing.assert_allclose(Y, (Z - prep["pca"]["mean"]) @ comp.T, rtol=0, atol=1e-10)
+    # inputs ingested before the preprocessing was kept: reused as they are by a run, written again
+    # (the same numbers) by --refit-models' ingest
+    from tasks.ingest import preprocessing_missing, stored_fingerprint
+
+    fp = stored_fingerprint(data_path)
+    shutil.rmtree(data_path / "preprocessing")
+    root = zarr.open_group(str(data_path), mode="r+")
+    del root.attrs["preprocessing_kept"]
+    assert preprocessing_missing(data_path) and read_preprocessing(store)["X"]["pca"] is None
+    spec = {"path": str(path), "preprocess": pre}
+    ingest_dataset(spec, str(data_path), fp)
+    assert preprocessing_missing(data_path)
+    ingest_dataset(spec, str(data_path), fp, keep_preprocessing=True)
+    assert not preprocessing_missing(data_path)
+    np.testing.assert_array_equal(read_preprocessing(store)["X"]["pca"]["components"], comp)
+    np.testing.assert_array_equal(load_data(str(data_path))["Y"], Y)
 
 
 @pytest.fixture(scope="module")

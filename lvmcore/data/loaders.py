@@ -176,6 +176,7 @@ def write_source(source: Source, path: Path, planned: str | None, chunk_rows: in
 
         content = content_pass(source, rows, write)
         write_preprocessing(tmp, source.preprocessing)
+        group.attrs["preprocessing_kept"] = True  # a store from before has none (tasks.ingest)
         fp = planned or content
         group.attrs["fingerprint"] = fp
         group.attrs["content_fingerprint"] = content
