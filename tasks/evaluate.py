@@ -143,7 +143,107 @@ def _geodesics(data_path: str, fingerprint, seed: int) -> tuple[np.ndarray, np.n
     return geo, metrics.neighbour_ranks(geo)
 
 
+def graph_labels(res: PointResult):
+    """The connected component of every row where the point's graph model was fitted per
+    component of its neighbour graph (``n_components_graph`` > 1; the labels are its model's
+    ``graph_labels_``, lvmcore.models.components), else None."""
+    if float(np.asarray(res.extras.get("n_components_graph", 1))) <= 1 or not res.model:
+        return None
+    labels = res.model[0].get("graph_labels_")
+    return None if labels is None else np.asarray(labels, dtype=np.int64)
+
+
+#: a component needs this many evaluated rows for its metrics (trustworthiness needs 1 <= k < n / 2)
+MIN_COMPONENT_ROWS = 4
+
+
+def component_weights(labels) -> tuple[list, np.ndarray]:
+    """(rows of each component with at least ``MIN_COMPONENT_ROWS`` evaluated rows, weights n_c / N
+    over those components): how the metrics of a graph in several pieces are averaged."""
+    parts = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    parts = [r for r in parts if len(r) >= MIN_COMPONENT_ROWS]
+    sizes = np.array([len(r) for r in parts], dtype=np.float64)
+    return parts, sizes / sizes.sum() if len(parts) else sizes
+
+
+def weighted_metrics(per_component: list[dict], weights) -> dict:
+    """Each metric's mean over components, weighted by ``weights`` (n_c / N), over the components
+    where it is defined (the weights of those renormalised); NaN where none has it."""
+    out = {}
+    for name in dict.fromkeys(n for m in per_component for n in m):
+        vals = np.array([m.get(name, np.nan) for m in per_component], dtype=np.float64)
+        ok = np.isfinite(vals)
+        out[name] = float(np.sum(weights[ok] * vals[ok]) / np.sum(weights[ok])) if ok.any() else float("nan")
+    return out
+
+
+def point_metrics(m: dict, DY, DX, Xs, nranks_y, rank_y, iu, geodesics, lab, DT, truth, euclidean_truth):
+    """The metrics of one embedding ``Xs`` (its distances ``DX``), written into ``m`` one by one
+    (those computed before a failure are kept), on evaluation rows whose data distances are ``DY``
+    (neighbour ranks ``nranks_y``, ranked upper triangle ``rank_y`` at ``iu``), data geodesics and
+    their ranks from ``geodesics()``, labels ``lab`` (a callable; None: no knn_accuracy), truth
+    distances ``DT`` and truth coordinates ``truth`` (procrustes where ``euclidean_truth``)."""
+    k = min(EVAL_NEIGHBORS, max(1, len(DX) // 2 - 1))
+    # the embedding's neighbour ranks (one row sort) serve trustworthiness, continuity and the
+    # co-ranking; the data side's are computed once per worker (_reference, _geodesics)
+    nranks_x = metrics.neighbour_ranks(DX)
+    ranks = {"data_ranks": nranks_y, "embedding_ranks": nranks_x}
+    pre = {"metric": "precomputed", "metric_x": "precomputed", **ranks}
+    m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, **pre)
+    m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
+    # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
+    m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
+    geo, nranks_geo = geodesics()
+    m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
+        None, DX, "precomputed", data_distances=geo, data_ranks=nranks_geo, embedding_ranks=nranks_x
+    )
+    lab = lab()
+    if lab is not None:
+        keep = knn_rows(lab)  # an unlabelled point is no class; a class of one cannot be held out
+        m["knn_accuracy"] = metrics.knn_accuracy(
+            DX[np.ix_(keep, keep)], lab[keep], n_neighbors=1, metric="precomputed"
+        )
+    if DT is not None:
+        m["distance_correlation"] = metrics.distance_correlation(DT, DX, "precomputed", "precomputed")
+        m["pearson_distance_correlation"] = float(np.corrcoef(DT[iu], DX[iu])[0, 1])
+        if euclidean_truth:
+            m["procrustes_disparity"] = metrics.procrustes_disparity(truth, Xs)
+
+
+def component_metrics(Y_sel, DY, DX, Xs, labels, lab, DT, truth, euclidean_truth) -> dict:
+    """The metrics within each connected component of the model's neighbour graph (``labels`` of
+    the evaluation rows), averaged with weights n_c / N (:func:`component_weights`): the layout
+    of the components is arbitrary, so no distance between two components means anything. The
+    data side (ranks, 20-NN geodesics) is computed within each component too."""
+    parts, weights = component_weights(labels)
+    per = []
+    for r in parts:
+        ix = np.ix_(r, r)
+        dy, iu = DY[ix], np.triu_indices(len(r), k=1)
+
+        def geodesics(r=r):
+            geo = metrics.manifold_distances(Y_sel[r], min(20, len(r) - 1))
+            return geo, metrics.neighbour_ranks(geo)
+
+        def lab_of(r=r):
+            return None if lab is None or not knn_rows(lab[r]).any() else lab[r]
+
+        per.append({})
+        try:
+            point_metrics(
+                per[-1], dy, DX[ix], Xs[r], metrics.neighbour_ranks(dy), metrics.average_ranks(dy[iu]), iu,
+                geodesics, lab_of, None if DT is None else DT[ix], None if truth is None else truth[r],
+                euclidean_truth,
+            )  # fmt: skip
+        except ValueError:  # a metric undefined on this component: it and those after it left out
+            pass
+    return weighted_metrics(per, weights)
+
+
 def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> PointResult:
+    """The metrics of a finished grid point on the evaluation subset; where its graph model was
+    fitted per connected component (:func:`graph_labels`), within components, weighted by size
+    (:func:`component_metrics`)."""
     if res.status != "done":
         return res
     spec = MODELS[res.key]
@@ -151,33 +251,23 @@ def evaluate_point(res: PointResult, data_path: str, seed: int = EVAL_SEED) -> P
     sel, DY, nranks_y, iu, rank_y, DT = _reference(str(data_path), data["fingerprint"], seed)
     Xs = res.embedding[sel]
     DX = poincare_distances(Xs) if spec.hyperbolic else squareform(pdist(Xs))
-    k = min(EVAL_NEIGHBORS, max(1, len(sel) // 2 - 1))
-    m = res.metrics
+    truth = None if data["truth"] is None else data["truth"][sel]
+    euclidean_truth = data["truth_metric"] == "euclidean" and not spec.hyperbolic
+    labels = graph_labels(res)
+
+    def lab():  # the evaluated rows' labels where knn_accuracy is defined, else None (it stays NaN)
+        return np.asarray(data["label"])[sel] if label_notes(data["label"], sel)[0] else None
+
     try:
-        # the embedding's neighbour ranks (one row sort) serve trustworthiness, continuity and the
-        # co-ranking; the data side's are computed once per worker (_reference, _geodesics)
-        nranks_x = metrics.neighbour_ranks(DX)
-        ranks = {"data_ranks": nranks_y, "embedding_ranks": nranks_x}
-        pre = {"metric": "precomputed", "metric_x": "precomputed", **ranks}
-        m["trustworthiness"] = metrics.trustworthiness(DY, DX, n_neighbors=k, **pre)
-        m["continuity"] = metrics.continuity(DY, DX, n_neighbors=k, **pre)
-        # Shepard goodness = Spearman of pairwise distances, with the data side ranked once
-        m["shepard_goodness"] = float(np.corrcoef(rank_y, metrics.average_ranks(DX[iu]))[0, 1])
-        geo, nranks_geo = _geodesics(str(data_path), data["fingerprint"], seed)
-        m["qlocal"], m["qglobal"], _ = metrics.quality_scores(
-            None, DX, "precomputed", data_distances=geo, data_ranks=nranks_geo, embedding_ranks=nranks_x
-        )
-        if label_notes(data["label"], sel)[0]:  # else NaN, said once per sweep (tasks.evaluate.label_notes)
-            lab = np.asarray(data["label"])[sel]
-            keep = knn_rows(lab)  # an unlabelled point is no class; a class of one cannot be held out
-            m["knn_accuracy"] = metrics.knn_accuracy(
-                DX[np.ix_(keep, keep)], lab[keep], n_neighbors=1, metric="precomputed"
+        if labels is not None:
+            res.metrics.update(
+                component_metrics(data["Y"][sel], DY, DX, Xs, labels[sel], lab(), DT, truth, euclidean_truth)
             )
-        if DT is not None:
-            m["distance_correlation"] = metrics.distance_correlation(DT, DX, "precomputed", "precomputed")
-            m["pearson_distance_correlation"] = float(np.corrcoef(DT[iu], DX[iu])[0, 1])
-            if data["truth_metric"] == "euclidean" and not spec.hyperbolic:
-                m["procrustes_disparity"] = metrics.procrustes_disparity(data["truth"][sel], Xs)
+        else:
+            geodesics = functools.partial(_geodesics, str(data_path), data["fingerprint"], seed)
+            point_metrics(
+                res.metrics, DY, DX, Xs, nranks_y, rank_y, iu, geodesics, lab, DT, truth, euclidean_truth
+            )
     except Exception as e:  # a metric that cannot be computed is recorded, the fit is kept
         res.error = f"evaluation: {type(e).__name__}: {e}"
     return res

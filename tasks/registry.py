@@ -33,7 +33,9 @@ class ModelSpec:
     hyperbolic: bool = False
     #: the model has posterior variances of the embedding
     has_variance: bool = False
-    #: extra per-grid-point outputs: name -> dims after the sweep dims
+    #: extra per-grid-point outputs: name -> dims after the sweep dims (the fitted attribute
+    #: ``<name>_``, e.g. the graph models' ``n_components_graph``: how many connected components
+    #: the neighbour graph had, each fitted apart and placed arbitrarily where more than one)
     extras: dict = field(default_factory=dict)
     description: str = ""
     #: sweep dimensions across which the bound (``elbo_``) ranks fits of the same data meaningfully;
@@ -80,7 +82,7 @@ MODELS: dict[str, ModelSpec] = {
             "lvmcore.models.lllvm:LLLVM",
             ("k", "latent_dim", "seed"),
             has_variance=True,
-            extras={"alpha": (), "beta": (), "gamma": ()},
+            extras={"alpha": (), "beta": (), "gamma": (), "n_components_graph": ()},
             description="locally linear latent variable model, variational EM (paper 000)",
         ),
         _spec(
@@ -92,6 +94,7 @@ MODELS: dict[str, ModelSpec] = {
             extras={
                 "generations": ("generation", "point", "component"),
                 "scale_study": ("cov_scale", "point", "component"),
+                "n_components_graph": (),
             },
             description="generative LLE, EM (paper 001, Algorithm 1)",
         ),
@@ -104,6 +107,7 @@ MODELS: dict[str, ModelSpec] = {
             extras={
                 "generations": ("generation", "point", "component"),
                 "scale_study": ("cov_scale", "point", "component"),
+                "n_components_graph": (),
             },
             description="generative LLE, direct sampling (paper 001, Algorithm 2)",
         ),

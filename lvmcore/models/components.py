@@ -246,7 +246,7 @@ def _combine(est, subs, labels, Y) -> None:
     n_iter = max(int(s.n_iter_) for s in subs)
     traces = [np.asarray(s.elbo_trace_, dtype=np.float64) for s in subs]
     est.elbo_trace_ = np.sum([np.pad(t, (0, n_iter - len(t)), mode="edge") for t in traces], axis=0)
-    est.elbo_ = float(sum(float(s.elbo_) for s in subs))
+    est.elbo_ = float(est.elbo_trace_[-1])  # the sum of the components' final criteria
     est.n_iter_ = n_iter
     est.converged_ = all(bool(s.converged_) for s in subs)
     for attr in ("alpha_", "beta_", "gamma_", "data_scale_"):  # one per component: see components_
