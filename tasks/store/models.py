@@ -62,11 +62,22 @@ def _chunks(shape: tuple) -> tuple:
     return (max(1, min(shape[0], POINT_CHUNK)),) + tuple(max(1, s) for s in shape[1:])
 
 
+def _models_group(path, key: str):
+    """The ``models`` subgroup of a model group, made where missing or its metadata damaged (it
+    holds nothing but its points' groups)."""
+    meta = Path(path) / key / MODELS_GROUP / "zarr.json"
+    try:
+        return zarr.open_group(str(meta.parent), mode="r+")
+    except Exception:  # missing or damaged: written afresh (its points' groups are left as they are)
+        meta.unlink(missing_ok=True)
+        return zarr.open_group(str(path), mode="r+")[key].require_group(MODELS_GROUP)
+
+
 def write_model(path, key: str, point: dict, arrays: dict, params: dict) -> int:
     """Write one grid point's fitted model (``to_arrays()``'s ``arrays`` and ``params``) under its
     group, replacing any earlier one; returns its bytes on disk. The attributes go last: a group
     whose write was interrupted has no ``arrays`` attribute and reads as damaged."""
-    group = zarr.open_group(str(path), mode="r+")[key].require_group(MODELS_GROUP)
+    group = _models_group(path, key)
     pid = point_id(point)
     target = Path(path) / key / MODELS_GROUP / pid
     if target.exists():
@@ -105,7 +116,7 @@ def write_model(path, key: str, point: dict, arrays: dict, params: dict) -> int:
 def write_model_note(path, key: str, point: dict, why: str) -> None:
     """Record that a point's model could not be kept (``to_arrays`` refused it): a group with the
     reason only, which :func:`read_model` names."""
-    group = zarr.open_group(str(path), mode="r+")[key].require_group(MODELS_GROUP)
+    group = _models_group(path, key)
     target = Path(path) / key / MODELS_GROUP / point_id(point)
     if target.exists():
         shutil.rmtree(target)
