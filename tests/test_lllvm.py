@@ -163,10 +163,11 @@ def test_score_and_bad_input():
     Ybad[5, 1] = np.nan
     with pytest.raises(ValueError, match="row 5, column 1"):
         LLLVM().fit(Ybad)
-    # two far-apart blobs: disconnected graph
-    Y2 = np.vstack([Y[:60], Y[:60] + 1000.0])
-    with pytest.raises(ValueError, match="connected|component"):
-        LLLVM(n_neighbors=5).fit(Y2)
+    # a disconnected graph is fitted per component (tests/test_components.py), but a component
+    # smaller than n_neighbors + 1 points cannot be: refused with its size
+    W2 = sp.block_diag([adjacency(knn(Y[:60], 5)[0]), np.ones((3, 3)) - np.eye(3)], format="csr")
+    with pytest.raises(ValueError, match="has 3 points"):
+        LLLVM(n_neighbors=5).fit(np.vstack([Y[:60], Y[:3] + 1000.0]), W2)
     with pytest.raises(ValueError, match="n_neighbors"):
         LLLVM(n_neighbors=8).fit(Y, idx)
     with pytest.raises(ValueError, match="solver"):
