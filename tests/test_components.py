@@ -237,3 +237,32 @@ def test_metrics_within_components_weighted_by_size(pieces, fits):
     assert [len(p) for p in parts] == [6, 12] and np.allclose(w, [6 / 18, 12 / 18])
     out = weighted_metrics([{"a": 1.0, "b": 2.0}, {"a": 4.0}], np.array([0.25, 0.75]))
     assert out["a"] == pytest.approx(0.25 + 3.0) and out["b"] == 2.0
+
+
+def test_a_sweep_point_records_the_components_and_scores_within_them(pieces, tmp_path):
+    """Through the sweep's own fit and evaluation: the point's n_components_graph output, the
+    generations of both pieces, the metrics within components (trustworthiness against
+    scikit-learn's on each component alone, weighted n_c / N)."""
+    from tasks.evaluate import evaluate_point
+    from tasks.fit import fit_point
+    from tasks.ingest import ingest_dataset
+    from tasks.inputs import load_data
+    from tasks.knn import build_graph
+
+    Y, _, _ = pieces
+    np.save(tmp_path / "pieces.npy", Y)
+    data = ingest_dataset(str(tmp_path / "pieces.npy"), str(tmp_path / "pieces.zarr"))
+    graph = build_graph(data, K, str(tmp_path / "graph.zarr"))
+    point = {"k": K, "latent_dim": 2, "seed": 0}
+    res = fit_point("glle_em", {}, data, graph, (0, 0, 0), point, n_generations=2)
+    assert res.status == "done", res.error
+    assert res.extras["n_components_graph"] == 2 and res.extras["generations"].shape == (2, len(Y), 2)
+    res = evaluate_point(res, data)
+    assert not res.error, res.error
+    Yd, lab = load_data(data)["Y"], res.model[0]["graph_labels_"]
+    ref = sum(
+        np.mean(lab == c) * sk_trustworthiness(Yd[lab == c], res.embedding[lab == c], n_neighbors=10)
+        for c in range(2)
+    )
+    assert res.metrics["trustworthiness"] == pytest.approx(ref, abs=1e-12)
+    assert all(np.isfinite(res.metrics[m]) for m in ("continuity", "qlocal", "qglobal", "shepard_goodness"))
