@@ -24,13 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import solve_triangular
-from scipy.optimize import minimize
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from lvmcore import collapsed
+from lvmcore import collapsed, newpoints
 from lvmcore.checks import check_data
 from lvmcore.chunks import JitStats, RowChunks
-from lvmcore.graph import knn_query
 from lvmcore.kernels.euclidean import KERNELS, get_kernel
 from lvmcore.linalg import (
     KMM_JITTER,
@@ -44,7 +42,7 @@ from lvmcore.models._base import LatentModel
 from lvmcore.optim import lbfgs
 from lvmcore.pca import pca_start
 from lvmcore.precision import x64
-from lvmcore.psi import psi1, psi_statistics
+from lvmcore.psi import psi_statistics
 from lvmcore.psi.closed_form import kl_diag_gaussian, resolve_impl
 
 KERNEL_NAMES = tuple(KERNELS)
@@ -368,7 +366,21 @@ class BaseCollapsedGPLVM(LatentModel):
         # one trace entry per L-BFGS iteration (both phases); the bound at the returned point is elbo_
         self._set_fitted(lo, gl, elbo, state["trace"], r.converged, state["jitter"], Yc)
         self._train_stats = runner.stats(self.local_, self.glob_)
+        self._keep_posterior(self._optimal_qu())
         return self
+
+    def _optimal_qu(self) -> list:
+        """Each view's q(u) at the collapsed optimum for the training statistics (whitened: mean,
+        covariance; :func:`lvmcore.newpoints.posterior_u`)."""
+        return [
+            newpoints.posterior_u(
+                kmm(kind, self._Z(v), self.glob_["kern"][v], self.kmm_jitter_[v]),
+                self._train_stats["views"][v],
+                self.glob_["log_beta"][v],
+                self.extra_jitter_,
+            )  # fmt: skip
+            for v, kind in enumerate(self.kinds_)
+        ]
 
     # ------------------------------------------------------------------ learned quantities
     def _view_ard(self):
@@ -380,94 +392,132 @@ class BaseCollapsedGPLVM(LatentModel):
     def noise_variance_(self):
         return np.exp(-np.asarray(self.glob_["log_beta"]))
 
+    # ------------------------------------------------------------------ the model as arrays
+    persisted = LatentModel.persisted + (
+        "elbo_trace_", "ard_weights_", "kinds_", "kmm_jitter_", "extra_jitter_", "score_reference_",
+    )  # fmt: skip
+
+    def _keep_posterior(self, qu) -> None:
+        """Keep each view's whitened q(u) (``qu``: [(mean (M, D_v), covariance (M, M))], the
+        collapsed optimum or the minibatch fit's) and derive what new rows need
+        (:meth:`_derive`). The fits' last act; everything out of sample reads only what
+        ``to_arrays`` keeps, so a model loaded from them answers exactly as this one."""
+        self.qu_mean_ = [np.asarray(m, dtype=np.float64) for m, _ in qu]
+        self.qu_cov_ = [np.asarray(c, dtype=np.float64) for _, c in qu]
+        self._derive()
+
+    def _derive(self) -> None:
+        """Each view's :class:`lvmcore.newpoints.ViewTerms` and its predictive means at the training
+        rows' q(x_n) (the start candidates of new rows), from the kept state."""
+        self._terms = [
+            newpoints.view_terms(
+                kmm(kind, self._Z(v), self.glob_["kern"][v], self.kmm_jitter_[v]),
+                self._Z(v),
+                self.glob_["kern"][v],
+                self.glob_["log_beta"][v],
+                self.qu_mean_[v],
+                self.qu_cov_[v],
+                self.extra_jitter_,
+            )  # fmt: skip
+            for v, kind in enumerate(self.kinds_)
+        ]
+        self._recon = [
+            newpoints.reconstruction(kind, t, self.embedding_, self.embedding_var_)
+            for kind, t in zip(self.kinds_, self._terms, strict=True)
+        ]
+
+    def to_arrays(self) -> tuple[dict, dict]:
+        """``LatentModel.to_arrays`` plus the globals, view means and q(u) per view, flattened:
+        ``Z``, ``log_beta``, ``kern<v>_<name>``, ``view_mean<v>``, ``qu_mean<v>``, ``qu_cov<v>``."""
+        arrays, params = super().to_arrays()
+        arrays["Z"], arrays["log_beta"] = np.asarray(self.glob_["Z"]), np.asarray(self.glob_["log_beta"])
+        for v, kp in enumerate(self.glob_["kern"]):
+            arrays.update({f"kern{v}_{k}": np.asarray(a) for k, a in kp.items()})
+            arrays[f"view_mean{v}"] = np.asarray(self.view_means_[v])
+            arrays[f"qu_mean{v}"], arrays[f"qu_cov{v}"] = self.qu_mean_[v], self.qu_cov_[v]
+        return arrays, params
+
+    def _restore(self) -> None:
+        self.kinds_ = tuple(self.kinds_)
+        state = vars(self)
+        pop = state.pop
+        kern = []
+        for v in range(len(self.kinds_)):
+            head = f"kern{v}_"
+            kern.append({k[len(head) :]: pop(k) for k in sorted(state) if k.startswith(head)})
+        self.glob_ = {"Z": pop("Z"), "kern": kern, "log_beta": pop("log_beta")}
+        V = range(len(self.kinds_))
+        self.view_means_ = [pop(f"view_mean{v}") for v in V]
+        self._keep_posterior([(pop(f"qu_mean{v}"), pop(f"qu_cov{v}")) for v in V])
+
     # ------------------------------------------------------------------ inference and prediction
     def _Z(self, v):
         return np.asarray(self.glob_["Z"][0 if self.shared_inducing else v])
 
-    @x64
-    def infer(self, observed: dict, max_iter: int = 300):
-        """q(x*) for new rows observed in a subset of views (paper 004 appendix B): maximise the
-        bound of training plus new rows over the new rows' mu*, S* with everything else fixed (all
-        new rows in one vectorised optimisation). ``observed`` maps view index -> (N*, D_v) array
-        (raw units). Returns (mu*, S*)."""
+    def _observed(self, observed) -> dict:
+        """{view: centred (n, D_v) rows} from {view: raw rows}, checked."""
         self._check_fitted()
-        if not observed:
+        if isinstance(observed, (list, tuple)):
+            observed = dict(enumerate(observed))
+        if not isinstance(observed, dict) or not observed:
             raise ValueError("observed must name at least one view, e.g. {0: Y0_new}")
-        V = len(self.kinds_)
-        obs = {}
-        for v, Yn in observed.items():
+        V, obs = len(self.kinds_), {}
+        for v, Yn in sorted(observed.items()):
             if not isinstance(v, (int, np.integer)) or not 0 <= v < V:
                 raise ValueError(f"view index {v!r} out of range; this model has views 0..{V - 1}")
             Yn = check_data(Yn, f"view {v}")
-            if Yn.shape[1] != self.Y_train_[v].shape[1]:
-                raise ValueError(
-                    f"view {v} has {Yn.shape[1]} columns, the model was fitted on {self.Y_train_[v].shape[1]}"
-                )
+            D = self.view_means_[v].shape[0]
+            if Yn.shape[1] != D:
+                raise ValueError(f"view {v} has {Yn.shape[1]} columns, the model was fitted on {D}")
             obs[int(v)] = Yn - self.view_means_[v]
         ns = {Y.shape[0] for Y in obs.values()}
         if len(ns) != 1:
             raise ValueError(f"the observed views have different numbers of rows {sorted(ns)}")
-        n_new = ns.pop()
-        # start each new row at the latent mean of its nearest training row in the observed views
-        Ytr = np.hstack([self.Y_train_[v] for v in sorted(obs)])
-        Yn = np.hstack([obs[v] for v in sorted(obs)])
-        nn = knn_query(Ytr, Yn)[0][:, 0]
-        mu0, logS0 = self.local_["mu"][nn], self.local_["logS"][nn]
-        N = self.Y_train_[0].shape[0]
-        glob, kinds, train = self.glob_, self.kinds_, self._train_stats
-        extra = self.extra_jitter_
+        return obs
 
-        def neg(x):
-            mu = x[: n_new * mu0.shape[1]].reshape(mu0.shape)
-            S = jnp.exp(x[n_new * mu0.shape[1] :].reshape(mu0.shape))
-            F = -kl_diag_gaussian(mu, S)
-            for v, Y in obs.items():
-                kp, Z = glob["kern"][v], self._Z(v)
-                p0, p1, p2 = psi_statistics(get_kernel(kinds[v]), mu, S, Z, kp, Y)
-                t = train["views"][v]
-                stats = (t[0] + p0, t[1] + p1, t[2] + p2, t[3] + jnp.sum(Y**2))
-                F = F + view_bound(
-                    stats,
-                    kmm(kinds[v], Z, kp, self.kmm_jitter_[v]),
-                    glob["log_beta"][v],
-                    N + n_new,
-                    Y.shape[1],
-                    extra,
-                )
-            return -F
+    def infer(self, observed, max_iter: int = newpoints.MAX_ITER, return_info: bool = False):
+        """q(x*) = N(mu*, diag S*) of new rows observed in a subset of views (paper 004 appendix B),
+        each row its own problem: its uncollapsed bound with the fitted q(u) held fixed, maximised
+        by per-row BFGS (``lvmcore.newpoints``). ``observed`` maps view index -> (N*, D_v) array
+        (raw units; a list: every view). Returns (mu*, S*), and with ``return_info`` a dict of the
+        rows' bounds ``bound``, ``n_iter`` and ``converged``."""
+        obs = self._observed(observed)
+        vs = list(obs)
+        mu, S, F, it, conv = newpoints.infer_rows(
+            [self.kinds_[v] for v in vs], [self._terms[v] for v in vs], [obs[v] for v in vs],
+            [self._recon[v] for v in vs], self.embedding_, self.embedding_var_, max_iter,
+        )  # fmt: skip
+        return (mu, S, {"bound": F, "n_iter": it, "converged": conv}) if return_info else (mu, S)
 
-        vg = jax.jit(jax.value_and_grad(neg))
-        x0 = np.concatenate([mu0.ravel(), logS0.ravel()])
-        r = minimize(
-            lambda x: tuple(np.asarray(a) for a in vg(x)),
-            x0,
-            jac=True,
-            method="L-BFGS-B",
-            options={"maxiter": int(max_iter)},
-        )
-        mu = r.x[: mu0.size].reshape(mu0.shape)
-        return mu, np.exp(r.x[mu0.size :].reshape(mu0.shape))
+    def new_point_bound(self, observed, mu, S) -> np.ndarray:
+        """Each new row's bound F* (n,) at q(x*) = N(mu, diag S) (what :meth:`infer` maximises)."""
+        obs = self._observed(observed)
+        vs = list(obs)
+        terms = [self._terms[v] for v in vs]
+        b, yy = newpoints.row_data(terms, [obs[v] for v in vs])
+        return newpoints.cell_bound([self.kinds_[v] for v in vs], terms, b, yy, mu, S)
 
-    @x64
     def predict_view(self, mu, S, view: int = 0):
         """Predictive mean (N*, D_v) and variance (N*, D_v) of view ``view`` at q(x*) = N(mu, diag S)
-        (paper 004 appendix C, uncertain inputs), in the data's original units."""
+        (paper 004 appendix C, uncertain inputs; the noise included), in the data's original units,
+        from the kept q(u)."""
         self._check_fitted()
-        mu, S = jnp.atleast_2d(jnp.asarray(mu, float)), jnp.atleast_2d(jnp.asarray(S, float))
-        kind, kp, Z = self.kinds_[view], self.glob_["kern"][view], self._Z(view)
-        kern = get_kernel(kind)
-        beta = jnp.exp(self.glob_["log_beta"][view])
-        _, psi1TY, psi2, _ = self._train_stats["views"][view]
-        t = collapsed.terms(kmm(kind, Z, kp, self.kmm_jitter_[view]), psi1TY, psi2, beta, self.extra_jitter_)
-
-        def one(m, s):  # a single row's psi0 and Psi2_n
-            p0, _, p2 = psi_statistics(kern, m[None], s[None], Z, kp, jnp.zeros((1, 1)))
-            return p0, p2
-
-        p0, p2 = jax.vmap(one)(mu, S)
-        mean, var = collapsed.predict(t, beta, p0, psi1(kern, mu, S, Z, kp), p2)
-        mean, var = np.asarray(mean), np.asarray(var)
+        mu, S = np.atleast_2d(np.asarray(mu, float)), np.atleast_2d(np.asarray(S, float))
+        mean, var = newpoints.cell_moments(self.kinds_[view], self._terms[view], mu, S)
         return mean + self.view_means_[view], var
+
+    def score_samples(self, Y_new) -> np.ndarray:
+        """Each new row's log predictive density of its observed views at its q(x*): sum over the
+        views and columns of log N(y; mean, var), the predictive moments of :meth:`predict_view`."""
+        observed = Y_new if isinstance(Y_new, (dict, list, tuple)) else {0: Y_new}
+        observed = dict(enumerate(observed)) if isinstance(observed, (list, tuple)) else observed
+        mu, S = self.infer(observed)
+        out = np.zeros(len(mu))
+        for v, Y in sorted(observed.items()):
+            Y = check_data(Y, f"view {v}")
+            mean, var = self.predict_view(mu, S, int(v))
+            out += -0.5 * np.sum(np.log(2.0 * np.pi * var) + (Y - mean) ** 2 / var, axis=1)
+        return out
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -500,12 +550,16 @@ class BayesianGPLVM(BaseCollapsedGPLVM):
         self.ard_weights_ = self._view_ard()[0]
         return self
 
-    def transform(self, Y_new, max_iter: int = 300):
-        """Posterior means of q(x*) for new rows."""
-        return self.infer({0: Y_new}, max_iter=max_iter)[0]
+    def transform(self, Y_new, return_var: bool = False, max_iter: int = newpoints.MAX_ITER):
+        """Means (n, Q) of q(x*) for new rows (and their variances (n, Q) with ``return_var``),
+        each row on its own (:meth:`infer`)."""
+        mu, S = self.infer({0: Y_new}, max_iter=max_iter)
+        return (mu, S) if return_var else mu
 
-    def inverse_transform(self, X):
-        """Predictive mean in data space at latent points X."""
+    def inverse_transform(self, X, return_var: bool = False):
+        """Predictive mean (n, D) in data space at latent points X (and its variance, the noise
+        included, with ``return_var``)."""
         self._check_fitted()
         X = np.atleast_2d(np.asarray(X, float))
-        return self.predict_view(X, np.zeros_like(X), 0)[0]
+        mean, var = self.predict_view(X, np.zeros_like(X), 0)
+        return (mean, var) if return_var else mean

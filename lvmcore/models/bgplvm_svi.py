@@ -44,7 +44,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from sklearn.utils._param_validation import Interval
 
-from lvmcore import uncollapsed
+from lvmcore import newpoints, uncollapsed
 from lvmcore.kernels.euclidean import get_kernel
 from lvmcore.linalg import KMM_JITTER
 from lvmcore.models.bgplvm import RULES, BaseCollapsedGPLVM, BayesianGPLVM, kmm
@@ -256,6 +256,9 @@ class StochasticBayesianGPLVM(BaseCollapsedGPLVM):
         # estimator's does (the sweep stores elbo_ and its trace side by side)
         self._set_fitted(local, glob, elbo, [*trace, elbo], converged, jitter, (Yc,))
         self._train_stats = {"views": [stats], "kl": kl_x}
+        self._keep_posterior([(qu["m"], newpoints.covariance_of_precision(qu["P"]))])  # the svi's q(u)
+
+    persisted = BaseCollapsedGPLVM.persisted + ("elbo_uncollapsed_",)
 
     # one view, the same fitted state as BayesianGPLVM's: its out-of-sample methods serve as they are
     transform = BayesianGPLVM.transform

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.utils._param_validation import StrOptions
 
+from lvmcore import newpoints
 from lvmcore.graph import knn_query
 from lvmcore.models.bgplvm import KERNEL_NAMES, BaseCollapsedGPLVM
 
@@ -74,22 +75,35 @@ class MRD(BaseCollapsedGPLVM):
                 out["partial"].setdefault(users, []).append(q)
         return out
 
-    def predict(self, observed: dict, target: int, threshold: float = 1e-3, max_iter: int = 300):
-        """Algorithm 1: infer q(x*) from the observed views; the latent dimensions none of the observed
-        views uses (normalised weight <= threshold) cannot be informed by them, so they are taken from
-        the training point nearest to x* in the dimensions the observed views do use; then the
-        predictive mean and variance of view ``target`` there. Returns (mean, var), (N*, D_target)."""
+    def transform(self, views, return_var: bool = False, max_iter: int = newpoints.MAX_ITER):
+        """Means (n, Q) of q(x*) for new rows (and variances with ``return_var``) from the views
+        they are observed in: a dict {view index: (n, D_v)} (partially observed rows), a list of
+        every view, or one array: view 0's rows. Each row is its own problem (:meth:`infer`)."""
+        mu, S = self.infer(views if isinstance(views, (dict, list, tuple)) else {0: views}, max_iter)
+        return (mu, S) if return_var else mu
+
+    def predict(
+        self, observed: dict, target: int, threshold: float = 1e-3, max_iter: int = newpoints.MAX_ITER
+    ):
+        """Algorithm 1 of paper 004, row by row: q(x*) = N(mu*, diag s*) from the observed views
+        only (:meth:`infer`); the latent dimensions none of the observed views uses (normalised
+        weight <= threshold) are not informed by them, so their means are taken from the training
+        point nearest to mu* in the dimensions the observed views share with the target (those the
+        observed views use, where they share none); s* is kept (step 9); then the target view's
+        predictive mean and variance there, the noise included. Returns (mean, var), (N*, D_target)."""
         self._check_fitted()
         V = len(self.kinds_)
         if not isinstance(target, (int, np.integer)) or not 0 <= target < V:
             raise ValueError(f"target view {target!r} out of range; this model has views 0..{V - 1}")
         mu, S = self.infer(observed, max_iter=max_iter)
         rel = self.relevance() > threshold
-        used = np.any(rel[sorted(observed)], axis=0)
+        seen = sorted(dict(enumerate(observed)) if isinstance(observed, (list, tuple)) else observed)
+        used = np.any(rel[seen], axis=0)
         if not np.all(used):
+            shared = used & rel[int(target)]
+            near = shared if shared.any() else used
             X = self.embedding_
-            nn = knn_query(X[:, used], mu[:, used])[0][:, 0]
-            mu, S = mu.copy(), S.copy()
+            nn = knn_query(X[:, near], mu[:, near])[0][:, 0]
+            mu = mu.copy()
             mu[:, ~used] = X[nn][:, ~used]
-            S[:, ~used] = self.embedding_var_[nn][:, ~used]
         return self.predict_view(mu, S, int(target))

@@ -71,13 +71,48 @@ class PPCA(LatentModel):
         proj = Y @ self.loadings_ - self.mean_ @ self.loadings_
         return chol_solve(self._chol_M(), proj.T).T
 
-    def transform(self, Y):
-        """Posterior means of the latent points of new rows (N*, Q)."""
+    persisted = LatentModel.persisted + (
+        "elbo_trace_", "mean_", "noise_variance_", "loadings_", "score_reference_",
+    )  # fmt: skip
+
+    def _checked(self, Y):
         self._check_fitted()
         Y = check_data(Y)
         if Y.shape[1] != self.mean_.shape[0]:
             raise ValueError(f"Y has {Y.shape[1]} columns, the model was fitted on {self.mean_.shape[0]}")
-        return self._posterior_mean(Y)
+        return Y
+
+    def transform(self, Y, return_var: bool = False):
+        """Posterior means of the latent points of new rows (N*, Q), and with ``return_var`` their
+        marginal variances diag(sigma^2 M^-1) (N*, Q) (each row's posterior is its own)."""
+        Y = self._checked(Y)
+        mean = self._posterior_mean(Y)
+        if not return_var:
+            return mean
+        q = self.loadings_.shape[1]
+        var = self.noise_variance_ * np.diag(chol_solve(self._chol_M(), np.eye(q)))
+        return mean, np.tile(var, (Y.shape[0], 1))
+
+    def score_samples(self, Y) -> np.ndarray:
+        """Each row's log density log N(y; mean, W W^T + sigma^2 I) (N*,) (Tipping and Bishop eq. 4,
+        through the Q x Q matrix M as :func:`_log_likelihood`)."""
+        Y = self._checked(Y)
+        W, noise = self.loadings_, self.noise_variance_
+        D, q = W.shape
+        L = self._chol_M()
+        R = Y - self.mean_
+        RW = R @ W
+        quad = (np.einsum("ij,ij->i", R, R) - np.einsum("ij,ji->i", RW, chol_solve(L, RW.T))) / noise
+        logdet = (D - q) * np.log(noise) + 2.0 * float(np.sum(np.log(np.diag(L))))
+        return -0.5 * (quad + D * np.log(2 * np.pi) + logdet)
+
+    def inverse_transform(self, X, return_var: bool = False):
+        """The mean of p(y | x) = N(W x + mean, sigma^2 I) at latent points X (N*, D) (and its
+        variance, sigma^2 in every column, with ``return_var``)."""
+        self._check_fitted()
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        mean = X @ self.loadings_.T + self.mean_
+        return (mean, np.full_like(mean, self.noise_variance_)) if return_var else mean
 
 
 def _log_likelihood(Y, mean, W, noise, block: int = 65536) -> float:

@@ -1,0 +1,344 @@
+"""New points of the Bayesian GP-LVM family (paper 004 section 4.5, appendices B-C), each its own
+problem: q(x*) = N(mu*, diag S*) of one new row maximises that row's uncollapsed bound with the
+fitted q(u) held fixed,
+
+    F*(mu*, S*) = sum_v E_q(x*) q(u_v)[log p(y*_v | f*_v)] - KL(q(x*) || N(0, I)),
+
+over the views v it is observed in. With q(u_v) in the whitened form of ``lvmcore.uncollapsed``
+(u = L_m v, q(v) = N(m, S_v), m: M x D) and the row's statistics (psi0, psi1 [M], Psi2 [M, M],
+through ``lvmcore.psi``'s one entry) whitened, a = L_m^-1 psi1 and A = L_m^-1 Psi2 L_m^-T,
+
+    E[log p(y | f)] = D/2 (log beta - log 2 pi)
+                      - beta/2 (y^T y - 2 a . (m y) + D psi0 + <A, m m^T - D (I - S_v)>)
+
+and the predictive moments at q(x*) (appendix C, noise included)
+
+    mean_d = a . m_d,   var_d = psi0 - tr((I - S_v) A) + m_d^T A m_d - mean_d^2 + 1 / beta
+
+(at the collapsed optimum L_m^-T (I - S_v) L_m^-1 = K_mm^-1 - B^-1, B = K_mm + beta Psi2: the
+textbook form, ``lvmcore.collapsed.predict``). Whitened, every term stays of the kernel's size
+whatever K_mm's conditioning: no K_mm^-1 is formed, so the bound's rounding floor stays low.
+
+At the collapsed optimum q(u) is the one that maximises the uncollapsed bound, so a training
+row's fitted q(x_n) is a stationary point of its own F*: its transform lands on it.
+
+The optimiser (:func:`maximise`) is damped Newton per row, vectorised: each row has its own
+Hessian (autodiff, reverse over reverse), eigenvalues made positive (a descent direction at
+saddles too), backtracking line search and stopping rule (its gradient; at the bound's rounding
+floor, where no step decreases the value, full steps are taken while they halve the gradient),
+and a finished row is frozen while the others go on. Nothing couples rows, so a row's answer
+does not depend on the rows beside it (to rounding: batched products may sum in another order).
+Each row starts at the best, by F*, of its ``START_CANDIDATES`` nearest training rows' q(x_n),
+nearest by the noise-weighted distance sum_v beta_v ||y_v - E[f_v(x_n)]||^2 to the training rows'
+predictive means (the model's own reconstruction of its training rows: no training data kept).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from lvmcore import uncollapsed
+from lvmcore.graph import knn_query
+from lvmcore.kernels.euclidean import get_kernel
+from lvmcore.linalg import cholesky_jax
+from lvmcore.precision import x64
+from lvmcore.psi import psi1, psi_statistics
+from lvmcore.psi.closed_form import kl_diag_gaussian
+
+__all__ = [
+    "ViewTerms",
+    "posterior_u",
+    "view_terms",
+    "reconstruction",
+    "cell_bound",
+    "cell_moments",
+    "maximise",
+    "infer_rows",
+    "row_data",
+    "starts",
+    "MAX_ITER",
+    "GTOL",
+    "START_CANDIDATES",
+]
+
+#: Newton iterations per row at most
+MAX_ITER = 100
+#: a row stops when its gradient's largest entry is at most GTOL x (1 + |F*|)
+GTOL = 1e-10
+#: training rows whose q(x_n) are tried as a row's start (the best by F* is taken)
+START_CANDIDATES = 5
+#: largest step of one iteration in any coordinate (latent units, log-variance units)
+MAX_STEP = 1.0
+#: step halvings of the backtracking line search before a row counts as at its rounding floor
+LS_HALVINGS = 40
+#: at the rounding floor of the bound's value, a full step is taken where it shrinks the gradient's
+#: norm by this factor and the value falls, or rises by at most POLISH_SLACK x (1 + |F*|) (its
+#: rounding: the terms of F* are up to beta |y|^2 in size)
+POLISH, POLISH_SLACK = 0.5, 1e-9
+#: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
+EIG_FLOOR = 1e-10
+#: Armijo's sufficient-decrease constant
+ARMIJO = 1e-4
+LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+class ViewTerms(NamedTuple):
+    """One view's fixed quantities for new rows, whitened (module docstring)."""
+
+    Z: jax.Array  # [M, Q] inducing inputs
+    kp: dict  # the kernel's parameters
+    log_beta: jax.Array  # [] noise precision, log
+    Lm: jax.Array  # [M, M] chol(K_mm + jitter)
+    m: jax.Array  # [M, D] q(v)'s mean
+    E: jax.Array  # [M, M] I - S_v
+    G: jax.Array  # [M, M] m m^T - D (I - S_v)
+
+
+@x64
+def posterior_u(Kmm, stats, log_beta, rel_jitter=0.0):
+    """The whitened q(v) (u = L_m v) that maximises the uncollapsed bound for the training
+    statistics (psi0, Psi1^T Y, Psi2, tr(Y^T Y)) (``lvmcore.uncollapsed.optimal_qu``, the collapsed
+    optimum): (mean (M, D), covariance S_v (M, M)) as NumPy."""
+    P, m = uncollapsed.optimal_qu(Kmm, stats, log_beta, 1.0, rel_jitter)
+    return np.asarray(m), covariance_of_precision(P)
+
+
+@x64
+def covariance_of_precision(P) -> np.ndarray:
+    """S = P^-1 from the Cholesky factor of P (symmetric by construction)."""
+    R = jnp.linalg.cholesky(jnp.asarray(P))
+    Rinv = solve_triangular(R, jnp.eye(R.shape[0]), lower=True)
+    return np.asarray(Rinv.T @ Rinv)
+
+
+@x64
+def view_terms(Kmm, Z, kp, log_beta, qu_mean, qu_cov, rel_jitter=0.0) -> ViewTerms:
+    """:class:`ViewTerms` of a view from its K_mm (with its jitter), inducing inputs, kernel
+    parameters, log beta and whitened q(v) (``rel_jitter``: the fit's extra relative jitter)."""
+    Lm = cholesky_jax(jnp.asarray(Kmm), rel_jitter)
+    m = jnp.asarray(qu_mean)
+    E = jnp.eye(Lm.shape[0]) - jnp.asarray(qu_cov)
+    E = 0.5 * (E + E.T)
+    G = m @ m.T - m.shape[1] * E
+    conv = lambda a: np.asarray(a)  # noqa: E731
+    return ViewTerms(
+        conv(Z), jax.tree_util.tree_map(conv, kp), conv(log_beta), conv(Lm), conv(m), conv(E), conv(G)
+    )
+
+
+@x64
+def reconstruction(kind, t: ViewTerms, mu, S, block: int = 65536) -> np.ndarray:
+    """E[f(x_n)] = psi1_n L_m^-T m (N, D) at rows' q(x_n) (centred units), in row blocks."""
+    kern = get_kernel(kind)
+    out = []
+    for a in range(0, len(mu), block):
+        P1 = psi1(kern, mu[a : a + block], S[a : a + block], t.Z, t.kp)  # (n, M)
+        out.append(np.asarray(solve_triangular(t.Lm, P1.T, lower=True).T @ t.m))
+    return np.vstack(out) if out else np.zeros((0, t.m.shape[1]))
+
+
+def _one_row(kern, mu, S, t: ViewTerms):
+    """(psi0, L_m^-1 psi1 [M], L_m^-1 Psi2 L_m^-T [M, M]) of one row under N(mu, diag S) (the psi
+    entry, XLA path: it is vmapped over rows). Whitened, the terms stay of the kernel's size
+    whatever K_mm's conditioning (no K_mm^-1 is formed)."""
+    p0, p1, p2 = psi_statistics(kern, mu[None], S[None], t.Z, t.kp, jnp.ones((1, 1)), impl="xla")
+    a1 = solve_triangular(t.Lm, p1[:, 0], lower=True)
+    A = solve_triangular(t.Lm, solve_triangular(t.Lm, p2, lower=True).T, lower=True)
+    return p0, a1, 0.5 * (A + A.T)
+
+
+def _row_bound(kinds, x, terms, b, yy):
+    """F* of one row at x = [mu, log S] (module docstring); b[v] = W_v y_v, yy[v] = |y_v|^2."""
+    Q = x.shape[0] // 2
+    mu, S = x[:Q], jnp.exp(x[Q:])
+    F = -kl_diag_gaussian(mu[None], S[None])
+    for v, kind in enumerate(kinds):
+        t = terms[v]
+        p0, a1, A = _one_row(get_kernel(kind), mu, S, t)
+        D = t.m.shape[1]
+        beta = jnp.exp(t.log_beta)
+        sq = yy[v] - 2.0 * a1 @ b[v] + D * p0 + jnp.sum(A * t.G)
+        F = F + 0.5 * D * (t.log_beta - LOG_2PI) - 0.5 * beta * sq
+    return F
+
+
+@functools.lru_cache(maxsize=64)
+def _row_functions(kinds: tuple):
+    """Jitted, vmapped over rows: -F* and (-F*, its gradient) at x (n, 2Q)."""
+
+    def neg(x, terms, b, yy):
+        return -_row_bound(kinds, x, terms, b, yy)
+
+    axes = (0, None, 0, 0)
+    return jax.jit(jax.vmap(neg, in_axes=axes)), jax.jit(jax.vmap(jax.value_and_grad(neg), in_axes=axes))
+
+
+@x64
+def cell_bound(kinds, terms, b, yy, mu, S) -> np.ndarray:
+    """F* (n,) of n rows at q(x*) = N(mu, diag S) (``b``: (n, M) per view, ``yy``: (n, V))."""
+    val, _ = _row_functions(tuple(kinds))
+    x = jnp.concatenate([jnp.asarray(mu), jnp.log(jnp.asarray(S))], axis=1)
+    return -np.asarray(val(x, tuple(terms), tuple(b), jnp.asarray(yy)))
+
+
+@functools.lru_cache(maxsize=16)
+def _moments(kind: str):
+    kern = get_kernel(kind)
+
+    def one(mu, S, t):
+        p0, a1, A = _one_row(kern, mu, S, t)
+        mean = a1 @ t.m
+        quad = jnp.einsum("md,mk,kd->d", t.m, A, t.m)
+        # psi0 - tr((I - S_v) A): the expected conditional variance plus q(u)'s
+        var = (p0 - jnp.trace(A) + jnp.sum((jnp.eye(A.shape[0]) - t.E) * A)) + (quad - mean * mean)
+        var = var + jnp.exp(-t.log_beta)
+        return mean, var
+
+    return jax.jit(jax.vmap(one, in_axes=(0, 0, None)))
+
+
+@x64
+def cell_moments(kind, t: ViewTerms, mu, S) -> tuple[np.ndarray, np.ndarray]:
+    """Predictive mean and variance (n, D) of one view at q(x*) = N(mu, diag S), noise included
+    (centred units)."""
+    mean, var = _moments(kind)(jnp.asarray(mu, float), jnp.asarray(S, float), t)
+    return np.asarray(mean), np.asarray(var)
+
+
+@functools.lru_cache(maxsize=64)
+def _newton(kinds: tuple):
+    """The per-row damped Newton iteration (module docstring), jitted: x0 (n, 2Q) -> (x, -F*,
+    gradient, iterations, converged) per row."""
+    val, vg = _row_functions(kinds)
+
+    def neg(x, terms, b, yy):
+        return -_row_bound(kinds, x, terms, b, yy)
+
+    # reverse over reverse: the RBF psi statistics have no forward-mode rule
+    hess = jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0))
+
+    def done(f, g, gtol):
+        return jnp.max(jnp.abs(g), axis=1) <= gtol * (1.0 + jnp.abs(f))
+
+    def run(x0, terms, b, yy, max_iter, gtol):
+        n = x0.shape[0]
+        args = (terms, b, yy)
+        f0, g0 = vg(x0, *args)
+        state = {
+            "it": jnp.int32(0), "x": x0, "f": f0, "g": g0,
+            "active": ~done(f0, g0, gtol) & jnp.isfinite(f0),
+            "n_iter": jnp.zeros(n, jnp.int32),
+        }  # fmt: skip
+
+        def cond(s):
+            return (s["it"] < max_iter) & jnp.any(s["active"])
+
+        def body(s):
+            x, f, g, act = s["x"], s["f"], s["g"], s["active"]
+            # Newton's direction on the Hessian with its eigenvalues' signs flipped and floored
+            # (a descent direction at saddles and maxima too)
+            H = hess(x, *args)
+            lam, U = jnp.linalg.eigh(0.5 * (H + jnp.swapaxes(H, 1, 2)))
+            lam = jnp.maximum(jnp.abs(lam), EIG_FLOOR * jnp.max(jnp.abs(lam), axis=1, keepdims=True) + 1e-300)
+            d = -jnp.einsum("nij,nj->ni", U, jnp.einsum("nji,nj->ni", U, g) / lam)
+            d = d * jnp.minimum(1.0, MAX_STEP / jnp.maximum(jnp.max(jnp.abs(d), axis=1), 1e-300))[:, None]
+            gd = jnp.sum(g * d, axis=1)
+
+            def lcond(ls):
+                return (ls[0] < LS_HALVINGS) & jnp.any(ls[2])
+
+            def lbody(ls):
+                k, a, todo = ls
+                ft = val(x + a[:, None] * d, *args)
+                ok = jnp.isfinite(ft) & (ft <= f + ARMIJO * a * gd) & (ft < f)  # a strict decrease
+                return k + 1, jnp.where(todo & ~ok, 0.5 * a, a), todo & ~ok
+
+            _, a, todo = jax.lax.while_loop(lcond, lbody, (jnp.int32(0), jnp.ones(n), act))
+            # at the bound's rounding floor no step decreases its value: there the full step is
+            # taken where it shrinks the gradient (the values' floor is far above the gradient's)
+            floor = act & todo
+            x1 = jnp.where(floor[:, None], x + d, x + a[:, None] * d)
+            f1, g1 = vg(x1, *args)
+            gn, gn1 = jnp.linalg.norm(g, axis=1), jnp.linalg.norm(g1, axis=1)
+            near = f1 <= f + POLISH_SLACK * (1.0 + jnp.abs(f))
+            polish = floor & jnp.isfinite(f1) & (gn1 < POLISH * gn) & near
+            step = (act & ~todo) | polish
+            x1 = jnp.where(step[:, None], x1, x)
+            f1, g1 = jnp.where(step, f1, f), jnp.where(step[:, None], g1, g)
+            return {
+                "it": s["it"] + 1, "x": x1, "f": f1, "g": g1,
+                "active": step & ~done(f1, g1, gtol),
+                "n_iter": s["n_iter"] + act.astype(jnp.int32),
+            }  # fmt: skip
+
+        s = jax.lax.while_loop(cond, body, state)
+        return s["x"], s["f"], s["g"], s["n_iter"], done(s["f"], s["g"], gtol)
+
+    return jax.jit(run)
+
+
+def _padded(n: int) -> int:
+    """Rows a batch is padded to (powers of two from 8): few shapes, few compilations."""
+    return max(8, 1 << (int(n) - 1).bit_length())
+
+
+@x64
+def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float = GTOL):
+    """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring): (mu (n, Q), S (n, Q),
+    F* (n,), iterations (n,), converged (n,): the gradient rule met, else the row stopped at its
+    rounding floor or at ``max_iter``)."""
+    n, Q = mu0.shape
+    if n == 0:
+        z = np.zeros((0, Q))
+        return z, z.copy(), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
+    p = _padded(n)
+    pad = lambda a: np.concatenate([a, np.repeat(a[:1], p - n, axis=0)]) if p > n else a  # noqa: E731
+    x0 = np.concatenate([mu0, np.log(S0)], axis=1)
+    run = _newton(tuple(kinds))
+    x, f, g, it, conv = run(
+        jnp.asarray(pad(x0)), tuple(terms), tuple(jnp.asarray(pad(np.asarray(v))) for v in b),
+        jnp.asarray(pad(np.asarray(yy))), int(max_iter), float(gtol),
+    )  # fmt: skip
+    x = np.asarray(x)[:n]
+    return (x[:, :Q], np.exp(x[:, Q:]), -np.asarray(f)[:n], np.asarray(it)[:n].astype(np.int64),
+            np.asarray(conv)[:n])  # fmt: skip
+
+
+def row_data(terms, Ys):
+    """(b, yy) of new rows from their centred views ``Ys`` (n, D_v) each: b[v] = Y_v m_v^T (n, M),
+    yy (n, V) the rows' squared norms."""
+    b = tuple(np.asarray(Y @ np.asarray(t.m).T) for t, Y in zip(terms, Ys, strict=True))
+    yy = np.column_stack([np.einsum("ij,ij->i", Y, Y) for Y in Ys])
+    return b, yy
+
+
+def starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train, k: int = START_CANDIDATES):
+    """Each row's start (mu0, S0): of its k training rows nearest by sum_v beta_v ||y_v - E[f_v]||^2
+    (``recon``: the training rows' predictive means per view), the q(x_n) with the highest F*
+    (ties: the nearer)."""
+    n, N = Ys[0].shape[0], mu_train.shape[0]
+    k = min(int(k), N)
+    w = [np.sqrt(np.exp(float(t.log_beta))) for t in terms]
+    ref = np.hstack([wv * R for wv, R in zip(w, recon, strict=True)])
+    qry = np.hstack([wv * Y for wv, Y in zip(w, Ys, strict=True)])
+    idx = knn_query(ref, qry, k)[0]  # (n, k), nearest first
+    flat = idx.ravel()
+    rep = lambda a: np.repeat(np.asarray(a), k, axis=0)  # noqa: E731
+    F = cell_bound(kinds, terms, [rep(v) for v in b], rep(yy), mu_train[flat], S_train[flat])
+    F = np.where(np.isfinite(F), F, -np.inf).reshape(n, k)
+    best = idx[np.arange(n), np.argmax(F, axis=1)]
+    return mu_train[best], S_train[best]
+
+
+def infer_rows(kinds, terms, Ys, recon, mu_train, S_train, max_iter: int = MAX_ITER, gtol: float = GTOL):
+    """q(x*) of new rows observed in the views of ``terms`` (their centred data ``Ys``), each row on
+    its own (module docstring): (mu, S, F*, iterations, converged) as :func:`maximise`."""
+    b, yy = row_data(terms, Ys)
+    mu0, S0 = starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train)
+    return maximise(kinds, terms, b, yy, mu0, S0, max_iter, gtol)
