@@ -17,7 +17,11 @@ from lvmcore.models.components import SPACING, check_component_sizes, component_
 from lvmcore.models.glle import GLLE
 from lvmcore.models.lllvm import LLLVM
 from lvmcore.models.persist import model_from_arrays
-from tasks.evaluate import component_metrics, component_weights, weighted_metrics
+from tasks.evaluate import component_metrics, component_weights, evaluate_point, weighted_metrics
+from tasks.fit import fit_point
+from tasks.ingest import ingest_dataset
+from tasks.inputs import load_data
+from tasks.knn import build_graph
 
 K = 8
 SIZES = (90, 60)
@@ -243,12 +247,6 @@ def test_a_sweep_point_records_the_components_and_scores_within_them(pieces, tmp
     """Through the sweep's own fit and evaluation: the point's n_components_graph output, the
     generations of both pieces, the metrics within components (trustworthiness against
     scikit-learn's on each component alone, weighted n_c / N)."""
-    from tasks.evaluate import evaluate_point
-    from tasks.fit import fit_point
-    from tasks.ingest import ingest_dataset
-    from tasks.inputs import load_data
-    from tasks.knn import build_graph
-
     Y, _, _ = pieces
     np.save(tmp_path / "pieces.npy", Y)
     data = ingest_dataset(str(tmp_path / "pieces.npy"), str(tmp_path / "pieces.zarr"))
