@@ -65,9 +65,13 @@ def fitted_model(est) -> tuple[tuple | None, str]:
     tasks.store.models), or None and why an estimator refused (the point's embedding and metrics
     are kept either way; loading its model then names the reason)."""
     try:
-        return est.to_arrays(), ""
+        arrays, params = est.to_arrays()
     except (NotImplementedError, TypeError, AttributeError, ValueError) as e:
         return None, f"{type(e).__name__}: {e}"
+    odd = [name for name, a in arrays.items() if np.asarray(a).dtype.kind not in "biuf"]
+    if odd:  # the store keeps numbers only
+        return None, f"to_arrays gave arrays that are not numbers: {odd}"
+    return (arrays, params), ""
 
 
 def fit_point(

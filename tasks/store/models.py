@@ -96,6 +96,8 @@ def write_model(path, key: str, point: dict, arrays: dict, params: dict) -> int:
         else:
             raise TypeError(f"model array {name} of {key} has dtype {a.dtype}; only numbers are stored")
         node = name if _NODE_NAME.match(name) and name not in (".", "..") else f"a{i}"
+        while node in names:  # a kept name that another array's stand-in took
+            node += "_"
         arr = g.create_array(
             node, shape=a.shape, chunks=_chunks(a.shape), dtype=a.dtype, compressors=CHECKSUMMED,
             dimension_names=[f"{node}_{j}" for j in range(a.ndim)] or None, fill_value=0,
