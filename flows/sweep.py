@@ -20,11 +20,19 @@ from prefect_dask import DaskTaskRunner
 from flows.artifacts import publish_results, start_progress, update_progress
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
-from flows.tasks import grid_points_task, ingest_task, knn_task, refit_points_task, report_task
+from flows.tasks import extras_task, grid_points_task, ingest_task, knn_task, refit_points_task, report_task
 from tasks.costs import check_plan, predicted_seconds
 from tasks.knn import graph_matches
-from tasks.point import points_without_models, refit_summary, work_batches
+from tasks.point import (
+    check_extras_mode,
+    extras_inline,
+    extras_summary,
+    points_without_models,
+    refit_summary,
+    work_batches,
+)
 from tasks.registry import model_grid, options_for
+from tasks.results.extras import extras_todo
 from tasks.results.models import keep_chosen_models
 from tasks.store import (
     StoreWriteError,
@@ -146,6 +154,27 @@ def refit_models_of(store: str, plan: SweepPlan, data_path: str, graph: str | No
             print(line)
 
 
+def extras_of_chosen(
+    store: str, plan: SweepPlan, data_path: str, graph: str | None, mode: str, n_workers: int
+):
+    """After the selection: GLLE's diagnostics for the finished points that should carry them and
+    do not (tasks.results.extras.extras_todo: each group's chosen setting, with ``mode`` "all" every
+    finished point), computed on the cluster (tasks.point.add_extras) and said
+    (tasks.point.extras_summary). A grown or resumed store whose choice moved gets them for its new
+    chosen point; an earlier one keeps its own."""
+    if plan.store_layout().n_generations == 0:
+        return
+    todo = extras_todo(store, plan.specs, everywhere=mode == "all")
+    futures = []
+    for s, items in work_batches(plan.specs, todo, max(1, n_workers), 1):
+        opts = options_for(s, plan.options)
+        fut = extras_task.submit(s.key, opts, data_path, graph, items, store, plan.store_layout(), len(items))
+        futures.append((s.key, items, fut))
+    for key, items, fut in futures:
+        for line in extras_summary(key, items, fut.result()):
+            print(line)
+
+
 @flow(name="embed-sweep-grid", log_prints=True)
 def sweep_grid(
     plan: dict,
@@ -156,6 +185,7 @@ def sweep_grid(
     retry_failed: bool = False,
     keep_models: str = "all",
     refit_models: bool = False,
+    extras: str = "chosen",
 ) -> dict:
     """Inner flow, run with a DaskTaskRunner: every task below runs on the sweep's cluster.
     ``plan``: the outer flow's :class:`SweepPlan`, as a dict."""
@@ -207,6 +237,7 @@ def sweep_grid(
             layout,
             len(items),
             retry_failed,
+            extras_inline(s, grid, extras),
         )
         futures[id(fut)] = (fut, s.key, items)
     progress = _progress(store, len(todo), total - len(todo), predicted_seconds(plan, todo, n_workers))
@@ -237,6 +268,8 @@ def sweep_grid(
         )
     for line in reasons:
         logger.error(line)
+    # after the selection: the chosen settings' generations and covariance-scale studies
+    extras_of_chosen(store, plan, data_path, graph or None, extras, n_workers)
     if keep_models == "chosen":  # after the selection: only each model's chosen setting keeps its model
         removed = keep_chosen_models(store)
         print(f"--keep-models chosen: {sum(removed.values())} model(s) of settings not chosen removed")
@@ -276,6 +309,7 @@ def embed_sweep(
     max_point_hours: float | None = None,
     keep_models: str = "all",
     refit_models: bool = False,
+    extras: str = "chosen",
 ) -> dict:
     """Fit every model over the grid and store the results.
 
@@ -300,8 +334,13 @@ def embed_sweep(
         the sweep, only each model's chosen setting's: tasks.results.models.keep_chosen_models).
     refit_models: fit the finished points of a store written before models were kept again and keep
         their models, the stored numbers unchanged; says if any embedding moved by more than 1e-8.
+    extras: where GLLE's diagnostics (``n_generations`` generations and the covariance-scale study,
+        each an eigensolve as costly as the fit's embedding) are computed: "chosen" (each model's
+        chosen setting, after the selection; a one-point grid with its fit) or "all" (every grid
+        point). The store's per-point ``has_extras`` says which points carry them.
     """
     spec = normalise_cluster(cluster)
+    check_extras_mode(extras)
     store = str(store_path(store))
     given = plan  # the CLI printed a given plan's costs already
     if plan is None:
@@ -331,6 +370,7 @@ def embed_sweep(
             retry_failed,
             keep_models,
             refit_models,
+            extras,
             return_state=True,
         )
         if state.is_failed():  # failed grid points or an unwritable store: this run ends Failed too

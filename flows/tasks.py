@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.ingest import ingest_dataset
 from tasks.knn import build_graph
-from tasks.point import refit_points, run_points
+from tasks.point import add_extras, refit_points, run_points
 from tasks.report import make_report
 from tasks.store import Layout
 
@@ -40,9 +40,11 @@ def grid_points_task(
     layout: Layout,
     n: int = 0,
     retry_failed: bool = False,
+    extras: bool = True,
 ) -> list[str]:
-    """A batch of ``n`` grid points of one model (tasks.point.run_points); ``n`` names the task run."""
-    return run_points(key, options, data_path, graph_path, items, store, layout, retry_failed)
+    """A batch of ``n`` grid points of one model (tasks.point.run_points); ``n`` names the task run;
+    ``extras``: GLLE's diagnostics computed with each fit (else left to the chosen setting)."""
+    return run_points(key, options, data_path, graph_path, items, store, layout, retry_failed, extras)
 
 
 @task(name="refit-models", cache_policy=NO_CACHE, task_run_name="{key}-refit-{n}-points")
@@ -59,6 +61,22 @@ def refit_points_task(
     """``--refit-models``: finished grid points fitted again for their models, the stored numbers
     kept (tasks.point.refit_points); ``n`` names the task run."""
     return refit_points(key, options, data_path, graph_path, items, store, layout)
+
+
+@task(name="extras", cache_policy=NO_CACHE, task_run_name="{key}-extras-{n}-points")
+def extras_task(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    items: list,
+    store: str,
+    layout: Layout,
+    n: int = 0,
+) -> list[str]:
+    """GLLE's diagnostics (generations, covariance-scale study) for finished grid points that lack
+    them, the chosen settings after the selection (tasks.point.add_extras); ``n`` names the task run."""
+    return add_extras(key, options, data_path, graph_path, items, store, layout)
 
 
 @task(name="report", retries=1)

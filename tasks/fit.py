@@ -12,7 +12,7 @@ import numpy as np
 from lvmcore.data.rowsource import ZarrRows
 from lvmcore.rows import attach
 from tasks.inputs import load_data, load_graph
-from tasks.registry import COV_SCALES, MODELS
+from tasks.registry import COV_SCALES, DIAGNOSTICS, EXTRAS_FLAG, MODELS
 from tasks.store import PointResult
 
 
@@ -83,7 +83,12 @@ def fit_point(
     point: dict,
     n_generations: int = 0,
 ) -> PointResult:
-    """Fit model ``key`` at grid ``point``; exceptions become a failed result with the error."""
+    """Fit model ``key`` at grid ``point``; exceptions become a failed result with the error.
+
+    ``n_generations`` > 0: GLLE's diagnostics (``DIAGNOSTICS``: that many generations and the
+    covariance-scale study, seeded by the point's seed) are computed after the fit, and its
+    ``EXTRAS_FLAG`` is 1; with 0 they are left out (flag 0). Neither the embedding nor any metric
+    depends on them, and ``fit_seconds`` is the fit's alone."""
     spec = MODELS[key]
     res = PointResult(key=key, index=tuple(index), point=dict(point), status="failed")
     try:
@@ -103,6 +108,8 @@ def fit_point(
             else:
                 est.fit(Y, **fit_args)
             res.fit_seconds = time.perf_counter() - t0
+            if EXTRAS_FLAG in spec.extras:  # paper 001's diagnostics computed, or left out (arrays NaN)
+                res.extras[EXTRAS_FLAG] = float(n_generations > 0)
             if "generations" in spec.extras and n_generations > 0:
                 res.extras["generations"] = np.asarray(
                     est.sample(
@@ -130,7 +137,7 @@ def fit_point(
         res.n_iter = float(getattr(est, "n_iter_", len(res.elbo_trace)))
         res.converged = float(bool(est.converged_)) if hasattr(est, "converged_") else float("nan")
         for name in spec.extras:  # learned quantities the registry asks for, e.g. ard_weights_, alpha_
-            if name not in ("generations", "scale_study") and getattr(est, name + "_", None) is not None:
+            if name not in (*DIAGNOSTICS, EXTRAS_FLAG) and getattr(est, name + "_", None) is not None:
                 res.extras[name] = np.asarray(getattr(est, name + "_"), dtype=np.float64)
         res.model, res.model_error = fitted_model(est)
         res.status = "done"

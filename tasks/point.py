@@ -21,7 +21,7 @@ import zarr
 from tasks.costs.guard import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
-from tasks.registry import MODELS, ModelSpec
+from tasks.registry import EXTRAS_FLAG, EXTRAS_MODES, MODELS, ModelSpec, grid_points
 from tasks.store import (
     STATUS_DONE,
     STATUS_FAILED,
@@ -34,6 +34,7 @@ from tasks.store import (
     read_status,
     record_model,
     write_error,
+    write_extras,
     write_point,
 )
 
@@ -104,10 +105,13 @@ def run_point(
     point: dict,
     store: str,
     layout: Layout,
+    extras: bool = True,
 ) -> str:
     """Fit, evaluate and write one grid point; returns ``done`` or ``failed``. A fit that runs past
-    its predicted time by the set factor is stopped and recorded failed (tasks.costs.guard)."""
-    n_gen = layout.n_generations if "generations" in MODELS[key].extras else 0
+    its predicted time by the set factor is stopped and recorded failed (tasks.costs.guard).
+    ``extras``: compute GLLE's diagnostics (generations, covariance-scale study) with the fit; a
+    sweep leaves them to the chosen setting (:func:`extras_inline`, :func:`add_extras`)."""
+    n_gen = layout.n_generations if "generations" in MODELS[key].extras and extras else 0
     try:
         with point_guard(key, options, point, data_path, n_gen):
             res = fit_point(key, options, data_path, graph_path, index, point, n_gen)
@@ -136,11 +140,13 @@ def run_points(
     store: str,
     layout: Layout,
     retry_failed: bool = False,
+    extras: bool = True,
 ) -> list[str]:
     """Run a batch of grid points (``items``: (index, point) pairs) of one model, skipping any
     that a previous attempt already finished (failed ones too, unless ``retry_failed``). A point
     that cannot be written (StoreWriteError) ends the batch: its state is ``write-error: <the
-    one-line reason>`` and the rest are ``skipped`` (the flow stops the sweep with that line)."""
+    one-line reason>`` and the rest are ``skipped`` (the flow stops the sweep with that line).
+    ``extras``: as :func:`run_point`'s."""
     status = read_status(store, key)
     runnable = (STATUS_PENDING, STATUS_FAILED) if retry_failed else (STATUS_PENDING,)
     out = []
@@ -149,7 +155,9 @@ def run_points(
             out.append("skipped")
             continue
         try:
-            out.append(run_point(key, options, data_path, graph_path, tuple(index), point, store, layout))
+            out.append(
+                run_point(key, options, data_path, graph_path, tuple(index), point, store, layout, extras)
+            )
         except StoreWriteError as e:
             out.append(f"write-error: {e}")
             break
@@ -185,13 +193,11 @@ def refit_points(
     embedding, metrics and extras unchanged. Each state is ``refit <largest absolute difference of
     the refit's embedding from the stored one>`` (within ``REFIT_TOLERANCE``: the point records this
     version of the numerics), or ``failed: <why>``."""
-    spec = MODELS[key]
     group = zarr.open_group(str(store), mode="r")[key]
     out = []
     for index, point in items:
         index = tuple(index)
-        n_gen = layout.n_generations if "generations" in spec.extras else 0
-        res = fit_point(key, options, data_path, graph_path, index, point, n_gen)
+        res = fit_point(key, options, data_path, graph_path, index, point)  # the model needs no diagnostics
         if res.status != "done":
             out.append(f"failed: {res.error}")
             continue
@@ -231,4 +237,75 @@ def refit_summary(key: str, items: list, states: list[str]) -> list[str]:
         )
     for point, why in failed:
         lines.append(f"warning: {key} {point}: the refit failed ({why}); the point keeps no model")
+    return lines
+
+
+def check_extras_mode(mode: str) -> str:
+    """``mode`` if it is one of ``EXTRAS_MODES`` (where a sweep computes GLLE's diagnostics), else
+    ValueError naming them."""
+    if mode not in EXTRAS_MODES:
+        raise ValueError(f"extras must be one of {list(EXTRAS_MODES)}, got {mode!r}")
+    return mode
+
+
+def extras_inline(spec: ModelSpec, grid: dict, mode: str) -> bool:
+    """Whether the grid points of ``spec`` compute GLLE's diagnostics with their fit: under
+    ``extras="all"``, and where the model's grid has one point (it is the chosen setting, so no
+    second fit after the selection); else the chosen setting gets them after the selection
+    (:func:`add_extras`). Models without diagnostics: True (nothing changes for them)."""
+    if EXTRAS_FLAG not in spec.extras or check_extras_mode(mode) == "all":
+        return True
+    return sum(1 for _ in grid_points(spec, grid)) == 1
+
+
+def add_extras(
+    key: str,
+    options: dict,
+    data_path: str,
+    graph_path: str | None,
+    items: list,
+    store: str,
+    layout: Layout,
+) -> list[str]:
+    """GLLE's diagnostics for finished grid points that lack them (``items``: (index, point)
+    pairs; tasks.results.extras.extras_todo names them): each point fitted again as its sweep fitted
+    it, then ``n_generations`` generations and the covariance-scale study computed as a grid point
+    computes them with ``extras`` (same seeds, the same numbers), and written into the point's cell
+    beside its stored numbers, which are kept (tasks.store.write_extras). Each state is ``extras
+    <largest absolute difference of the refit's embedding from the stored one>`` or ``failed: <why>``."""
+    spec = MODELS[key]
+    group = zarr.open_group(str(store), mode="r")[key]
+    out = []
+    for index, point in items:
+        index = tuple(index)
+        res = fit_point(key, options, data_path, graph_path, index, point, layout.n_generations)
+        if res.status != "done":
+            out.append(f"failed: {res.error}")
+            continue
+        stored = np.asarray(group["embedding"][index])
+        moved = float(np.max(np.abs(stored[: len(res.embedding), : res.embedding.shape[1]] - res.embedding)))
+        write_extras(store, spec, index, res.extras, layout)
+        out.append(f"extras {moved if np.isfinite(moved) else float('inf')!r}")
+    return out
+
+
+def extras_summary(key: str, items: list, states: list[str]) -> list[str]:
+    """The lines a sweep says for the points that got GLLE's diagnostics after its selection: each
+    point, and a warning where the refit's embedding moved from the stored one by more than
+    ``REFIT_TOLERANCE`` (the diagnostics then belong to the refit) or the refit failed."""
+    lines = []
+    for (_, point), state in zip(items, states):
+        where = ", ".join(f"{d}={v}" for d, v in point.items())
+        if state.startswith("extras "):
+            d = float(state.removeprefix("extras "))
+            lines.append(
+                f"{key} {where}: generations and covariance-scale study computed (the chosen setting)"
+            )
+            if d > REFIT_TOLERANCE:
+                lines.append(
+                    f"warning: {key} {where}: the refit for its generations moved the embedding by {d:.3g} "
+                    f"from the stored one (more than {REFIT_TOLERANCE:g})"
+                )
+        elif state != "skipped":
+            lines.append(f"warning: {key} {where}: its generations failed ({state.removeprefix('failed: ')})")
     return lines

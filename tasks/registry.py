@@ -17,6 +17,15 @@ import numpy as np
 SWEEP_DIMS = ("k", "latent_dim", "kappa", "seed")
 #: covariance scales a of GLLE's scale study (paper 001 section VI-C): one generation per a
 COV_SCALES = (0.01, 0.1, 1.0, 5.0, 10.0)
+#: paper 001's diagnostics of a fitted GLLE: its generations and its covariance-scale study, each
+#: as costly as the fit's own embedding and needed by no metric that chooses a setting. A sweep
+#: computes them for the setting it chooses (``extras="chosen"``, the default) or at every grid
+#: point (``extras="all"``); ``EXTRAS_FLAG`` (a per-point value of the groups that hold them) is 1
+#: where the point carries them, 0 where it was fitted without them
+DIAGNOSTICS = ("generations", "scale_study")
+EXTRAS_FLAG = "has_extras"
+#: the sweep's choices of where the diagnostics are computed
+EXTRAS_MODES = ("chosen", "all")
 #: the constructor argument each sweep dimension sets
 PARAM_OF_DIM = {"k": "n_neighbors", "latent_dim": "n_components", "kappa": "kappa", "seed": "random_state"}
 
@@ -35,7 +44,8 @@ class ModelSpec:
     has_variance: bool = False
     #: extra per-grid-point outputs: name -> dims after the sweep dims (the fitted attribute
     #: ``<name>_``, e.g. the graph models' ``n_components_graph``: how many connected components
-    #: the neighbour graph had, each fitted apart and placed arbitrarily where more than one)
+    #: the neighbour graph had, each fitted apart and placed arbitrarily where more than one; GLLE's
+    #: ``DIAGNOSTICS`` and their ``EXTRAS_FLAG``, which are not fitted attributes)
     extras: dict = field(default_factory=dict)
     description: str = ""
     #: sweep dimensions across which the bound (``elbo_``) ranks fits of the same data meaningfully;
@@ -95,6 +105,7 @@ MODELS: dict[str, ModelSpec] = {
                 "generations": ("generation", "point", "component"),
                 "scale_study": ("cov_scale", "point", "component"),
                 "n_components_graph": (),
+                EXTRAS_FLAG: (),
             },
             description="generative LLE, EM (paper 001, Algorithm 1)",
         ),
@@ -108,6 +119,7 @@ MODELS: dict[str, ModelSpec] = {
                 "generations": ("generation", "point", "component"),
                 "scale_study": ("cov_scale", "point", "component"),
                 "n_components_graph": (),
+                EXTRAS_FLAG: (),
             },
             description="generative LLE, direct sampling (paper 001, Algorithm 2)",
         ),

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from tasks.results.extras import extras_settings
 from tasks.results.models import model_sizes
 from tasks.results.selection import QUALITY, criterion_of, model_groups, quality_grid, select
 from tasks.store import STATUS_DONE, open_results
@@ -283,6 +284,34 @@ def _metric_curves(plt, ds, qual, name, crit, chosen, out):
     return figs
 
 
+def extras_notes(groups, chosen: dict) -> list[str]:
+    """One line per model group that holds GLLE's diagnostics (generations and covariance-scale
+    study): at which of its finished grid points they were computed, and whether the chosen setting
+    is one of them (a sweep computes them for the chosen setting unless run with extras "all")."""
+    lines = []
+    for name, ds in groups:
+        settings = extras_settings(ds)
+        if settings is None:
+            continue
+        n_done = int((ds["status"].values == STATUS_DONE).sum())
+        pick = chosen[name].get("setting")
+        at = "; ".join(_fmt(s) for s in settings[:6]) + (
+            f"; and {len(settings) - 6} more" if len(settings) > 6 else ""
+        )
+        line = (
+            f"{name}: generations and covariance-scale study at {len(settings)} of {n_done} finished point(s)"
+        )
+        line += f" ({at})" if settings else ""
+        if pick is not None:
+            line += (
+                "; the chosen setting carries them"
+                if pick in settings
+                else f"; the chosen setting ({_fmt(pick)}) has none yet: the sweep run again adds them"
+            )
+        lines.append(line + ".")
+    return lines
+
+
 def make_report(store, out_dir=None) -> str:
     """Write PNG figures and ``index.html`` for the store; returns the HTML path."""
     import matplotlib
@@ -405,7 +434,7 @@ def make_report(store, out_dir=None) -> str:
             (
                 f"generations_{name}.png",
                 f"{name}: {len(G)} embeddings sampled from one fit's posterior (paper 001), "
-                f"coloured as above ({_fmt(setting)}).",
+                f"coloured as above ({_fmt(setting)}: the chosen setting).",
             )
         )
 
@@ -482,6 +511,9 @@ def make_report(store, out_dir=None) -> str:
         "(the smallest k that connects it).</p>",
         table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep=""),
     ]
+    notes = extras_notes(groups, chosen)
+    if notes:  # which points carry GLLE's diagnostics (tasks.results.extras)
+        body.append("<p>" + "<br>".join(html.escape(n) for n in notes) + "</p>")
     for fname, caption in figs:
         body.append(
             f"<figure><img src='{html.escape(fname)}' alt='{html.escape(caption)}'>"

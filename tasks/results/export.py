@@ -24,6 +24,8 @@ import zarr
 from lvmcore.checks import MISSING_LABEL
 from lvmcore.data import color_names, label_names, obs_names
 from tasks.inputs import load_data
+from tasks.registry import EXTRAS_FLAG
+from tasks.results.extras import carries_extras
 from tasks.results.selection import model_groups, open_store, select, store_data_path
 from tasks.results.state import check_complete, partial_note
 from tasks.results.userfile import (
@@ -76,6 +78,9 @@ def _chosen(store, models, setting, key_added=None):
             "metrics": s["metrics"],
             "hyperbolic": int(s["hyperbolic"]),
         }
+        flags = carries_extras(groups[m])  # GLLE: whether the chosen point carries paper 001's diagnostics
+        if flags is not None:
+            chosen[m][EXTRAS_FLAG] = int(bool(flags.sel(s["setting"])))
     return tree, obsm, chosen
 
 

@@ -42,6 +42,7 @@ from tasks.store.layout import (
     remove_store,
     store_grid,
     write_error,
+    write_extras,
     write_point,
     write_store_attrs,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "verify_points",
     "write_error",
     "write_model",
+    "write_extras",
     "write_point",
     "write_store_attrs",
     "write_template",

@@ -26,7 +26,7 @@ import zarr
 
 from lvmcore import __version__
 from lvmcore.data import list_datasets
-from tasks.registry import ModelSpec, model_grid
+from tasks.registry import EXTRAS_FLAG, ModelSpec, model_grid
 from tasks.store.fingerprint import NUMERICS_CHARS, numerics_version, sweep_id
 from tasks.store.integrity import check_metadata, rebuild_metadata
 from tasks.store.models import write_model, write_model_note
@@ -328,6 +328,21 @@ def write_point(path, spec: ModelSpec, res: PointResult, layout: Layout) -> None
     for name, (_, arr) in data.items():
         z = group[name]
         z[sel + (slice(None),) * (z.ndim - len(sdims))] = arr.astype(z.dtype, copy=False)
+
+
+def write_extras(path, spec: ModelSpec, index: tuple, extras: dict, layout: Layout) -> None:
+    """Write extra outputs (``extras``: name -> array, e.g. GLLE's generations, its scale study and
+    their per-point flag) into the cell of the finished grid point at ``index``, leaving every
+    other array of the cell as it is; the flag (``EXTRAS_FLAG``) goes last, so a cell that says it
+    carries them has them."""
+    group = zarr.open_group(str(path), mode="r+")[spec.key]
+    sel = tuple(slice(i, i + 1) for i in index)
+    names = [n for n in stored_extras(spec, layout) if n in extras]
+    for name in sorted(names, key=lambda n: n == EXTRAS_FLAG):
+        dims = spec.extras[name]
+        z = group[name]
+        val = _pad(extras[name], extra_shape(dims, layout))
+        z[sel + (slice(None),) * (z.ndim - len(index))] = val.reshape((1,) * len(index) + val.shape)
 
 
 class StoreWriteError(OSError):

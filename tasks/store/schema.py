@@ -14,7 +14,7 @@ import xarray as xr
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from tasks.registry import COV_SCALES, ModelSpec, model_grid
+from tasks.registry import COV_SCALES, DIAGNOSTICS, EXTRAS_FLAG, ModelSpec, model_grid
 from tasks.store.fingerprint import NUMERICS_CHARS
 
 #: the version of what a result store holds, one number for the whole store (root attribute
@@ -22,8 +22,11 @@ from tasks.store.fingerprint import NUMERICS_CHARS
 #: 1: embeddings, variances, metrics, traces and extras per grid point;
 #: 2 (issue 50): each finished point's fitted model as plain arrays (``<key>/models/<point id>/``,
 #: :mod:`tasks.store.models`) with its size per point (``model_bytes``), and the preprocessing that
-#: made the fitted matrix kept with the ingested inputs. Whatever else this turn adds to the store
-#: (the atlas issue's extras) shares this number.
+#: made the fitted matrix kept with the ingested inputs; and (issue 52, the same version) the graph
+#: models' ``n_components_graph`` and GLLE's per-point ``has_extras`` (1: the point carries paper
+#: 001's generations and covariance-scale study; 0: fitted without them, their arrays NaN there; NaN
+#: in a store written before the flag, where every finished point carries them: tasks.results.extras).
+#: Whatever else this turn adds to the store shares this number.
 SCHEMA_VERSION = 2
 #: the first schema version whose finished points keep their fitted models
 MODELS_SCHEMA = 2
@@ -175,8 +178,9 @@ def array_dims(arr) -> list:
 
 
 def stored_extras(spec: ModelSpec, layout: Layout) -> dict:
-    """A model's extras as its group template holds them (no generation arrays without generations)."""
-    skip = ("generations", "scale_study") if layout.n_generations == 0 else ()
+    """A model's extras as its group template holds them (no generation arrays, nor their per-point
+    flag, without generations)."""
+    skip = (*DIAGNOSTICS, EXTRAS_FLAG) if layout.n_generations == 0 else ()
     return {name: dims for name, dims in spec.extras.items() if name not in skip}
 
 
