@@ -15,6 +15,11 @@ import logging
 import os
 from pathlib import Path
 
+#: exit codes: every grid point done; refused input (before any work) or a damaged store; some grid
+#: point failed; the store cannot be written (a full disk, an unwritable chunk: a re-run resumes);
+#: interrupted (SIGINT / SIGTERM)
+EXIT_OK, EXIT_REFUSED, EXIT_POINTS_FAILED, EXIT_UNWRITABLE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+
 #: the log file a worker process diverts its task runs' failure records to (set by the CLI)
 LOG_ENV = "EMBED_SWEEP_RUN_LOG"
 #: the loggers of Prefect's flow and task runs (the engines' records and ``get_run_logger``'s)

@@ -378,9 +378,9 @@ def _no_server(log_path=None):
 
 def run_case(argv: list[str], capsys, monkeypatch) -> tuple[object, str, str]:
     """(exit code or STARTS, stdout, stderr) of one command, run in this process."""
-    import flows.server
+    import flows.run
 
-    monkeypatch.setattr(flows.server, "local_server", _no_server)
+    monkeypatch.setattr(flows.run, "local_server", _no_server)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     try:
         rc = cli_main(argv)

@@ -312,7 +312,7 @@ def test_mask_var_takes_scanpys_highly_variable_genes_by_default_and_equals_scan
 def test_the_cli_plan_says_which_genes_the_pca_uses(tmp_path, capsys):
     """The default mask is said where the user sees it: among the plan's lines, before any server
     starts (the data code logs it at INFO, below the root logger's level)."""
-    from flows.cli import _plan_all
+    from flows.run import plan_all
 
     path, a = _counts(tmp_path, n=60, D=20)
     a.var["highly_variable"] = np.arange(20) % 2 == 0
@@ -320,6 +320,6 @@ def test_the_cli_plan_says_which_genes_the_pca_uses(tmp_path, capsys):
     sweep = {"models": ["ppca"], "grid": {"latent_dim": [2], "seed": [0]}}
     for pre, said in [({"pca": 5}, True), ({"pca": 5, "mask_var": None}, False)]:
         plan = {**sweep, "dataset": {"path": str(path), "preprocess": pre}}
-        _plan_all([plan], [str(tmp_path / "s.zarr")], False)
+        plan_all([plan], [str(tmp_path / "s.zarr")], False)
         out = capsys.readouterr().out
         assert (f"note: {path}: PCA on var['highly_variable'] (scanpy's default" in out) is said, out
