@@ -81,6 +81,7 @@ def lllvm_fit(
     likelihood: str = "gaussian",
     epsilon_form: str = "identity",
     qc0: tuple[np.ndarray, np.ndarray] | None = None,
+    client=None,
 ):
     """Variational EM on (already preprocessed) Y (N, D) with the symmetric 0/1 adjacency W.
 
@@ -94,7 +95,7 @@ def lllvm_fit(
     Y = np.asarray(Y, dtype=np.float64)
     n, D = Y.shape
     Q = int(n_components)
-    g = prepare_graph(W, solver, chunks, likelihood, epsilon_form)
+    g = prepare_graph(W, solver, chunks, likelihood, epsilon_form, client=client)
     th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
     rng = np.random.default_rng(random_state)
     E = len(g.ei)
@@ -368,9 +369,10 @@ class LLLVM(LatentModel):
         return W  # a disconnected graph is fitted per component (``models.components``)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, Y, graph=None):
+    def fit(self, Y, graph=None, *, client=None):
         """Fit on Y (N, D); ``graph``: None (kNN of Y), an (N, >= k) int array of neighbour indices or a
-        symmetric sparse adjacency. Returns self."""
+        symmetric sparse adjacency; ``client``: the Dask client the ``chunks`` of the quadratic
+        variant run on (None: local threads). Returns self."""
         self._validate_params()
         Y = check_data(Y)
         n, D = Y.shape
@@ -393,6 +395,7 @@ class LLLVM(LatentModel):
             eps_c=float(self.epsilon_c),
             eps_y=float(self.epsilon_y),
             chunks=self.chunks,
+            client=client,
             init=self.init,
             random_state=self.random_state,
             likelihood=self.likelihood,
@@ -405,6 +408,7 @@ class LLLVM(LatentModel):
         self.center_, self.scale_ = center, scale
         self.Y_train_ = Ys
         self.adjacency_ = W
+        g.client = None  # the fitted model holds no cluster connection (it may be pickled or stored)
         self.graph_ = g
         self.solver_ = solver
         self.qx_, self.qc_, self.theta_ = qx, qc, th

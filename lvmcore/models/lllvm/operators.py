@@ -69,6 +69,8 @@ class LLGraph:
     lap_eye: BlockTridiagonal | None = None
     lap_2L: BlockTridiagonal | None = None
     chunks: int | None = None
+    #: the Dask client the chunked edge sums run on (passed by the caller); None: local threads
+    client: object = field(default=None, compare=False, repr=False)
     lap_memo: dict = field(default_factory=dict)
     local: Local | None = None
 
@@ -132,11 +134,17 @@ class Theta:
 
 
 def prepare_graph(
-    W, solver: str, chunks: int | None = None, likelihood: str = "gaussian", epsilon_form: str = "identity"
+    W,
+    solver: str,
+    chunks: int | None = None,
+    likelihood: str = "gaussian",
+    epsilon_form: str = "identity",
+    client=None,
 ) -> LLGraph:
     """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse' |
     'factorised' (the paper's likelihood with per-point factorised q, ``local.py``);
-    ``chunks`` (points per chunk) runs the per-point edge sums of the quadratic variant as Dask tasks."""
+    ``chunks`` (points per chunk) runs the per-point edge sums of the quadratic variant as Dask tasks,
+    on ``client``'s cluster where one is given."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     if epsilon_form not in EPSILON_FORMS:
@@ -174,6 +182,7 @@ def prepare_graph(
         inc=inc,
         solver=solver,
         chunks=chunks,
+        client=client,
         likelihood=likelihood,
         epsilon_form=epsilon_form,
     )
@@ -481,7 +490,7 @@ def edge_reduce(g: LLGraph, fn, *args):
         return fn(*args, slice(0, E))
     starts = np.searchsorted(g.ei, np.arange(0, g.n, int(g.chunks)))
     ends = np.append(starts[1:], E)
-    parts = map_chunks(fn, [(int(a), int(b)) for a, b in zip(starts, ends)], shared=args)
+    parts = map_chunks(fn, [(int(a), int(b)) for a, b in zip(starts, ends)], client=g.client, shared=args)
     return tuple(np.sum([p[t] for p in parts], axis=0) for t in range(len(parts[0])))
 
 
