@@ -192,3 +192,33 @@ def test_one_point_grid_computes_them_with_its_fit_and_old_stores_read_as_carryi
     bare = tmp_path / "b.zarr"
     sweep(bare, {"k": [8], "latent_dim": [2], "seed": [0]}, n_generations=0)
     assert EXTRAS_FLAG not in group(bare) and carries_extras(group(bare)) is None
+
+
+@pytest.fixture(scope="module")
+def api(prefect_api):
+    """This module's flow runs on the test run's Prefect server."""
+    from tests.prefect_server import pointed_at
+
+    with pointed_at(prefect_api):
+        yield prefect_api
+
+
+@pytest.mark.slow  # the Prefect server and the test cluster: ~45 s of wall time on the loaded 2-core machine
+def test_the_flow_computes_them_for_the_chosen_point(api, sweep_cluster, tmp_path, capfd, caplog):
+    """embed_sweep's default (extras "chosen") on the test cluster: the grid points without them,
+    then the chosen point's after the selection, said; an unknown mode refused before anything."""
+    from flows.sweep import embed_sweep
+
+    store = tmp_path / "f.zarr"
+    kw = {"dataset": DATASET, "models": [KEY], "grid": GRID, "store": str(store), "report": False}
+    with pytest.raises(ValueError, match="extras must be one of"):
+        embed_sweep(**kw, n_generations=N_GEN, extras="some")
+    assert not store.exists()
+    res = embed_sweep(**kw, n_generations=N_GEN, cluster=sweep_cluster)
+    assert res["done"] == 4 and res["failed"] == 0
+    pick = select(str(store), KEY)["setting"]
+    assert flags(store) == {key: key == (pick["k"], pick["seed"]) for key in flags(store)}
+    got = capfd.readouterr()
+    out = got.out + got.err + caplog.text  # the flow's prints are its run's log records
+    where = ", ".join(f"{d}={v}" for d, v in pick.items())
+    assert f"{KEY} {where}: generations and covariance-scale study computed (the chosen setting)" in out
