@@ -83,6 +83,9 @@ LS_HALVINGS = 40
 POLISH, POLISH_SLACK = 0.5, 1e-9
 #: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
 EIG_FLOOR = 1e-10
+#: rows per compiled call (their per-row Psi2 and Hessians are held at once); a batch is padded to
+#: a power of two up to this
+BLOCK_ROWS = 1024
 #: Armijo's sufficient-decrease constant
 ARMIJO = 1e-4
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -183,8 +186,14 @@ def _row_functions(kinds: tuple):
 def cell_bound(kinds, terms, b, yy, mu, S) -> np.ndarray:
     """F* (n,) of n rows at q(x*) = N(mu, diag S) (``b``: (n, M) per view, ``yy``: (n, V))."""
     val, _ = _row_functions(tuple(kinds))
-    x = jnp.concatenate([jnp.asarray(mu), jnp.log(jnp.asarray(S))], axis=1)
-    return -np.asarray(val(x, tuple(terms), tuple(b), jnp.asarray(yy)))
+    x = np.concatenate([np.asarray(mu, float), np.log(np.asarray(S, float))], axis=1)
+    out = []
+    for a in range(0, len(x), BLOCK_ROWS):
+        r = slice(a, a + BLOCK_ROWS)
+        br = tuple(jnp.asarray(_pad(np.asarray(v)[r])) for v in b)
+        f = val(jnp.asarray(_pad(x[r])), tuple(terms), br, jnp.asarray(_pad(np.asarray(yy)[r])))
+        out.append(-np.asarray(f)[: len(x[r])])
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 @functools.lru_cache(maxsize=16)
@@ -207,8 +216,16 @@ def _moments(kind: str):
 def cell_moments(kind, t: ViewTerms, mu, S) -> tuple[np.ndarray, np.ndarray]:
     """Predictive mean and variance (n, D) of one view at q(x*) = N(mu, diag S), noise included
     (centred units)."""
-    mean, var = _moments(kind)(jnp.asarray(mu, float), jnp.asarray(S, float), t)
-    return np.asarray(mean), np.asarray(var)
+    mu, S = np.asarray(mu, float), np.asarray(S, float)
+    means, variances = [], []
+    for a in range(0, len(mu), BLOCK_ROWS):
+        r = slice(a, a + BLOCK_ROWS)
+        mean, var = _moments(kind)(jnp.asarray(_pad(mu[r])), jnp.asarray(_pad(S[r])), t)
+        means.append(np.asarray(mean)[: len(mu[r])])
+        variances.append(np.asarray(var)[: len(mu[r])])
+    if not means:
+        return np.zeros((0, t.m.shape[1])), np.zeros((0, t.m.shape[1]))
+    return np.vstack(means), np.vstack(variances)
 
 
 @functools.lru_cache(maxsize=64)
@@ -283,31 +300,35 @@ def _newton(kinds: tuple):
     return jax.jit(run)
 
 
-def _padded(n: int) -> int:
-    """Rows a batch is padded to (powers of two from 8): few shapes, few compilations."""
-    return max(8, 1 << (int(n) - 1).bit_length())
+def _pad(a: np.ndarray) -> np.ndarray:
+    """``a``'s rows padded (with copies of its first row) to a power of two from 8: few shapes, few
+    compilations; every row is computed on its own, so the padding changes no row's answer."""
+    n = len(a)
+    p = max(8, 1 << (int(n) - 1).bit_length())
+    return np.concatenate([a, np.repeat(a[:1], p - n, axis=0)]) if 0 < n < p else a
 
 
 @x64
 def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float = GTOL):
-    """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring): (mu (n, Q), S (n, Q),
-    F* (n,), iterations (n,), converged (n,): the gradient rule met, else the row stopped at its
-    rounding floor or at ``max_iter``)."""
+    """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring), ``BLOCK_ROWS`` rows
+    at a time: (mu (n, Q), S (n, Q), F* (n,), iterations (n,), converged (n,): the gradient rule
+    met, else the row stopped at its rounding floor or at ``max_iter``)."""
     n, Q = mu0.shape
-    if n == 0:
+    run = _newton(tuple(kinds))
+    x0 = np.concatenate([mu0, np.log(S0)], axis=1)
+    parts = []
+    for a in range(0, n, BLOCK_ROWS):
+        r = slice(a, a + BLOCK_ROWS)
+        out = run(
+            jnp.asarray(_pad(x0[r])), tuple(terms), tuple(jnp.asarray(_pad(np.asarray(v)[r])) for v in b),
+            jnp.asarray(_pad(np.asarray(yy)[r])), int(max_iter), float(gtol),
+        )  # fmt: skip
+        parts.append([np.asarray(o)[: len(x0[r])] for o in out])
+    if not parts:
         z = np.zeros((0, Q))
         return z, z.copy(), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
-    p = _padded(n)
-    pad = lambda a: np.concatenate([a, np.repeat(a[:1], p - n, axis=0)]) if p > n else a  # noqa: E731
-    x0 = np.concatenate([mu0, np.log(S0)], axis=1)
-    run = _newton(tuple(kinds))
-    x, f, g, it, conv = run(
-        jnp.asarray(pad(x0)), tuple(terms), tuple(jnp.asarray(pad(np.asarray(v))) for v in b),
-        jnp.asarray(pad(np.asarray(yy))), int(max_iter), float(gtol),
-    )  # fmt: skip
-    x = np.asarray(x)[:n]
-    return (x[:, :Q], np.exp(x[:, Q:]), -np.asarray(f)[:n], np.asarray(it)[:n].astype(np.int64),
-            np.asarray(conv)[:n])  # fmt: skip
+    x, f, _, it, conv = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return x[:, :Q], np.exp(x[:, Q:]), -f, it.astype(np.int64), conv
 
 
 def row_data(terms, Ys):

@@ -5,6 +5,7 @@ and cross-view prediction (the paper's Algorithm 1)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from lvmcore import newpoints
 from lvmcore.graph import knn_query
+from lvmcore.models._base import REFERENCE_SCORE_CELLS
 from lvmcore.models.bgplvm import KERNEL_NAMES, BaseCollapsedGPLVM
 
 
@@ -82,6 +84,37 @@ class MRD(BaseCollapsedGPLVM):
         mu, S = self.infer(views if isinstance(views, (dict, list, tuple)) else {0: views}, max_iter)
         return (mu, S) if return_var else mu
 
+    def reference_score_stats(self, Y_train, random_state: int = 0) -> tuple[float, float]:
+        """Median and MAD of the training rows' scores (at most ``REFERENCE_SCORE_CELLS``, a seeded
+        subsample) for every non-empty set of observed views: a row observed in some views is
+        scored on those only, so its mapping score is standardised against the training rows
+        scored on the same views. ``score_reference_`` maps "0,1"-style keys to [median, MAD];
+        returns the all-views pair."""
+        views = [np.asarray(Y) for Y in Y_train]
+        n = len(views[0])
+        rows = np.arange(n)
+        if n > REFERENCE_SCORE_CELLS:
+            rng = np.random.default_rng(random_state)
+            rows = np.sort(rng.choice(n, REFERENCE_SCORE_CELLS, replace=False))
+        out = {}
+        for k in range(1, len(views) + 1):
+            for subset in itertools.combinations(range(len(views)), k):
+                s = self.score_samples({v: views[v][rows] for v in subset})
+                med = float(np.median(s))
+                mad = float(np.median(np.abs(s - med)))
+                out[_subset_key(subset)] = [med, mad if mad > 0 else 1.0]
+        self.score_reference_ = out
+        return tuple(out[_subset_key(range(len(views)))])
+
+    def mapping_score(self, Y_new) -> np.ndarray:
+        """(score_samples - median) / MAD of the training rows scored on the same observed views."""
+        observed = Y_new if isinstance(Y_new, dict) else dict(enumerate(Y_new))
+        ref = getattr(self, "score_reference_", None)
+        if not ref:
+            raise ValueError("MRD has no reference scores; call reference_score_stats(training views)")
+        med, mad = ref[_subset_key(observed)]
+        return (self.score_samples(observed) - med) / mad
+
     def predict(
         self, observed: dict, target: int, threshold: float = 1e-3, max_iter: int = newpoints.MAX_ITER
     ):
@@ -89,7 +122,9 @@ class MRD(BaseCollapsedGPLVM):
         only (:meth:`infer`); the latent dimensions none of the observed views uses (normalised
         weight <= threshold) are not informed by them, so their means are taken from the training
         point nearest to mu* in the dimensions the observed views share with the target (those the
-        observed views use, where they share none); s* is kept (step 9); then the target view's
+        observed views use, where they share none), their variances s* plus the training means'
+        mean squared distance from mu* there (step 9 keeps s*; the filled mean is a draw the
+        observed views say nothing about, so the interval must hold both); then the target view's
         predictive mean and variance there, the noise included. Returns (mean, var), (N*, D_target)."""
         self._check_fitted()
         V = len(self.kinds_)
@@ -104,6 +139,16 @@ class MRD(BaseCollapsedGPLVM):
             near = shared if shared.any() else used
             X = self.embedding_
             nn = knn_query(X[:, near], mu[:, near])[0][:, 0]
-            mu = mu.copy()
-            mu[:, ~used] = X[nn][:, ~used]
+            mu, S = mu.copy(), S.copy()
+            # the filled mean is a training row's, taken without information on these dimensions:
+            # x*'s expected squared distance from it is s* plus the training means' mean squared
+            # distance from mu* (step 9 keeps s* alone: its 95% interval then covered 75% of the
+            # target's private values, which the observed views cannot inform, on the two-view toy)
+            Xf = X[:, ~used]
+            S[:, ~used] += Xf.var(axis=0) + (Xf.mean(axis=0) - mu[:, ~used]) ** 2
+            mu[:, ~used] = Xf[nn]
         return self.predict_view(mu, S, int(target))
+
+
+def _subset_key(views) -> str:
+    return ",".join(str(int(v)) for v in sorted(views))

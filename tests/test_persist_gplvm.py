@@ -1,0 +1,199 @@
+"""PPCA and the Bayesian GP-LVM family (RBF and linear, collapsed and minibatch) and MRD on the
+persistence contract (issue 50 item 2): the round trip through ``to_arrays`` / ``model_from_arrays``
+(transform and its variance, score_samples, inverse_transform, MRD's predict; 1e-10), each new
+row its own problem (5 rows alone against the same rows among 40 others; 1e-8), q(x*) at the
+optimum of its bound (finite differences), the scores against independent Gaussians (scipy), and
+MRD's 95% predictive interval on held-out rows of the two-view toy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal, norm
+
+from lvmcore.data.synthetic import mrd_toy
+from lvmcore.models import MRD, PPCA, BayesianGPLVM, StochasticBayesianGPLVM
+from lvmcore.models.persist import model_from_arrays
+
+
+def _curve(n, seed):
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0, 2 * np.pi, n)
+    Y = np.column_stack([np.cos(t), np.sin(t), np.cos(2 * t), np.sin(2 * t), t / np.pi])
+    return Y + 0.05 * rng.standard_normal(Y.shape)
+
+
+Y_TRAIN = _curve(60, 0)
+Y_NEW = _curve(45, 1)  # rows 0-4: the five checked alone; 5-44: the others beside them
+
+FITS = {
+    "ppca": lambda: PPCA(n_components=2).fit(Y_TRAIN),
+    "bgplvm_rbf": lambda: BayesianGPLVM(
+        n_components=2, n_inducing=8, kernel="rbf", max_iter=60, init_iters=20, random_state=0
+    ).fit(Y_TRAIN),
+    "bgplvm_linear": lambda: BayesianGPLVM(
+        n_components=2, n_inducing=8, kernel="linear", max_iter=60, init_iters=20, random_state=0
+    ).fit(Y_TRAIN),
+    "bgplvm_svi": lambda: StochasticBayesianGPLVM(
+        n_components=2, n_inducing=8, batch_size=30, max_iter=15, init_epochs=2, random_state=0
+    ).fit(Y_TRAIN),
+}
+
+
+@pytest.fixture(scope="module", params=list(FITS))
+def fitted(request):
+    est = FITS[request.param]()
+    est.reference_score_stats(Y_TRAIN)
+    return request.param, est
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The two-view toy (paper 004 section 5.1), 20% of its rows held out, and MRD on the rest."""
+    (A, B), _ = mrd_toy(150, seed=0)
+    perm = np.random.default_rng(0).permutation(150)
+    tr, te = np.sort(perm[:120]), np.sort(perm[120:])
+    est = MRD(n_components=6, n_inducing=12, kernel="linear", max_iter=300, random_state=0)
+    est.fit([A[tr], B[tr]])
+    return (A, B), tr, te, est
+
+
+def _loaded(est):
+    arrays, params = est.to_arrays()
+    for name, a in arrays.items():
+        assert isinstance(a, np.ndarray) and a.dtype.kind in "fib", (name, a.dtype)
+    params = json.loads(json.dumps(params))  # what a store keeps: JSON, nothing executable
+    return model_from_arrays({k: np.array(a) for k, a in arrays.items()}, params)
+
+
+def _outputs(est, Y):
+    mean, var = est.transform(Y, return_var=True)
+    rec, rec_var = est.inverse_transform(mean, return_var=True)
+    return {"mean": mean, "var": var, "score": est.score_samples(Y), "rec": rec, "rec_var": rec_var}
+
+
+def test_the_round_trip_is_exact(fitted):
+    _, est = fitted
+    loaded = _loaded(est)
+    assert type(loaded) is type(est)
+    np.testing.assert_array_equal(loaded.embedding_, est.embedding_)
+    assert loaded.score_reference_ == est.score_reference_
+    got, want = _outputs(loaded, Y_NEW[:7]), _outputs(est, Y_NEW[:7])
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-10, err_msg=k)
+    np.testing.assert_allclose(
+        loaded.mapping_score(Y_NEW[:7]), est.mapping_score(Y_NEW[:7]), rtol=0, atol=1e-10
+    )
+
+
+def test_each_new_row_is_its_own_problem(fitted):
+    """Five rows transformed one at a time equal the same rows transformed among 40 others."""
+    _, est = fitted
+    together = est.transform(Y_NEW, return_var=True)
+    score = est.score_samples(Y_NEW)
+    for i in range(5):
+        alone = est.transform(Y_NEW[i : i + 1], return_var=True)
+        for a, b in zip(alone, together, strict=True):
+            np.testing.assert_allclose(a[0], b[i], rtol=0, atol=1e-8)
+        np.testing.assert_allclose(est.score_samples(Y_NEW[i : i + 1])[0], score[i], rtol=0, atol=1e-8)
+
+
+def test_new_rows_sit_at_the_optimum_of_their_bound(fitted):
+    """Central differences of each row's bound F* (q(u) fixed) at the q(x*) transform returns,
+    in mu and log S: zero to the differences' own error, and no move raises F*."""
+    key, est = fitted
+    if key == "ppca":
+        pytest.skip("PPCA's posterior is closed form (checked against scipy below)")
+    Y = Y_NEW[:6]
+    mu, S, info = est.infer({0: Y}, return_info=True)
+    assert info["converged"].all(), info
+    F0 = est.new_point_bound({0: Y}, mu, S)
+    np.testing.assert_allclose(F0, info["bound"], rtol=1e-12)
+    h = 1e-5
+    for j in range(2 * mu.shape[1]):
+        e = np.zeros_like(mu)
+        e[:, j % mu.shape[1]] = h
+
+        def at(sign, e=e, j=j):
+            if j < mu.shape[1]:
+                return est.new_point_bound({0: Y}, mu + sign * e, S)
+            return est.new_point_bound({0: Y}, mu, S * np.exp(sign * e))
+
+        up, down = at(1), at(-1)
+        grad = (up - down) / (2 * h)
+        curv = (up - 2 * F0 + down) / h**2
+        assert np.all(np.abs(grad) <= 1e-5 * (1 + np.abs(curv))), (j, grad, curv)
+        assert np.all(curv < 0), (j, curv)
+
+
+def test_training_rows_land_on_their_fitted_posterior():
+    """At the collapsed optimum, q(u) is the optimum of the uncollapsed bound, so a training row's
+    fitted q(x_n) is a stationary point of its own bound: its transform stays there (up to how
+    far the fit's own optimisation was from stationary)."""
+    est = BayesianGPLVM(n_components=2, n_inducing=8, kernel="linear", max_iter=500, random_state=0)
+    est.fit(Y_TRAIN)
+    mu, S = est.transform(Y_TRAIN, return_var=True)
+    scale = np.sqrt(est.embedding_var_)
+    assert np.max(np.abs(mu - est.embedding_) / scale) < 0.05
+    np.testing.assert_allclose(np.sqrt(S), scale, rtol=0.05)
+
+
+def test_ppca_against_explicit_gaussians():
+    est = PPCA(n_components=2).fit(Y_TRAIN)
+    W, s2, m = est.loadings_, est.noise_variance_, est.mean_
+    C = W @ W.T + s2 * np.eye(W.shape[0])
+    np.testing.assert_allclose(est.score_samples(Y_NEW), multivariate_normal(m, C).logpdf(Y_NEW), rtol=1e-10)
+    Mi = np.linalg.inv(W.T @ W + s2 * np.eye(2))
+    mean, var = est.transform(Y_NEW, return_var=True)
+    np.testing.assert_allclose(mean, (Y_NEW - m) @ W @ Mi.T, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(var, np.tile(s2 * np.diag(Mi), (len(Y_NEW), 1)), rtol=1e-10)
+    np.testing.assert_allclose(est.inverse_transform(mean), mean @ W.T + m, rtol=1e-12)
+
+
+def test_gplvm_score_is_the_predictive_density_at_q_x(fitted):
+    """score_samples = sum of log N(y_d; predictive mean, predictive variance) at q(x*)."""
+    key, est = fitted
+    if key == "ppca":
+        pytest.skip("PPCA: against scipy above")
+    mu, S = est.transform(Y_NEW[:6], return_var=True)
+    mean, var = est.predict_view(mu, S, 0)
+    want = norm(mean, np.sqrt(var)).logpdf(Y_NEW[:6]).sum(1)
+    np.testing.assert_allclose(est.score_samples(Y_NEW[:6]), want, rtol=1e-10)
+
+
+def test_mrd_round_trip_and_each_row_its_own_problem(toy):
+    (A, B), tr, te, est = toy
+    est.reference_score_stats([A[tr], B[tr]])
+    assert set(est.score_reference_) == {"0", "1", "0,1"}  # a row is scored on the views it has
+    loaded = _loaded(est)
+    for obs in ({0: A[te]}, [A[te], B[te]]):
+        np.testing.assert_allclose(loaded.mapping_score(obs), est.mapping_score(obs), rtol=0, atol=1e-10)
+    assert abs(np.median(est.mapping_score({1: B[tr]}))) < 0.5  # training rows score near 0
+    obs = {0: A[te]}
+    for a, b in zip(loaded.predict(obs, 1), est.predict(obs, 1), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    for a, b in zip(loaded.transform(obs, return_var=True), est.transform(obs, return_var=True), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(
+        loaded.score_samples([A[te], B[te]]), est.score_samples([A[te], B[te]]), rtol=0, atol=1e-10
+    )
+    mean, var = est.predict(obs, 1)
+    for i in (0, 7, 29):
+        m1, v1 = est.predict({0: A[te][i : i + 1]}, 1)
+        np.testing.assert_allclose(m1[0], mean[i], rtol=0, atol=1e-8)
+        np.testing.assert_allclose(v1[0], var[i], rtol=0, atol=1e-8)
+
+
+def test_mrd_predictive_interval_covers_held_out_values(toy):
+    """View 1 of held-out rows from view 0 by Algorithm 1: the 95% interval (the noise included)
+    covers 92-98% of the held-out values; the shared columns (10-14) are predicted well."""
+    (A, B), tr, te, est = toy
+    mean, var = est.predict({0: A[te]}, 1)
+    cover = float((np.abs(mean - B[te]) <= 1.959964 * np.sqrt(var)).mean())
+    assert 0.92 <= cover <= 0.98, cover
+    shared = slice(10, 15)
+    r = [np.corrcoef(mean[:, j], B[te][:, j])[0, 1] for j in range(10, 15)]
+    assert min(r) > 0.9, r
+    assert np.sqrt(np.mean((mean[:, shared] - B[te][:, shared]) ** 2)) < 0.3 * B[te][:, shared].std()
