@@ -269,6 +269,7 @@ def api(prefect_api):
         yield prefect_api
 
 
+@pytest.mark.slow  # two sweeps through the CLI on the test run's Prefect server (~27 s on a loaded machine)
 def test_keep_models_chosen_then_refit_models_by_the_cli(api, sweep_cluster, tmp_path, capfd, caplog):
     """`run --keep-models chosen` keeps one model per model group; on a store written without
     models, `run --refit-models` fits its finished points again, keeps their models and says that
