@@ -13,7 +13,7 @@ ENV = "EMBED_SWEEP_TEST_INGEST_RAISES"
 ERRORS = {"ValueError": ValueError, "RuntimeError": RuntimeError}
 
 
-def raising_ingest(dataset, data_path, expect=None):
+def raising_ingest(*args, **kwargs):
     kind = os.environ[ENV]
     raise ERRORS[kind](f"{kind} raised inside the ingest task (a test)")
 
