@@ -176,6 +176,8 @@ def _strip_json(v):
 
 
 def compare(a: Path, b: Path) -> int:
+    """Each store's arrays and attributes in ``a`` against ``b``: what changed or went (each named),
+    and what is new in ``b`` (counted: a later version may add arrays, never change the old)."""
     stores = sorted(p.name for p in a.glob("*.zarr"))
     missing = sorted({p.name for p in b.glob("*.zarr")} ^ set(stores))
     bad = 0
@@ -186,10 +188,13 @@ def compare(a: Path, b: Path) -> int:
         if not (b / name).exists():
             continue
         A, B = _arrays(a / name), _arrays(b / name)
-        diffs = []
+        diffs, added = [], []
         for key in sorted(set(A) | set(B)):
-            if key not in A or key not in B:
-                diffs.append(f"{key}: in one store only")
+            if key not in B:
+                diffs.append(f"{key}: gone")
+                continue
+            if key not in A:
+                added.append(key)
                 continue
             (xa, aa), (xb, ab) = A[key], B[key]
             if xa is not None and not _volatile(key.rsplit("/", 1)[-1]):
@@ -198,10 +203,16 @@ def compare(a: Path, b: Path) -> int:
                     diffs.append(f"{key}: {why}")
             sa, sb = _strip(aa), _strip(ab)
             for k in sorted(set(sa) | set(sb)):
-                if sa.get(k) != sb.get(k):
-                    diffs.append(f"{key} attr {k!r}: {str(sa.get(k))[:120]!r} vs {str(sb.get(k))[:120]!r}")
+                if k not in sa:
+                    added.append(f"{key} attr {k}")
+                elif sa.get(k) != sb.get(k):
+                    diffs.append(f"{key} attr {k!r}: {str(sa.get(k))[:100]!r} vs {str(sb.get(k))[:100]!r}")
         n_arr = sum(1 for k, (x, _) in A.items() if x is not None)
-        print(f"{name}: {n_arr} arrays, {len(diffs)} differences")
+        n_new = sum(1 for k in added if " attr " not in k and not k.endswith(".attrs"))
+        print(
+            f"{name}: {n_arr} arrays compared, {len(diffs)} differences; new in the second: {n_new} arrays, "
+            f"{len(added) - n_new} groups/attributes"
+        )
         for d in diffs:
             print("   ", d)
         bad += len(diffs)
