@@ -330,6 +330,13 @@ def main(argv=None) -> int:
         "models (the stored numbers unchanged); says if an embedding moved by more than 1e-8",
     )
     r.add_argument(
+        "--extras",
+        choices=("chosen", "all"),
+        default="chosen",
+        help="where GLLE's generations and covariance-scale study (each an eigensolve as costly as the "
+        "fit's) are computed: each model's chosen setting, after the selection (default), or every point",
+    )
+    r.add_argument(
         "--max-point-hours",
         type=float,
         default=None,

@@ -233,6 +233,7 @@ def cmd_run(a) -> int:
                 max_point_hours=a.max_point_hours,
                 keep_models=a.keep_models,
                 refit_models=a.refit_models,
+                extras=a.extras,
                 return_state=True,
             )
             res = outcome(state)  # a run with failed points ends Failed in Prefect; its counts are here
