@@ -17,6 +17,7 @@ from prefect_dask import DaskTaskRunner
 
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from tasks.results import mapping
+from tasks.results.selection import select
 
 
 @task(name="map-chunk", cache_policy=NO_CACHE, task_run_name="{model}-{first}")
@@ -93,7 +94,7 @@ def embed_sweep_map(
     col = plan["reference"]["label_column"]
     if codes is not None and col and (codes >= 0).any():
         for m, r in results.items():
-            ref_X = mapping.reference_embedding(plan["store"], m, plan["models"][m]["setting"])
+            ref_X = select(plan["store"], m, plan["models"][m]["setting"])["embedding"]
             q = r["mean"][:, : ref_X.shape[1]]
             cat, conf = mapping.transfer_labels(ref_X, codes, names, q)
             labels[m] = (f"{col}_{m}", cat, conf)

@@ -21,11 +21,13 @@ from bench.common import pin_one_core, reset_peak, status_mb
 
 
 def mixture(n, d=50, k=10, seed=0):
+    """``n`` reference and ``n`` query cells of one mixture (the same clusters), with their labels."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=3.0, size=(k, d))
     scales = rng.uniform(0.5, 1.5, size=(k, d))
-    lab = rng.integers(0, k, n)
-    return centres[lab] + rng.normal(size=(n, d)) * scales[lab], lab
+    lab = rng.integers(0, k, 2 * n)
+    Y = centres[lab] + rng.normal(size=(2 * n, d)) * scales[lab]
+    return Y[:n], lab[:n], Y[n:], lab[n:]
 
 
 def main():
@@ -42,8 +44,7 @@ def main():
     from tasks.registry import MODELS
     from tasks.results.mapping import chunks, join, map_cells, transfer_labels
 
-    Yr, lr = mixture(a.n, seed=0)
-    Yq, lq = mixture(a.n, seed=1)
+    Yr, lr, Yq, lq = mixture(a.n)
     opts = json.loads(a.options)
     for key in a.models.split(","):
         spec = MODELS[key]
@@ -75,6 +76,20 @@ def ingest(Yr, lr, Yq, lq, n):
     import anndata as ad
     import pandas as pd
     import scanpy as sc
+    import scipy.sparse as sp
+
+    if not hasattr(sp.csr_array, "getnnz"):  # scanpy 1.11's neighbours call it; SciPy 1.18 dropped it
+        sp.csr_array.getnnz = lambda self, axis=None: self._getnnz(axis=axis)
+    import pynndescent.rp_trees as rpt
+
+    make_forest = rpt.make_forest
+
+    def forest(data, n_neighbors, n_trees, *rest):  # scanpy 1.11's ingest passes pynndescent 0.5's
+        if n_trees is None:  # n_search_trees, None by default: NNDescent's own default count
+            n_trees = min(64, 5 + int(round(data.shape[0] ** 0.5 / 20.0)))
+        return make_forest(data, n_neighbors, n_trees, *rest)
+
+    rpt.make_forest = forest
 
     ref = ad.AnnData(Yr.astype(np.float32), obs=pd.DataFrame({"label": pd.Categorical(lr.astype(str))}))
     qry = ad.AnnData(Yq.astype(np.float32))

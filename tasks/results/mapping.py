@@ -1,17 +1,12 @@
 """New cells mapped onto a finished sweep (``embed-sweep map``), as plain Python: the plan and its
-refusals, the query read through the data path ``run`` uses, its genes matched by ``var_names`` to
-the reference's and the reference's stored preprocessing applied (never refitted on the query), a
-chunk of cells mapped by a fitted model (``map_chunk``: the work of one Dask task of the flow
-``embed-sweep-map``), the labels transferred by the reference cells' embedding, and the output
-written into a copy of the user's query file.
+refusals, the query read through ``run``'s data path with its genes matched by ``var_names`` and
+the reference's stored preprocessing applied (never refitted), a chunk of cells through a fitted
+model (``map_chunk``: one Dask task of the flow ``embed-sweep-map``), the labels transferred in the
+reference cells' embedding, and a copy of the user's query file written.
 
-There is no batch correction: a query measured differently from the reference (another chemistry,
-another lab) is placed where its values put it, and its mapping score says how well the reference
-represents it. The mapping score is ``(score_samples - median) / MAD`` of the reference cells'
-own scores (:meth:`lvmcore.models._base.LatentModel.mapping_score`): 0 is a typical reference
-cell, -3 a cell three MADs below it; higher = better represented.
-
-    >>> from tasks.results.mapping import plan_map, read_query, map_chunk
+No batch correction: a query measured differently lands where its values put it; the mapping score
+``(score_samples - median) / MAD`` of the reference cells' own scores says how well the reference
+represents it (0: a typical reference cell; higher = better represented).
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import pandas as pd
 import zarr
 
 from lvmcore.checks import MISSING_LABEL
-from lvmcore.data import label_names, obs_names, read_var, source_info
+from lvmcore.data import label_names, read_var, source_info
 from lvmcore.data import preprocess as pp
 from lvmcore.data.sources.h5ad import resolve_matrix
 from lvmcore.data.sources.hdf5 import h5mu_modalities, obsm_keys, read_obs
@@ -367,7 +362,10 @@ def read_query(plan: dict) -> dict:
     q = plan["query"]
     ref = {v["name"]: v for v in reference_views(plan["store"])["views"]}
     if q["kind"] == "other":
-        data = load_data_source(*plan["source"])
+        from lvmcore.data import load  # the loaders: only for a query that is not an AnnData file
+
+        src, opts = plan["source"]
+        data = load(src, **opts)  # read whole as ``run`` reads it, no preprocessing
         return {"views": {"X": data["Y"]}, "obs_names": None, "list": data["views"]}
     views = {}
     for name, v in q["views"].items():
@@ -378,14 +376,6 @@ def read_query(plan: dict) -> dict:
         ]
         views[name] = np.vstack(parts) if parts else np.zeros((0, v["width"]))
     return {"views": views, "obs_names": read_obs(q["path"]).index.astype(str).to_numpy()}
-
-
-def load_data_source(src, opts) -> dict:
-    """A query that is not an AnnData / MuData file (a .npy, .csv, .zarr or named set): read whole
-    as ``run`` reads it, no preprocessing."""
-    from lvmcore.data import load  # the loaders: only for such a query
-
-    return load(src, **opts)
 
 
 def preprocessed_block(block, v: dict, ref: dict, first_row: int) -> np.ndarray:
@@ -421,7 +411,7 @@ def preprocessed_block(block, v: dict, ref: dict, first_row: int) -> np.ndarray:
 def model_input(plan: dict, read: dict, model: str):
     """What ``model`` takes: MRD its views (a dict by view index, the observed ones), the others
     the fitted matrix (the views concatenated, or the one the reference fitted)."""
-    views, order = read["views"], [v for v in plan["query"]["views"]] or ["X"]
+    views, order = read["views"], list(plan["query"]["views"]) or ["X"]
     ref = plan["reference"]
     names = [v["name"] for v in reference_views(plan["store"])["views"]]
     if plan["models"][model].get("class") == "MRD":
@@ -608,12 +598,3 @@ def provenance(plan: dict) -> dict:
     if plan["predict"] is not None:
         out["predicted"] = plan["predict"]
     return out
-
-
-def reference_embedding(store, model: str, setting: dict) -> np.ndarray:
-    """The stored embedding of the reference cells at ``setting`` (its finite columns)."""
-    return select(store, model, setting)["embedding"]
-
-
-def reference_names(store):
-    return obs_names(str(store_data_path(store)))
