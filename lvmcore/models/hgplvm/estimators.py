@@ -8,6 +8,7 @@ of training, the fitted state and ``transform``.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import time
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from lvmcore.checks import check_data
 from lvmcore.graph import knn_query
 from lvmcore.manifolds.lorentz import to_poincare
 from lvmcore.models._base import LatentModel
-from lvmcore.models.hgplvm.full import fit_full, transform_full
-from lvmcore.models.hgplvm.minibatch import fit_minibatch, transform_minibatch
+from lvmcore.models.hgplvm.full import fit_full
+from lvmcore.models.hgplvm.minibatch import fit_minibatch
+from lvmcore.models.hgplvm.newpoints import cell_seeds, log_density, place, predict_at, to_hyperboloid
 from lvmcore.models.hgplvm.objectives import renorm
 from lvmcore.models.hgplvm.training import Trained, tangent_start
 from lvmcore.precision import x64
@@ -110,6 +112,31 @@ class BaseHyperboloidGPLVM(LatentModel):
         "chunk_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "random_state": ["random_state"],
     }
+
+    #: the store keeps these (and ``glob_`` / ``qu_`` as arrays, :meth:`to_arrays`); the training
+    #: rows come back as the input ``data``
+    persisted = LatentModel.persisted + (
+        "lorentz_embedding_",
+        "inducing_",
+        "mean_",
+        "sigma_",
+        "beta_",
+        "prior_scale_",
+        "noise_fixed_",
+        "restricted_",
+        "elbo_trace_",
+        "elbo_se_",
+        "fit_time_",
+        "training_",
+        "minibatch_",
+        "n_steps_",
+        "n_inducing_",
+        "extra_jitter_",
+        "window_bounds_",
+        "rng_key_",
+        "score_reference_",
+    )
+    needs_inputs = ("data",)
 
     def _validate(self):
         self._validate_params()
@@ -242,31 +269,63 @@ class BaseHyperboloidGPLVM(LatentModel):
         self.converged_ = converged
         for name, value in t.attrs.items():  # the training's own attributes
             setattr(self, name, value)
-        if t.key is not None:
-            self._key = t.key
+        self.rng_key_ = np.asarray(t.key, dtype=np.int64)  # the fit's key: new rows' draws fold into it
+        self._memo = {}  # derived state of new points (newpoints.point_factor, the last placement)
 
     def fit_transform(self, Y, graph=None):
         return self.fit(Y, graph).embedding_
 
-    # ------------------------------------------------------------------ transform
-    def transform(self, Y_new, max_iter=None):
-        """Latent positions (n_new, Q) in the Poincare ball of new data, model fixed (see
-        :meth:`transform_lorentz`)."""
-        return np.asarray(to_poincare(self.transform_lorentz(Y_new, max_iter=max_iter)))
+    # ------------------------------------------------------------------ new points
+    def transform(self, Y_new, return_var: bool = False, *, max_iter=None, cell_keys=None):
+        """Latent positions (n_new, Q) in the Poincare ball (the coordinates of ``embedding_``) of new
+        rows, the model fixed, each row its own problem (:mod:`~lvmcore.models.hgplvm.newpoints`);
+        with ``return_var`` also their variances: the Bayesian model's S* (n_new, Q) of the wrapped
+        Gaussian q(x*) in the tangent space at the mean (as ``embedding_var_``), None for the point
+        and sparse variants (point latents: no variance). ``cell_keys`` (one name per row, e.g.
+        obs_names) seed each row's Monte-Carlo draws (Bayesian); without them a hash of the row's
+        content does. ``max_iter`` overrides the optimisation's steps."""
+        X, S = self._place(Y_new, max_iter, cell_keys)
+        P = np.asarray(to_poincare(X))
+        return (P, None if S is None else S.copy()) if return_var else P
 
-    @x64
-    def transform_lorentz(self, Y_new, max_iter=None):
-        """Latent positions (n_new, Q+1) on the hyperboloid of new data; the fitted state is unchanged.
+    def transform_lorentz(self, Y_new, max_iter=None, cell_keys=None):
+        """:meth:`transform`'s latent positions on the hyperboloid (n_new, Q+1)."""
+        return self._place(Y_new, max_iter, cell_keys)[0].copy()
 
-        Initialised at the fitted position of the nearest training point (in data space), then
-        optimised: ``point`` maximises the exact GP predictive density of each new row; ``sparse`` and
-        ``bayesian`` maximise the bound of the training + new data with everything but the new latent
-        points (and, bayesian, their variances) fixed.
-        """
+    def score_samples(self, Y_new, cell_keys=None) -> np.ndarray:
+        """Each new row's predictive log density (n_new,) at its place (:meth:`transform`): for the
+        point and sparse variants log p(y* | x*) at the optimised x*, for the Bayesian one the
+        predictive under q(x*) (a Monte-Carlo mixture over the row's own draws); higher = better
+        represented (:func:`~lvmcore.models.hgplvm.newpoints.log_density`)."""
+        Yn, _ = self._new_rows(Y_new)
+        X, S = self._place(Y_new, None, cell_keys)
+        return log_density(self, Yn, X, S, self._seeds(Y_new, cell_keys))
+
+    def inverse_transform(self, X, return_var: bool = False):
+        """The GP's predictive mean (n, D) in data space at latent points X, given in the Poincare
+        ball (n, Q, as ``embedding_``) or on the hyperboloid (n, Q+1); with ``return_var`` also the
+        predictive variance (n, D), the noise 1 / beta included (the same for every column)."""
+        self._check_fitted()
+        mean, var = predict_at(self, to_hyperboloid(X, int(self.n_components)))
+        mean = mean + self.mean_
+        return (mean, np.repeat(var[:, None], mean.shape[1], axis=1)) if return_var else mean
+
+    def _seeds(self, Y_new, cell_keys):
+        """Each row's own seed (Bayesian draws; None for point latents, which draw nothing)."""
+        return cell_seeds(Y_new, cell_keys) if self.variant == "bayesian" else None
+
+    def _place(self, Y_new, max_iter, cell_keys):
+        """(means (n, Q+1), S or None) of new rows, the last call's answer kept (``_memo``) so that
+        ``transform`` then ``score_samples`` of the same rows optimise them once."""
         Yn, nearest = self._new_rows(Y_new)
-        if getattr(self, "training_", "full") == "minibatch":
-            return transform_minibatch(self, Yn, nearest, max_iter=max_iter)
-        return transform_full(self, Yn, nearest, self._Y, self._key, max_iter=max_iter)
+        names = None if cell_keys is None else tuple(str(k) for k in cell_keys)
+        key = (hashlib.blake2b(np.ascontiguousarray(Yn).tobytes()).hexdigest(), Yn.shape, max_iter, names)
+        last = self._memo.get("place")
+        if last is not None and last[0] == key:
+            return last[1]
+        out = place(self, Yn, nearest, self._seeds(Y_new, cell_keys), max_iter)
+        self._memo["place"] = (key, out)
+        return out
 
     def _new_rows(self, Y_new):
         """Rows to transform, checked against the fitted model and centred by its training mean,
@@ -281,6 +340,32 @@ class BaseHyperboloidGPLVM(LatentModel):
             )
         Yn = Y_new - self.mean_
         return Yn, knn_query(self._Y, Yn)[0][:, 0]
+
+    # ------------------------------------------------------------------ the model as arrays
+    def to_arrays(self) -> tuple[dict, dict]:
+        """The contract's arrays and params, with the minibatch fit's globals and both trainings'
+        q(v) (dicts of arrays) as arrays ``glob_Z``, ``glob_hyp``, ``qu_m``, ``qu_P``. The training
+        rows are not kept: ``from_arrays`` takes them back as ``data``."""
+        arrays, params = super().to_arrays()
+        for name in ("glob_", "qu_"):
+            for k, v in (getattr(self, name, None) or {}).items():
+                arrays[f"{name}{k}"] = np.asarray(v)
+        return arrays, params
+
+    def _restore(self, data) -> None:
+        """The centred training rows from the store's ``data`` (every new row starts at its nearest
+        one; the point variant's GP conditions on them), the dicts ``glob_`` / ``qu_`` from their
+        arrays, the key's dtype; derived factors are rebuilt when first needed."""
+        Y = check_data(data)
+        if Y.shape[0] != len(self.embedding_):
+            raise ValueError(f"data has {Y.shape[0]} rows, the model was fitted on {len(self.embedding_)}")
+        self._Y = Y - self.mean_
+        for name in ("glob_", "qu_"):
+            parts = {k[len(name) :]: self.__dict__.pop(k) for k in list(self.__dict__) if k.startswith(name)}
+            if parts:
+                setattr(self, name, parts)
+        self.rng_key_ = np.asarray(self.rng_key_, dtype=np.int64)
+        self._memo = {}
 
 
 @dataclass(kw_only=True, eq=False, repr=False)

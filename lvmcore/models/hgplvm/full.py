@@ -1,6 +1,7 @@
 """Full-batch training of the hyperboloid GP-LVM (paper 002): every point every step, for the
 exact point variant (eq. 4, :mod:`.point`), the sparse one (eq. 5) and the Bayesian one (eq. 6,
-:mod:`.objectives`), and the transform of new rows after such a fit.
+:mod:`.objectives`); at its end, for the sparse and Bayesian variants, q(v) at its optimum for the
+fit's statistics (``qu_``: what new rows are placed against, :mod:`.newpoints`).
 
 Latent points (or means) and inducing inputs are updated by Riemannian Adam (:mod:`.training`);
 kappa is fixed; log sigma, log beta (and log S) are updated by the same Adam on the trivial
@@ -29,8 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lvmcore.chunks import RowChunks
-from lvmcore.kernels.hyperbolic import he_kernel
+from lvmcore.linalg import KERNEL_JITTER
 from lvmcore.manifolds.lorentz import egrad2rgrad, expmap, expmap0, logmap, logmap0, proj, transp
+from lvmcore.models.hgplvm.minibatch import posterior_u
 from lvmcore.models.hgplvm.objectives import MCStats, mc_objective, objective, renorm
 from lvmcore.models.hgplvm.point import (
     chol_inverse_lower,
@@ -42,7 +44,6 @@ from lvmcore.models.hgplvm.point import (
 )
 from lvmcore.models.hgplvm.training import (
     Trained,
-    adam_local,
     adam_log_S,
     hyper_start,
     kmeans_start,
@@ -51,7 +52,7 @@ from lvmcore.models.hgplvm.training import (
 from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.precision import jit64, x64
 
-__all__ = ["auto_inducing", "drift_search", "fit_full", "transform_full"]
+__all__ = ["auto_inducing", "drift_search", "fit_full"]
 
 
 def auto_inducing(n):
@@ -257,67 +258,10 @@ def fit_full(model, Y, callback=None, client=None):
     S = None if state["log_S"] is None else np.asarray(jnp.exp(state["log_S"]))
     attrs = {"drift_moves_": moves, "restricted_": restricted}
     X, hyp, Z = state["X"], state["hyp"], state["Z"]
+    if Z is not None:  # q(v) at its optimum for the fit's statistics: what new points are placed by
+        attrs["glob_"] = {"Z": np.asarray(Z), "hyp": np.asarray(hyp)}
+        qu_key = jax.random.fold_in(key, 2**30 + 1)
+        size = int(model.chunk_size)
+        qu = posterior_u(X, state["log_S"], attrs["glob_"], Yc, qu_key, H, kappa, KERNEL_JITTER, size)
+        attrs["qu_"] = {k: np.asarray(v) for k, v in qu.items()}
     return Trained(X, hyp, S, Z, hmask, Yc, mean, trace, converged, attrs, np.asarray(key))
-
-
-@x64
-def transform_full(model, Yn, nearest, Ytr, key, max_iter=None):
-    """Latent positions (n_new, Q+1) on the hyperboloid of new rows Yn (centred by the training
-    mean) after a full-batch fit of ``model`` (its fitted attributes; Ytr the centred training
-    data, ``key`` the fit's random key, ``nearest`` each new row's nearest training row).
-
-    Initialised at the fitted position of the nearest training point (in data space), then
-    optimised: ``point`` maximises the exact GP predictive density of each new row; ``sparse`` and
-    ``bayesian`` maximise the bound of the training + new data with everything but the new latent
-    points (and, bayesian, their variances) fixed.
-    """
-    Yn, Ytr, Xtr = jnp.asarray(Yn), jnp.asarray(Ytr), jnp.asarray(model.lorentz_embedding_)
-    ntr, n_new, q = Xtr.shape[0], Yn.shape[0], int(model.n_components)
-    kappa, bayes, H = float(model.kappa), model.variant == "bayesian", int(model.n_samples)
-    hyp = jnp.log(jnp.array([model.sigma_, model.beta_, (model.prior_scale_ or 1.0) ** 2]))
-    if model.variant == "point":
-        sigma, beta = model.sigma_, model.beta_
-        K = point_kernel(Xtr, jnp.log(sigma), jnp.log(beta), kappa)[0]  # eq. 4's K
-        L = jnp.linalg.cholesky(K)
-        if model.restricted_:  # the constant mean's estimate (GLS), taken off both
-            k1 = jax.scipy.linalg.cho_solve((L, True), jnp.ones(ntr))
-            m_hat = (k1 @ Ytr) / jnp.sum(k1)
-            Ytr, Yn = Ytr - m_hat, Yn - m_hat
-        alpha = jax.scipy.linalg.cho_solve((L, True), Ytr)
-
-        def obj(Xn, log_S, eps):
-            ks = he_kernel(Xn, Xtr, sigma, kappa)  # (n_new, N)
-            mean = ks @ alpha
-            w = jax.scipy.linalg.solve_triangular(L, ks.T, lower=True)
-            var = jnp.maximum(sigma - jnp.sum(w * w, axis=0) + 1.0 / beta, 1e-12)
-            r = jnp.sum((Yn - mean) ** 2, axis=1)
-            return jnp.sum(-0.5 * Yn.shape[1] * jnp.log(2 * jnp.pi * var) - 0.5 * r / var)
-
-    else:  # the bound of training + new rows (sparse: log S unused)
-        Z = jnp.asarray(model.inducing_)
-        Yall = jnp.concatenate([Ytr, Yn])
-        log_S_tr = jnp.log(jnp.asarray(model.embedding_var_)) if bayes else None
-
-        def obj(Xn, log_S, eps):
-            Xall = jnp.concatenate([Xtr, Xn])
-            Sall = None if log_S_tr is None else jnp.concatenate([log_S_tr, log_S])
-            return objective(model.variant, Xall, hyp, Sall, Z, eps, Yall, kappa)
-
-    lr = float(model.learning_rate)
-    grad_fn = jax.grad(obj, argnums=(0, 1))
-
-    @jax.jit
-    def step(lo, mo, t, eps):
-        g = dict(zip(("X", "log_S"), grad_fn(lo["X"], lo["log_S"], eps)))
-        return adam_local(lo, g, mo, t, lr, lr)
-
-    lo = {"X": Xtr[nearest]}
-    lo["log_S"] = jnp.full((n_new, q), np.log(np.median(model.embedding_var_)) if bayes else 0.0)
-    mo = {"mX": jnp.zeros_like(lo["X"]), "vX": jnp.zeros(n_new)}
-    mo.update(mS=jnp.zeros_like(lo["log_S"]), vS=jnp.zeros_like(lo["log_S"]))
-    key = jax.random.fold_in(jnp.asarray(key), 10**6)
-    n_it = int(max_iter) if max_iter is not None else 200
-    for t in range(1, n_it + 1):
-        eps = jax.random.normal(jax.random.fold_in(key, t), (H, ntr + n_new, q)) if bayes else None
-        lo, mo = step(lo, mo, float(t), eps)
-    return np.asarray(renorm(lo["X"]))

@@ -75,7 +75,6 @@ from lvmcore.models.hgplvm.objectives import (
     minibatch_bound,
     optimal_qu,
     point_terms,
-    renorm,
     row_statistics,
 )
 from lvmcore.models.hgplvm.training import (
@@ -89,7 +88,7 @@ from lvmcore.optim import Lorentz, adam, window_plateau
 from lvmcore.precision import jit64, x64
 from lvmcore.uncollapsed import jitter_tries, kl_qu
 
-__all__ = ["SVI_MAX_INDUCING", "auto_inducing", "fit_minibatch", "transform_minibatch"]
+__all__ = ["SVI_MAX_INDUCING", "auto_inducing", "fit_minibatch", "posterior_u"]
 
 
 #: the minibatch fit's default M: the full-batch rule (N / 10 within [64, 256]) would give 256 at
@@ -205,6 +204,14 @@ def _full_bound(X, log_S, glob, Y, key, H, kappa, jitter, size):
     qu = optimal_qu(stats, glob, kappa, 1.0, jitter)
     F = float(bound_of_statistics(stats, glob, qu, float(X.shape[0]), kappa, jitter)) - float(kl)
     return F, qu
+
+
+def posterior_u(X, log_S, glob, Y, key, H, kappa, jitter, size):
+    """q(v) (whitened, {"m", "P"}) at its optimum for the statistics of q(X) (means X, log
+    variances log_S; point latents: None) with data Y, in one pass over all rows (H draws per row
+    from ``key``): what new points are placed and scored against (:mod:`.newpoints`) after a
+    full-batch fit, as phase 3 sets it after a minibatch one."""
+    return _full_bound(X, log_S, glob, Y, key, H, kappa, jitter, size)[1]
 
 
 # --------------------------------------------------------------------------- the minibatch fit
@@ -334,7 +341,8 @@ def fit_minibatch(model, Y):
         "n_inducing_": M,
         "glob_": {k: np.asarray(v) for k, v in glob.items()},
     }
-    return Trained(X, glob["hyp"], S, glob["Z"], hmask, Yc, mean, [*trace, F], converged, attrs)
+    trace = [*trace, F]
+    return Trained(X, glob["hyp"], S, glob["Z"], hmask, Yc, mean, trace, converged, attrs, np.asarray(key))
 
 
 def _local_passes(model, X, log_S, glob, qu, Y, key, jitter, n_steps):
@@ -350,19 +358,3 @@ def _local_passes(model, X, log_S, glob, qu, Y, key, jitter, n_steps):
         X[sl] = np.asarray(lo["X"])
         if log_S is not None:
             log_S[sl] = np.asarray(lo["log_S"])
-
-
-@x64
-def transform_minibatch(model, Yn, idx, max_iter=None):
-    """Latent positions (n_new, Q+1) on the hyperboloid (means) of new rows Yn (centred by the
-    training mean) after a minibatch fit of ``model`` (its fitted attributes): q(x) of each started
-    at the fitted mean of its nearest training row ``idx`` (in data space) and fitted by the
-    per-point pass with everything else fixed (``max_iter`` steps, default ``local_iter`` or 50)."""
-    X = model.lorentz_embedding_[idx].copy()
-    log_S = None if model.embedding_var_ is None else np.log(model.embedding_var_[idx])
-    steps = int(max_iter) if max_iter is not None else (int(model.local_iter) or 50)
-    glob = {k: jnp.asarray(v) for k, v in model.glob_.items()}
-    qu = {k: jnp.asarray(v) for k, v in model.qu_.items()}
-    key = jax.random.PRNGKey(int(np.random.default_rng(model.random_state).integers(2**31)) + 1)
-    _local_passes(model, X, log_S, glob, qu, Yn, key, model.extra_jitter_, steps)
-    return np.asarray(renorm(jnp.asarray(X)))
