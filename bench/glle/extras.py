@@ -7,7 +7,9 @@ The main job's GLLE sweep (``bash .ci/main``: the roll, n = 400, k in 5, 6, 8, 1
 ``--repeats``) of ``tasks.fit.fit_point`` at each grid point with its diagnostics (3 generations and
 the 5-scale covariance-scale study: every point before) and without (every point but the chosen
 one now), and the post-selection refit with them for one point per variant; then the variants'
-totals, before and now. CPU seconds, not wall time: the machine's other load does not count."""
+totals, before and now; then the whole GLLE sweep run by the flow's own steps in process with
+``extras`` "all" (as before) and "chosen" (now), each twice. CPU seconds, not wall time: the
+machine's other load does not count."""
 
 from __future__ import annotations
 
@@ -66,6 +68,44 @@ def main():
             f"{key}: all {len(a.ks)} points {before:.3f} CPU s before; now {now:.3f} + the chosen point's "
             f"refit <= {worst:.3f} = {now + worst:.3f} ({(now + worst) / before:.2f}x)"
         )
+    if len(a.ks) > 1:
+        sweep_steps("all", a.n, a.ks)  # warm
+        print(
+            "the GLLE sweep by the flow's steps (fit, evaluate, write; the selection and the extras after):"
+        )
+        for mode in ("all", "chosen", "all", "chosen"):
+            pts, post = sweep_steps(mode, a.n, a.ks)
+            print(f"  extras={mode:6s}: points {pts:.3f} CPU s, after {post:.3f}, total {pts + post:.3f}")
+
+
+def sweep_steps(mode: str, n: int, ks: list[int]) -> tuple[float, float]:
+    """CPU seconds of the main job's GLLE sweep run by the flow's own steps in process (each grid
+    point's fit, evaluation and write; then the post-selection step: the choice and the chosen
+    points' diagnostics) with ``extras`` ``mode``: (grid points, post-selection step)."""
+    from tasks.ingest import ingest_dataset
+    from tasks.knn import build_graph
+    from tasks.point import add_extras, extras_inline, run_point
+    from tasks.results.extras import extras_todo
+    from tasks.sweep_plan import input_paths, plan_sweep, points_to_run, set_up_store
+
+    data = {"name": "swiss_roll", "n": n, "seed": 0}
+    store = str(Path(tempfile.mkdtemp()) / "roll.zarr")
+    plan = plan_sweep(data, ["glle"], {"k": ks, "latent_dim": [2], "seed": [0]}, store, {}, N_GEN, "exact")
+    data_path, graph_path = input_paths(store)
+    Path(data_path).parent.mkdir(parents=True, exist_ok=True)
+    ingest_dataset(data, data_path)
+    graph = build_graph(data_path, max(ks), graph_path)
+    set_up_store(store, plan, data_path)
+    layout = plan.store_layout()
+    todo, _, _ = points_to_run(store, plan.specs)
+    t0 = time.process_time()
+    for s, idx, pt in todo:
+        run_point(s.key, {}, data_path, graph, idx, pt, store, layout, extras_inline(s, plan.grid, mode))
+    t1 = time.process_time()
+    for s in plan.specs:
+        items = [(i, p) for _, i, p in extras_todo(store, [s], everywhere=mode == "all")]
+        add_extras(s.key, {}, data_path, graph, items, store, layout)
+    return t1 - t0, time.process_time() - t1
 
 
 if __name__ == "__main__":

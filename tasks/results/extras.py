@@ -19,8 +19,8 @@ import numpy as np
 import xarray as xr
 
 from tasks.registry import EXTRAS_FLAG, ModelSpec
-from tasks.results.selection import model_groups, open_store, select
-from tasks.store import STATUS_DONE
+from tasks.results.selection import model_groups, select
+from tasks.store import STATUS_DONE, open_results
 
 
 def carries_extras(ds: xr.Dataset) -> xr.DataArray | None:
@@ -54,7 +54,9 @@ def extras_todo(store, specs: list[ModelSpec], everywhere: bool = False) -> list
     (spec, index in store order, setting) triples: each group's chosen setting (as ``select`` and
     ``export`` choose it), or with ``everywhere`` every finished point (``extras="all"`` on a store
     whose points were fitted without them)."""
-    tree = open_store(store)
+    # read once, unchecked: the sweep verified the store before its points ran (select reads the
+    # data beside it through the tree's source)
+    tree = open_results(store, check=False)
     groups = model_groups(tree)
     out = []
     for spec in specs:
@@ -66,7 +68,7 @@ def extras_todo(store, specs: list[ModelSpec], everywhere: bool = False) -> list
         if everywhere:
             cells = zip(*np.nonzero((ds["status"].values == STATUS_DONE) & ~flags.values))
         else:
-            setting = select(str(store), spec.key)["setting"]
+            setting = select(tree, spec.key)["setting"]
             if setting is None:
                 continue
             idx = tuple(int(np.nonzero(ds[d].values == setting[d])[0][0]) for d in dims)
