@@ -13,7 +13,19 @@ from tasks.report import make_report
 from tasks.store import Layout
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=2)
+def retry_unless_refused(task, task_run, state) -> bool:
+    """Retry a failure a second try can fix (I/O), never a refusal of the user's input (a
+    ValueError naming the value and the fix): it would only say the same thing three times."""
+    try:
+        state.result()
+    except ValueError:
+        return False
+    except Exception:  # the failure's own exception, re-raised by result(): any other kind retries
+        return True
+    return True
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_refused)
 def ingest_task(
     dataset: str | dict, data_path: str, expect: str | None = None, keep_preprocessing: bool = False
 ) -> str:
@@ -21,7 +33,7 @@ def ingest_task(
     return ingest_dataset(dataset, data_path, expect, keep_preprocessing)
 
 
-@task(name="knn", retries=1)
+@task(name="knn", retries=1, retry_condition_fn=retry_unless_refused)
 def knn_task(data_path: str, k_max: int, graph_path: str, method: str = "auto") -> str:
     """The kNN graph at the largest k (tasks.knn.build_graph); "" when no model needs one."""
     if k_max < 1:

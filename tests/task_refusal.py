@@ -10,11 +10,16 @@ import flows.tasks
 import tasks.ingest
 
 ENV = "EMBED_SWEEP_TEST_INGEST_RAISES"
+#: a file the raising ingest appends one line to per call (how often the task ran, retries included)
+CALLS_ENV = "EMBED_SWEEP_TEST_INGEST_CALLS"
 ERRORS = {"ValueError": ValueError, "RuntimeError": RuntimeError}
 
 
 def raising_ingest(*args, **kwargs):
     kind = os.environ[ENV]
+    if os.environ.get(CALLS_ENV):
+        with open(os.environ[CALLS_ENV], "a") as f:
+            f.write("called\n")
     raise ERRORS[kind](f"{kind} raised inside the ingest task (a test)")
 
 

@@ -438,9 +438,11 @@ def test_a_failure_inside_a_task_is_one_line_with_the_tracebacks_in_the_log(
     from prefect import get_client
 
     from tests.prefect_server import pointed_at
-    from tests.task_refusal import ENV
+    from tests.task_refusal import CALLS_ENV, ENV
 
     monkeypatch.setenv(ENV, kind)
+    calls = tmp_path / "ingest_calls.txt"
+    monkeypatch.setenv(CALLS_ENV, str(calls))
     spec = {"type": "local", "n_workers": 1, "preload": ["flows.tasks", "flows.errors", "tests.task_refusal"]}
     argv = fill(_run(_ds("pbmc", use_rep="X_pca")), inputs, tmp_path)
     argv += ["--cluster", json.dumps(spec), "--store", "failing"]
@@ -451,7 +453,7 @@ def test_a_failure_inside_a_task_is_one_line_with_the_tracebacks_in_the_log(
         else:
             with pytest.raises(RuntimeError, match="raised inside the ingest task"):
                 cli_main(argv)
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     said = [line for line in err.splitlines() if line.startswith("embed-sweep:")]
     if kind == "ValueError":
         assert "Traceback" not in err, err
@@ -460,7 +462,14 @@ def test_a_failure_inside_a_task_is_one_line_with_the_tracebacks_in_the_log(
     else:
         assert said == [f"embed-sweep: the tasks' tracebacks are in {log}"], err
     text = log.read_text()
-    assert "Task run failed with exception" in text and "Encountered exception during execution" in text
+    # the task run's failure (a retried error: "Task run failed with exception ... Retries are
+    # exhausted"; a refusal, not retried: its Failed state) and the raising frame itself
+    refused = kind == "ValueError"
+    task_failed = "Task run encountered an exception" if refused else "Task run failed with exception"
+    assert task_failed in text and "Encountered exception during execution" in text
+    assert "tests/task_refusal.py" in text
+    # a refusal is not retried (it would say the same thing three times); another error is, twice
+    assert calls.read_text().count("called") == (1 if refused else 3)
     assert f"{kind}: {kind} raised inside the ingest task" in text and "Traceback" in text
     with pointed_at(prefect_api), get_client(sync_client=True) as client:
         runs = client.read_flow_runs(limit=200)
