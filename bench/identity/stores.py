@@ -109,11 +109,11 @@ def prepare(root: Path) -> None:
     print(f"inputs and {root / 'extra.json'} written")
 
 
-def run(code: Path, out: Path, config: Path) -> None:
+def run(code: Path, out: Path, config: Path, extra_args=()) -> None:
     env = dict(os.environ, PYTHONPATH=str(code))
     py = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
     for extra in ([], ["--config", str(config)]):
-        cmd = py + ["run", "--replace", "--out", str(out), *extra]
+        cmd = py + ["run", "--replace", "--out", str(out), *extra, *extra_args]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=code, env=env, check=True)
 
@@ -227,6 +227,12 @@ def main() -> int:
     r.add_argument("code", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--config", type=Path, help="the extra sweeps (default OUT/../extra.json)")
+    r.add_argument(
+        "run_args",
+        nargs="*",
+        help="more `run` options after --, e.g. -- --extras all (a later version's way to compute "
+        "what an earlier one computed by default)",
+    )
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
