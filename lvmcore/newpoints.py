@@ -24,7 +24,8 @@ row's fitted q(x_n) is a stationary point of its own F*: its transform lands on 
 
 The optimiser (:func:`maximise`) is damped Newton per row, vectorised: each row has its own
 Hessian (autodiff, reverse over reverse), eigenvalues made positive (a descent direction at
-saddles too), backtracking line search and stopping rule (its gradient; at the bound's rounding
+saddles too), backtracking line search and stopping rule (its gradient, checked with the Hessian:
+at a saddle the row steps along F*'s positive curvature and goes on; at the bound's rounding
 floor, where no step decreases the value, full steps are taken while they halve the gradient),
 and a finished row is frozen while the others go on. Nothing couples rows, so a row's answer
 does not depend on the rows beside it (to rounding: batched products may sum in another order).
@@ -86,6 +87,8 @@ EIG_FLOOR = 1e-10
 #: rows per compiled call (their per-row Psi2 and Hessians are held at once); a batch is padded to
 #: a power of two up to this
 BLOCK_ROWS = 1024
+#: a Hessian eigenvalue of -F* below -SADDLE x the largest magnitude marks a saddle (or a minimum)
+SADDLE = 1e-8
 #: Armijo's sufficient-decrease constant
 ARMIJO = 1e-4
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -249,7 +252,7 @@ def _newton(kinds: tuple):
         f0, g0 = vg(x0, *args)
         state = {
             "it": jnp.int32(0), "x": x0, "f": f0, "g": g0,
-            "active": ~done(f0, g0, gtol) & jnp.isfinite(f0),
+            "active": jnp.isfinite(f0),  # a row at a zero gradient still has its curvature checked
             "n_iter": jnp.zeros(n, jnp.int32),
         }  # fmt: skip
 
@@ -262,10 +265,18 @@ def _newton(kinds: tuple):
             # (a descent direction at saddles and maxima too)
             H = hess(x, *args)
             lam, U = jnp.linalg.eigh(0.5 * (H + jnp.swapaxes(H, 1, 2)))
-            lam = jnp.maximum(jnp.abs(lam), EIG_FLOOR * jnp.max(jnp.abs(lam), axis=1, keepdims=True) + 1e-300)
+            top = jnp.max(jnp.abs(lam), axis=1, keepdims=True)
+            # a row whose gradient rule is met stops, unless it sits at a saddle of F*: then it
+            # steps along the direction of F*'s largest positive curvature
+            saddle = lam[:, 0] < -SADDLE * top[:, 0]
+            finished = act & done(f, g, gtol) & ~saddle
+            act = act & ~finished
+            escape = U[:, :, 0] * jnp.where(jnp.sum(g * U[:, :, 0], axis=1) > 0, -1.0, 1.0)[:, None]
+            lam = jnp.maximum(jnp.abs(lam), EIG_FLOOR * top + 1e-300)
             d = -jnp.einsum("nij,nj->ni", U, jnp.einsum("nji,nj->ni", U, g) / lam)
+            d = jnp.where((done(f, g, gtol) & saddle)[:, None], MAX_STEP * escape, d)
             d = d * jnp.minimum(1.0, MAX_STEP / jnp.maximum(jnp.max(jnp.abs(d), axis=1), 1e-300))[:, None]
-            gd = jnp.sum(g * d, axis=1)
+            gd = jnp.minimum(jnp.sum(g * d, axis=1), 0.0)
 
             def lcond(ls):
                 return (ls[0] < LS_HALVINGS) & jnp.any(ls[2])
@@ -290,7 +301,7 @@ def _newton(kinds: tuple):
             f1, g1 = jnp.where(step, f1, f), jnp.where(step[:, None], g1, g)
             return {
                 "it": s["it"] + 1, "x": x1, "f": f1, "g": g1,
-                "active": step & ~done(f1, g1, gtol),
+                "active": step,
                 "n_iter": s["n_iter"] + act.astype(jnp.int32),
             }  # fmt: skip
 
