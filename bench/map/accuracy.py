@@ -142,8 +142,10 @@ def predict_toy(n=500, seed=0):
     print(f"MRD's 95% interval covers {100 * float((z <= 1.959964).mean()):.1f}% of held-out values")
 
 
-def median_r(P, T):
-    r = [np.corrcoef(P[:, j], T[:, j])[0, 1] for j in range(T.shape[1]) if T[:, j].std() > 0]
+def median_r(P, T, cols=range(10, 15)):
+    """Over the shared signal's columns (view 1's others are its private sin t, which view 0's
+    cos t leaves undetermined: every method's r there is about 0)."""
+    r = [np.corrcoef(P[:, j], T[:, j])[0, 1] for j in cols]
     return float(np.median(r))
 
 
