@@ -203,19 +203,24 @@ def test_bayesian_score_is_the_mixture_over_the_rows_own_draws(data, fitted):
     rows = new[:3]
     X, S = m.transform_lorentz(rows), m.transform(rows, return_var=True)[1]
     seeds = newpoints.cell_seeds(rows)
-    base = jax.random.fold_in(jax.numpy.asarray(m.rng_key_.astype(np.uint32)), 10**6 + 1)
+    with jax.enable_x64(True):  # the model draws in float64
+        base = jax.random.fold_in(jax.numpy.asarray(m.rng_key_.astype(np.uint32)), 10**6 + 1)
+        eps = []
+        for i in range(3):
+            key = jax.random.fold_in(jax.random.fold_in(base, int(seeds[i])), 0)
+            eps.append(np.asarray(jax.random.normal(key, (newpoints.SCORE_DRAWS, 2)))[:, None, :])
     ref = []
     for i in range(3):
-        key = jax.random.fold_in(jax.random.fold_in(base, int(seeds[i])), 0)
-        eps = np.asarray(jax.random.normal(key, (newpoints.SCORE_DRAWS, 2)))[:, None, :]
-        x = np.asarray(sample_wrapped(X[i : i + 1], S[i : i + 1], eps)[0])[:, 0]
+        x = np.asarray(sample_wrapped(X[i : i + 1], S[i : i + 1], eps[i])[0])[:, 0]
         mu, var = m.inverse_transform(x, return_var=True)
         lp = (
             -0.5 * Y.shape[1] * np.log(2 * np.pi * var[:, 0])
             - 0.5 * np.sum((rows[i] - mu) ** 2, 1) / var[:, 0]
         )
         ref.append(logsumexp(lp) - np.log(newpoints.SCORE_DRAWS))
-    np.testing.assert_allclose(m.score_samples(rows), ref, rtol=1e-9)
+    # 1e-7: inverse_transform re-snaps the draws onto the hyperboloid (x0 from the spatial part),
+    # the score takes them as drawn; measured 5e-9 relative
+    np.testing.assert_allclose(m.score_samples(rows), ref, rtol=1e-7)
     names = ["c0", "c1", "c2"]
     a = m.transform(rows, cell_keys=names)
     b = m.transform(rows[1:2], cell_keys=names[1:2])
