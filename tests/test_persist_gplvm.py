@@ -42,7 +42,14 @@ FITS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(FITS))
+#: the RBF and minibatch fits and their compilations take most of this module's time: slow
+SLOW = {"bgplvm_rbf", "bgplvm_svi"}
+
+
+CASES = [pytest.param(k, marks=pytest.mark.slow) if k in SLOW else k for k in FITS]
+
+
+@pytest.fixture(scope="module", params=CASES)
 def fitted(request):
     est = FITS[request.param]()
     est.reference_score_stats(Y_TRAIN)
@@ -162,6 +169,7 @@ def test_gplvm_score_is_the_predictive_density_at_q_x(fitted):
     np.testing.assert_allclose(est.score_samples(Y_NEW[:6]), want, rtol=1e-10)
 
 
+@pytest.mark.slow  # an MRD fit to convergence and its compilations (about 40 s of CPU)
 def test_mrd_round_trip_and_each_row_its_own_problem(toy):
     (A, B), tr, te, est = toy
     est.reference_score_stats([A[tr], B[tr]])
@@ -185,6 +193,7 @@ def test_mrd_round_trip_and_each_row_its_own_problem(toy):
         np.testing.assert_allclose(v1[0], var[i], rtol=0, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_mrd_predictive_interval_covers_held_out_values(toy):
     """View 1 of held-out rows from view 0 by Algorithm 1: the 95% interval (the noise included)
     covers 92-98% of the held-out values (the noise included; 94.9% measured); the columns of the
