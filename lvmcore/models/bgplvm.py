@@ -478,7 +478,7 @@ class BaseCollapsedGPLVM(LatentModel):
     def infer(self, observed, max_iter: int = newpoints.MAX_ITER, return_info: bool = False):
         """q(x*) = N(mu*, diag S*) of new rows observed in a subset of views (paper 004 appendix B),
         each row its own problem: its uncollapsed bound with the fitted q(u) held fixed, maximised
-        by per-row BFGS (``lvmcore.newpoints``). ``observed`` maps view index -> (N*, D_v) array
+        by per-row damped Newton (``lvmcore.newpoints``). ``observed`` maps view index -> (N*, D_v) array
         (raw units; a list: every view). Returns (mu*, S*), and with ``return_info`` a dict of the
         rows' bounds ``bound``, ``n_iter`` and ``converged``."""
         obs = self._observed(observed)
