@@ -283,7 +283,8 @@ class BaseHyperboloidGPLVM(LatentModel):
         Gaussian q(x*) in the tangent space at the mean (as ``embedding_var_``), None for the point
         and sparse variants (point latents: no variance). ``cell_keys`` (one name per row, e.g.
         obs_names) seed each row's Monte-Carlo draws (Bayesian); without them a hash of the row's
-        content does. ``max_iter`` overrides the optimisation's steps."""
+        content does. ``max_iter``: that many optimiser steps alone (no polish: module
+        :mod:`~lvmcore.models.hgplvm.newpoints`); the default is the full map, per-row deterministic."""
         X, S = self._place(Y_new, max_iter, cell_keys)
         P = np.asarray(to_poincare(X))
         return (P, None if S is None else S.copy()) if return_var else P
@@ -343,11 +344,12 @@ class BaseHyperboloidGPLVM(LatentModel):
 
     # ------------------------------------------------------------------ the model as arrays
     def to_arrays(self) -> tuple[dict, dict]:
-        """The contract's arrays and params, with the minibatch fit's globals and both trainings'
-        q(v) (dicts of arrays) as arrays ``glob_Z``, ``glob_hyp``, ``qu_m``, ``qu_P``. The training
+        """The contract's arrays and params, with the globals and q(v) (dicts of arrays: ``glob_``,
+        the minibatch fit's ``qu_``, the full-batch fit's ``u_posterior_``) as arrays ``glob_Z``,
+        ``glob_hyp``, ``qu_m``, ``qu_P`` / ``u_posterior_m``, ``u_posterior_P``. The training
         rows are not kept: ``from_arrays`` takes them back as ``data``."""
         arrays, params = super().to_arrays()
-        for name in ("glob_", "qu_"):
+        for name in ("glob_", "qu_", "u_posterior_"):
             for k, v in (getattr(self, name, None) or {}).items():
                 arrays[f"{name}{k}"] = np.asarray(v)
         return arrays, params
@@ -360,7 +362,7 @@ class BaseHyperboloidGPLVM(LatentModel):
         if Y.shape[0] != len(self.embedding_):
             raise ValueError(f"data has {Y.shape[0]} rows, the model was fitted on {len(self.embedding_)}")
         self._Y = Y - self.mean_
-        for name in ("glob_", "qu_"):
+        for name in ("glob_", "qu_", "u_posterior_"):
             parts = {k[len(name) :]: self.__dict__.pop(k) for k in list(self.__dict__) if k.startswith(name)}
             if parts:
                 setattr(self, name, parts)

@@ -1,7 +1,8 @@
 """Full-batch training of the hyperboloid GP-LVM (paper 002): every point every step, for the
 exact point variant (eq. 4, :mod:`.point`), the sparse one (eq. 5) and the Bayesian one (eq. 6,
 :mod:`.objectives`); at its end, for the sparse and Bayesian variants, q(v) at its optimum for the
-fit's statistics (``qu_``: what new rows are placed against, :mod:`.newpoints`).
+fit's statistics (``u_posterior_``: what new rows are placed against, :mod:`.newpoints`; the
+minibatch fit's is ``qu_``).
 
 Latent points (or means) and inducing inputs are updated by Riemannian Adam (:mod:`.training`);
 kappa is fixed; log sigma, log beta (and log S) are updated by the same Adam on the trivial
@@ -263,5 +264,5 @@ def fit_full(model, Y, callback=None, client=None):
         qu_key = jax.random.fold_in(key, 2**30 + 1)
         size = int(model.chunk_size)
         qu = posterior_u(X, state["log_S"], attrs["glob_"], Yc, qu_key, H, kappa, KERNEL_JITTER, size)
-        attrs["qu_"] = {k: np.asarray(v) for k, v in qu.items()}
+        attrs["u_posterior_"] = {k: np.asarray(v) for k, v in qu.items()}
     return Trained(X, hyp, S, Z, hmask, Yc, mean, trace, converged, attrs, np.asarray(key))

@@ -19,12 +19,20 @@ folded with the row's own seed (:func:`cell_seeds`: a hash of its name, or of it
   bound with the globals and q(v) fixed (``objectives.minibatch_bound`` of one row: the per-point
   pass of the minibatch fit, phase 2); point latents for ``sparse``, a wrapped Gaussian N^w(mu*, S*)
   with KL to the prior and fresh draws every step for ``bayesian``. q(v) is the optimum for the
-  fit's statistics (after a full-batch fit: one pass at the end of the fit, ``full.fit_full``;
-  after a minibatch fit: phase 3's). Started at the nearest training row's q(x); after a
-  full-batch fit ``POINT_STEPS`` steps (H = ``n_samples`` draws a step), after a minibatch fit
-  ``local_iter`` (or 50) with ``local_samples`` draws, as its per-point pass. With q(v) at its
-  optimum the collapsed bound's gradient in a training point equals this term's (the optimum is
-  stationary), so a training row lands at its fitted latent.
+  fit's statistics (after a full-batch fit: one pass at the end of the fit, ``full.fit_full``,
+  kept as ``u_posterior_``; after a minibatch fit: phase 3's, ``qu_``). Started at the nearest
+  training row's q(x); after a full-batch fit ``POINT_STEPS`` steps (H = ``n_samples`` draws a
+  step), after a minibatch fit ``local_iter`` (or 50) with ``local_samples`` draws, as its
+  per-point pass. With q(v) at its optimum the collapsed bound's gradient in a training point
+  equals this term's (the optimum is stationary), so a training row lands at its fitted latent.
+
+Point latents (point, sparse) end with :func:`_polish`: the HE kernel's kink at d = 0 puts a
+cone's apex at every training latent (point) or inducing input (sparse), where a row's maximum
+often is; constant-step Adam hovers there and amplifies rounding (a row alone and among others
+disagreed by 1e-3 after 200 steps), so each row moves to its nearest kink point where that is at
+least as high, or else takes Newton steps to its smooth maximum: the answer is the local maximum
+itself (measured: bit-equal alone and in a batch). An explicit ``max_iter`` runs those Adam steps
+alone (the optimiser's path; the transform before this polish).
 
 The predictive at a latent x (``predict_at``): the point variant's exact GP; otherwise
 a = L_m^-1 k(x, Z), mean a^T m, variance sigma - |a|^2 + a^T S_v a + 1/beta (the noise included).
@@ -96,7 +104,8 @@ def cell_seeds(Y_new, cell_keys=None) -> np.ndarray:
 def _globals(model):
     """(glob {"Z", "hyp"}, q(v) {"m", "P"}, the K_mm jitter) of a sparse or Bayesian fit."""
     glob = {k: jnp.asarray(v) for k, v in model.glob_.items()}
-    qu = {k: jnp.asarray(v) for k, v in model.qu_.items()}
+    qu = getattr(model, "qu_", None) or model.u_posterior_  # minibatch fit / full-batch fit
+    qu = {k: jnp.asarray(v) for k, v in qu.items()}
     jitter = getattr(model, "extra_jitter_", None)
     return glob, qu, KERNEL_JITTER if jitter is None else float(jitter)
 
@@ -297,7 +306,10 @@ def place(model, Yn, nearest, seeds=None, max_iter=None):
     """Each new row's latent: (means (n, Q+1) on the hyperboloid, tangent variances S (n, Q) or
     None) for rows Yn (n, D) centred by the training mean, each started at the fitted q(x) of its
     nearest training row ``nearest``; ``seeds`` (:func:`cell_seeds`, Bayesian only) the rows'
-    own draws; ``max_iter`` overrides the steps (module docstring; 0: each row at its start)."""
+    own draws; ``max_iter``: that many Adam steps and nothing else (the optimiser's path after
+    them, as ``transform`` gave before the polish; 0: each row at its start); None: the default
+    steps, then for point latents :func:`_polish`, which makes the answer the local maximum itself
+    (per-row determinism to rounding holds for this default)."""
     minibatch = getattr(model, "training_", "full") == "minibatch"
     bayes = model.variant == "bayesian"
     steps = POINT_STEPS if not minibatch else (int(model.local_iter) or 50)
@@ -321,7 +333,7 @@ def place(model, Yn, nearest, seeds=None, max_iter=None):
         if model.variant == "point":
             Y = _pad(Yn[sl], m) - m_hat
             X = _point_pass(_pad(X0[sl], m), Y, *args[:-1], kappa, lr, n_steps=steps)
-            if steps:
+            if max_iter is None:
                 X = _polish(X, Y, args, Xtr, "point", NEWTON_STEPS)
             out_X[sl] = np.asarray(renorm(X))[:k]
             continue
@@ -333,7 +345,7 @@ def place(model, Yn, nearest, seeds=None, max_iter=None):
             local, glob, qu, Y, None if keys is None else _pad(keys[sl], m), kappa, jitter,
             lr, hlr, n_steps=steps, H=H,
         )  # fmt: skip
-        if steps and not bayes:
+        if max_iter is None and not bayes:
             lo["X"] = _polish(lo["X"], Y, args, glob["Z"], "sparse", NEWTON_STEPS)
         out_X[sl] = np.asarray(renorm(lo["X"]))[:k]
         if bayes:
