@@ -29,8 +29,9 @@ def main():
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    import lvmcore.models.hgplvm as hg
     from bench.hgplvm.authors import load  # the data and their scorer, as the anchor uses them
+    from lvmcore.models.hgplvm import HyperboloidGPLVM
+    from lvmcore.models.hgplvm.objectives import renorm
 
     Y, scorer = load(a.data if a.data == "myeloid" else f"tree{a.data}", a.seed)
 
@@ -43,7 +44,7 @@ def main():
 
     def monitor(it, st):
         if it % a.every == 0:
-            X = np.asarray(hg._renorm(st["X"]))  # st: the fit's callback state (NumPy)
+            X = np.asarray(renorm(st["X"]))  # st: the fit's callback state (NumPy)
             sig = float(np.exp(np.asarray(st["hyp"])[0]))
             r = float(np.arccosh(np.maximum(X[:, 0], 1.0)).max())
             sc = score(X)
@@ -55,7 +56,7 @@ def main():
     if "_drift_every" in kw:  # the earlier name of the switch
         kw["drift_every"] = kw.pop("_drift_every")
     params = dict(n_components=2, kappa=100.0, variant=a.variant, max_iter=a.max_iter, random_state=a.seed)
-    m = hg.HyperboloidGPLVM(**{**params, **kw}).fit(Y, callback=monitor)
+    m = HyperboloidGPLVM(**{**params, **kw}).fit(Y, callback=monitor)
     tr = m.elbo_trace_
     w = a.every
     wm = [float(np.mean(tr[i : i + w])) for i in range(0, len(tr) - w + 1, w)]
