@@ -229,9 +229,9 @@ def main() -> int:
     r.add_argument("--config", type=Path, help="the extra sweeps (default OUT/../extra.json)")
     r.add_argument(
         "run_args",
-        nargs="*",
-        help="more `run` options after --, e.g. -- --extras all (a later version's way to compute "
-        "what an earlier one computed by default)",
+        nargs=argparse.REMAINDER,
+        help="more `run` options after the two paths, e.g. --extras all (a later version's way to "
+        "compute what an earlier one computed by default)",
     )
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
@@ -241,9 +241,8 @@ def main() -> int:
         prepare(args.dir)
         return 0
     if args.cmd == "run":
-        run(
-            args.code.resolve(), args.out.resolve(), (args.config or args.out.parent / "extra.json").resolve()
-        )
+        config = (args.config or args.out.parent / "extra.json").resolve()
+        run(args.code.resolve(), args.out.resolve(), config, [a for a in args.run_args if a != "--"])
         return 0
     return compare(args.a, args.b)
 
