@@ -13,6 +13,7 @@ from lvmcore.data import (
     ingest_source,
     load,
     open_dataset,
+    preprocessing_kept,
     recipe,
     recipe_fingerprint,
     source_info,
@@ -73,11 +74,11 @@ def preprocessing_missing(data_path) -> bool:
     """Whether the ingested store of an .h5ad / .h5mu file was written before the ingest kept the
     preprocessing (genes, PCA loadings and mean: lvmcore.data.store.write_preprocessing)."""
     try:
-        attrs = open_dataset(data_path).attrs
+        open_dataset(data_path)
     except ValueError:
         return False
     kind = (source_info(str(data_path)) or {}).get("kind")
-    return kind in ("h5ad", "h5mu") and not attrs.get("preprocessing_kept")
+    return kind in ("h5ad", "h5mu") and not preprocessing_kept(data_path)
 
 
 def ingest_dataset(

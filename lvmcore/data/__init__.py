@@ -28,7 +28,7 @@ from lvmcore.data.sources.base import MAX_FEATURES
 from lvmcore.data.sources.hdf5 import read_obs, read_var
 from lvmcore.data.sources.named import DATASETS, list_datasets, recipe, recipe_fingerprint
 from lvmcore.data.sources.views import VIEWS_SOURCE
-from lvmcore.data.store import open_dataset, read_preprocessing, write_store
+from lvmcore.data.store import open_dataset, preprocessing_kept, read_preprocessing, write_store
 
 __all__ = [
     "BLOCK_ROWS",
@@ -48,6 +48,7 @@ __all__ = [
     "obs_names",
     "open_dataset",
     "open_source",
+    "preprocessing_kept",
     "read_obs",
     "read_preprocessing",
     "read_var",

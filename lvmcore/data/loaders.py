@@ -175,8 +175,7 @@ def write_source(source: Source, path: Path, planned: str | None, chunk_rows: in
             group[name][a:b] = block
 
         content = content_pass(source, rows, write)
-        write_preprocessing(tmp, source.preprocessing)
-        group.attrs["preprocessing_kept"] = True  # a store from before has none (tasks.ingest)
+        write_preprocessing(tmp, source.preprocessing)  # marks the store as keeping them (tasks.ingest)
         fp = planned or content
         group.attrs["fingerprint"] = fp
         group.attrs["content_fingerprint"] = content

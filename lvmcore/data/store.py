@@ -36,6 +36,7 @@ __all__ = [
     "check_target",
     "store_encoding",
     "write_preprocessing",
+    "preprocessing_kept",
     "read_preprocessing",
 ]
 
@@ -132,9 +133,8 @@ def store_encoding(dims, shape, chunk_rows: int) -> dict:
 def write_preprocessing(path, arrays: dict) -> None:
     """Keep ``{view: {name: array}}`` (``var_names``, ``components``, ``mean``, ``columns``) in the
     data store at ``path`` (written before the store is renamed into place)."""
-    if not arrays:
-        return
     root = zarr.open_group(str(path), mode="r+").require_group(PREPROCESSING_GROUP)
+    root.attrs["kept"] = True  # this writer keeps them (an empty group: the source had none to keep)
     for view, named in arrays.items():
         g = root.require_group(view)
         for name, value in named.items():
@@ -148,6 +148,16 @@ def write_preprocessing(path, arrays: dict) -> None:
             arr = g.create_array(name, shape=a.shape, dtype=a.dtype, chunks=tuple(max(1, n) for n in a.shape))
             if a.size:
                 arr[...] = a
+
+
+def preprocessing_kept(path) -> bool:
+    """Whether the data store at ``path`` was written by an ingest that keeps the preprocessing
+    beside the data (:func:`write_preprocessing`); a store from before has no such group."""
+    try:
+        root = zarr.open_group(str(path), mode="r")
+    except Exception:  # no store there
+        return False
+    return PREPROCESSING_GROUP in root and bool(root[PREPROCESSING_GROUP].attrs.get("kept"))
 
 
 def read_preprocessing(path) -> dict:

@@ -23,7 +23,15 @@ from lvmcore.manifolds.lorentz import to_poincare
 from lvmcore.models._base import LatentModel
 from lvmcore.models.hgplvm.full import fit_full
 from lvmcore.models.hgplvm.minibatch import fit_minibatch
-from lvmcore.models.hgplvm.newpoints import cell_seeds, log_density, place, predict_at, to_hyperboloid
+from lvmcore.models.hgplvm.newpoints import (
+    cell_seeds,
+    derived,
+    forget,
+    log_density,
+    place,
+    predict_at,
+    to_hyperboloid,
+)
 from lvmcore.models.hgplvm.objectives import renorm
 from lvmcore.models.hgplvm.training import Trained, tangent_start
 from lvmcore.precision import x64
@@ -270,7 +278,7 @@ class BaseHyperboloidGPLVM(LatentModel):
         for name, value in t.attrs.items():  # the training's own attributes
             setattr(self, name, value)
         self.rng_key_ = np.asarray(t.key, dtype=np.int64)  # the fit's key: new rows' draws fold into it
-        self._memo = {}  # derived state of new points (newpoints.point_factor, the last placement)
+        forget(self)  # new points' derived state (newpoints.derived) is of the last fit
 
     def fit_transform(self, Y, graph=None):
         return self.fit(Y, graph).embedding_
@@ -316,16 +324,18 @@ class BaseHyperboloidGPLVM(LatentModel):
         return cell_seeds(Y_new, cell_keys) if self.variant == "bayesian" else None
 
     def _place(self, Y_new, max_iter, cell_keys):
-        """(means (n, Q+1), S or None) of new rows, the last call's answer kept (``_memo``) so that
-        ``transform`` then ``score_samples`` of the same rows optimise them once."""
+        """(means (n, Q+1), S or None) of new rows, the last call's answer kept beside the model
+        (``newpoints.derived``) so that ``transform`` then ``score_samples`` of the same rows
+        optimise them once."""
         Yn, nearest = self._new_rows(Y_new)
         names = None if cell_keys is None else tuple(str(k) for k in cell_keys)
         key = (hashlib.blake2b(np.ascontiguousarray(Yn).tobytes()).hexdigest(), Yn.shape, max_iter, names)
-        last = self._memo.get("place")
+        memo = derived(self)
+        last = memo.get("place")
         if last is not None and last[0] == key:
             return last[1]
         out = place(self, Yn, nearest, self._seeds(Y_new, cell_keys), max_iter)
-        self._memo["place"] = (key, out)
+        memo["place"] = (key, out)
         return out
 
     def _new_rows(self, Y_new):
@@ -367,7 +377,7 @@ class BaseHyperboloidGPLVM(LatentModel):
             if parts:
                 setattr(self, name, parts)
         self.rng_key_ = np.asarray(self.rng_key_, dtype=np.int64)
-        self._memo = {}
+        forget(self)
 
 
 @dataclass(kw_only=True, eq=False, repr=False)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -123,13 +124,28 @@ def _draws(keys, i, H, Q):
     return jnp.transpose(jax.vmap(one)(keys), (1, 0, 2))
 
 
+#: derived state of fitted estimators' new points (the point variant's factor, the last placement),
+#: kept beside each estimator, not in it: transform never changes a fitted model's state
+_DERIVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def derived(model) -> dict:
+    """The derived new-point state of ``model`` (created empty; forgotten by :func:`forget`)."""
+    return _DERIVED.setdefault(model, {})
+
+
+def forget(model) -> None:
+    """Drop ``model``'s derived state: its fit changed (a new fit, or its arrays restored)."""
+    _DERIVED.pop(model, None)
+
+
 # --------------------------------------------------------------------------- the point variant
 @x64
 def point_factor(model):
     """(Cholesky factor L of eq. 4's K, alpha = K^-1 (Y - m), m) of the fitted point variant, m
     the restricted fit's GLS constant mean (zero otherwise): what its predictive needs; kept per
-    estimator in its ``_memo`` (derived, rebuilt from the training rows, never stored)."""
-    memo = model._memo
+    estimator's :func:`derived` state (rebuilt from the training rows, never stored)."""
+    memo = derived(model)
     if "point" not in memo:
         Xtr, Ytr = jnp.asarray(model.lorentz_embedding_), jnp.asarray(model._Y)
         K = point_kernel(Xtr, jnp.log(model.sigma_), jnp.log(model.beta_), float(model.kappa))[0]
