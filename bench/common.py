@@ -119,3 +119,27 @@ def module_command(module: str, *args: str) -> list[str]:
     """The command that runs benchmark ``module`` (``__spec__.name`` of the caller, e.g.
     ``bench.glle.scale``) with ``args`` in a child process; run it with ``cwd=ROOT``."""
     return [sys.executable, "-m", module, *args]
+
+
+@contextlib.contextmanager
+def observe_calls(funcs: dict, on_start, on_return):
+    """Calls ``on_start(name)`` when a function of ``funcs`` ({name: function}) starts and
+    ``on_return(name, value)`` when it returns, through ``sys.monitoring``'s start and return events
+    enabled on those functions' code objects only: the functions are observed, not replaced, and
+    every other call runs without a hook."""
+    mon, ev = sys.monitoring, sys.monitoring.events
+    tool = mon.PROFILER_ID
+    names = {f.__code__: name for name, f in funcs.items()}
+    mon.use_tool_id(tool, "bench.common")
+    mon.register_callback(tool, ev.PY_START, lambda code, offset: on_start(names[code]))
+    mon.register_callback(tool, ev.PY_RETURN, lambda code, offset, value: on_return(names[code], value))
+    try:
+        for code in names:
+            mon.set_local_events(tool, code, ev.PY_START | ev.PY_RETURN)
+        yield
+    finally:
+        for code in names:
+            mon.set_local_events(tool, code, 0)
+        mon.register_callback(tool, ev.PY_START, None)
+        mon.register_callback(tool, ev.PY_RETURN, None)
+        mon.free_tool_id(tool)

@@ -53,7 +53,7 @@ import time
 import numpy as np
 from scipy.spatial import procrustes
 
-from bench.common import ROOT, local_client, module_command
+from bench.common import ROOT, local_client, module_command, observe_calls
 from lvmcore.data import synthetic as S
 from lvmcore.metrics import unfolding
 from lvmcore.models.glle import GLLE
@@ -281,30 +281,6 @@ class RssSampler:
         self.peaks[self.cur] = max(self.peaks.get(self.cur, 0), r)
         self.cur = label
         self.peaks[label] = max(self.peaks.get(label, 0), r)
-
-
-@contextlib.contextmanager
-def observe_calls(funcs: dict, on_start, on_return):
-    """Calls ``on_start(name)`` when a function of ``funcs`` ({name: function}) starts and
-    ``on_return(name, value)`` when it returns, through ``sys.monitoring``'s start and return events
-    enabled on those functions' code objects only: the functions are observed, not replaced, and
-    every other call runs without a hook."""
-    mon, ev = sys.monitoring, sys.monitoring.events
-    tool = mon.PROFILER_ID
-    names = {f.__code__: name for name, f in funcs.items()}
-    mon.use_tool_id(tool, "bench.glle.scale")
-    mon.register_callback(tool, ev.PY_START, lambda code, offset: on_start(names[code]))
-    mon.register_callback(tool, ev.PY_RETURN, lambda code, offset, value: on_return(names[code], value))
-    try:
-        for code in names:
-            mon.set_local_events(tool, code, ev.PY_START | ev.PY_RETURN)
-        yield
-    finally:
-        for code in names:
-            mon.set_local_events(tool, code, 0)
-        mon.register_callback(tool, ev.PY_START, None)
-        mon.register_callback(tool, ev.PY_RETURN, None)
-        mon.free_tool_id(tool)
 
 
 #: the stages of ``GLLE.fit`` timed by ``fit`` (functions of ``lvmcore.models.glle``'s namespace)
