@@ -169,6 +169,14 @@ def run_points(
 REFIT_TOLERANCE = 1e-8
 
 
+def embedding_change(group, index: tuple, embedding: np.ndarray) -> float:
+    """Largest absolute difference of a refit's ``embedding`` from the one the store's ``group``
+    holds at grid cell ``index`` (its latent columns and rows); inf where either is not finite."""
+    stored = np.asarray(group["embedding"][index])
+    moved = float(np.max(np.abs(stored[: len(embedding), : embedding.shape[1]] - embedding), initial=0.0))
+    return moved if np.isfinite(moved) else float("inf")
+
+
 def points_without_models(store: str, spec: ModelSpec, points) -> list:
     """The finished grid points (``points``: (index, point) pairs) of ``spec`` whose model the
     store does not hold (a store written before models were kept: ``--refit-models``)."""
@@ -201,11 +209,7 @@ def refit_points(
         if res.status != "done":
             out.append(f"failed: {res.error}")
             continue
-        stored = np.asarray(group["embedding"][index])
-        q = res.embedding.shape[1]
-        moved = float(np.max(np.abs(stored[: len(res.embedding), :q] - res.embedding), initial=0.0))
-        if not np.isfinite(moved):
-            moved = float("inf")
+        moved = embedding_change(group, index, res.embedding)
         version = (layout.numerics or numerics_version()) if moved <= REFIT_TOLERANCE else ""
         record_model(store, key, index, point, res.model, res.model_error, version)
         out.append(f"refit {moved!r}")
@@ -282,10 +286,9 @@ def add_extras(
         if res.status != "done":
             out.append(f"failed: {res.error}")
             continue
-        stored = np.asarray(group["embedding"][index])
-        moved = float(np.max(np.abs(stored[: len(res.embedding), : res.embedding.shape[1]] - res.embedding)))
+        moved = embedding_change(group, index, res.embedding)
         write_extras(store, spec, index, res.extras, layout)
-        out.append(f"extras {moved if np.isfinite(moved) else float('inf')!r}")
+        out.append(f"extras {moved!r}")
     return out
 
 
