@@ -312,6 +312,29 @@ def extras_notes(groups, chosen: dict) -> list[str]:
     return lines
 
 
+def components_notes(groups, chosen: dict) -> list[str]:
+    """One line per graph model (GLLE, LL-LVM) whose chosen setting's neighbour graph fell into
+    several connected components (``n_components_graph`` > 1): each component was fitted as its own
+    problem and the pieces placed side by side in one layout (lvmcore.models.components), so their
+    relative position and scale are arbitrary, as in UMAP's layout of components."""
+    lines = []
+    for name, ds in groups:
+        pick = chosen[name].get("setting")
+        if "n_components_graph" not in ds or pick is None:
+            continue
+        at = {d: v for d, v in pick.items() if d in ds["n_components_graph"].dims}
+        n = float(ds["n_components_graph"].sel(at).values)
+        if not np.isfinite(n) or n <= 1:
+            continue
+        lines.append(
+            f"{name}: at the chosen setting ({_fmt(pick)}) the neighbour graph has {int(n)} connected "
+            "components; each was fitted alone and the pieces were placed side by side in one layout, so "
+            "their positions and scales relative to each other are arbitrary (distances and the metrics "
+            "hold within a component; the metrics are their size-weighted mean)."
+        )
+    return lines
+
+
 def make_report(store, out_dir=None) -> str:
     """Write PNG figures and ``index.html`` for the store; returns the HTML path."""
     import matplotlib
@@ -514,6 +537,9 @@ def make_report(store, out_dir=None) -> str:
     notes = extras_notes(groups, chosen)
     if notes:  # which points carry GLLE's diagnostics (tasks.results.extras)
         body.append("<p>" + "<br>".join(html.escape(n) for n in notes) + "</p>")
+    components = components_notes(groups, chosen)
+    if components:  # graph models fitted per connected component (lvmcore.models.components)
+        body.append("<p>" + "<br>".join(html.escape(n) for n in components) + "</p>")
     for fname, caption in figs:
         body.append(
             f"<figure><img src='{html.escape(fname)}' alt='{html.escape(caption)}'>"
