@@ -32,7 +32,13 @@
 - ``score_samples(Y_new)`` is each new point's log predictive density under the model (or the
   family's named equivalent), higher for points the model represents better;
   ``reference_score_stats(Y_train)`` keeps the median and MAD of the training points' scores,
-  against which a mapping score is standardised.
+  against which a mapping score is standardised (``mapping_score``).
+- ``map_points(Y_new)`` -> (mean, var or None, mapping score): what mapping new cells needs, from
+  one solve of each point's q(x*) (or its family's placement). The default is ``transform`` then
+  ``mapping_score``, right for families whose score needs no placement (PPCA's closed form); the
+  families whose score is a density at the placement (the GP-LVMs, MRD, the hGP-LVMs, LL-LVM,
+  GLLE) override it to place each point once and score it there. A model without reference scores,
+  or one that cannot score, raises (ValueError / NotImplementedError): never a silent NaN.
 
 ``get_params`` / ``set_params`` / ``sklearn.base.clone`` come from ``BaseEstimator``, which reads
 the parameter names off the constructor signature: every constructor argument must be stored
@@ -179,11 +185,32 @@ class LatentModel(BaseEstimator):
         self.score_reference_ = [med, mad if mad > 0 else 1.0]
         return med, self.score_reference_[1]
 
-    def mapping_score(self, Y_new) -> np.ndarray:
-        """(score_samples - reference median) / reference MAD: higher = better represented."""
+    def reference_pair(self, Y_new) -> tuple[float, float]:
+        """The (median, MAD) that new points ``Y_new``'s scores are standardised against; a model
+        without reference scores raises, naming the call that makes them."""
         med, mad = getattr(self, "score_reference_", None) or (None, None)
         if med is None:
             raise ValueError(
                 f"{type(self).__name__} has no reference scores; call reference_score_stats(Y_train)"
             )
-        return (np.asarray(self.score_samples(Y_new), dtype=float) - med) / mad
+        return med, mad
+
+    def standardised(self, scores, Y_new) -> np.ndarray:
+        """Scores of ``Y_new`` (``score_samples``') as mapping scores: (score - median) / MAD."""
+        med, mad = self.reference_pair(Y_new)
+        return (np.asarray(scores, dtype=float) - med) / mad
+
+    def mapping_score(self, Y_new) -> np.ndarray:
+        """(score_samples - reference median) / reference MAD: higher = better represented."""
+        self.reference_pair(Y_new)  # refused before any work where there are no reference scores
+        return self.standardised(self.score_samples(Y_new), Y_new)
+
+    def map_points(self, Y_new):
+        """(latent means (n, Q), variances (n, Q) or None, mapping scores (n,)) of new points
+        (module docstring): here ``transform`` and ``mapping_score``, for families whose score
+        does not need the placement (the score first: a model that cannot score is refused before
+        the transform's work)."""
+        score = self.mapping_score(Y_new)
+        out = self.transform(Y_new, return_var=True)
+        mean, var = out if isinstance(out, tuple) else (out, None)
+        return mean, var, score

@@ -506,18 +506,36 @@ class BaseCollapsedGPLVM(LatentModel):
         mean, var = newpoints.cell_moments(self.kinds_[view], self._terms[view], mu, S)
         return mean + self.view_means_[view], var
 
-    def score_samples(self, Y_new) -> np.ndarray:
-        """Each new row's log predictive density of its observed views at its q(x*): sum over the
-        views and columns of log N(y; mean, var), the predictive moments of :meth:`predict_view`."""
+    @staticmethod
+    def _as_observed(Y_new) -> dict:
+        """{view: rows} of new rows given as a dict, a list of every view, or one array (view 0)."""
         observed = Y_new if isinstance(Y_new, (dict, list, tuple)) else {0: Y_new}
-        observed = dict(enumerate(observed)) if isinstance(observed, (list, tuple)) else observed
-        mu, S = self.infer(observed)
+        return dict(enumerate(observed)) if isinstance(observed, (list, tuple)) else observed
+
+    def _density_at(self, observed: dict, mu, S) -> np.ndarray:
+        """Each row's log predictive density of its observed views at q(x*) = N(mu, diag S)."""
         out = np.zeros(len(mu))
         for v, Y in sorted(observed.items()):
             Y = check_data(Y, f"view {v}")
             mean, var = self.predict_view(mu, S, int(v))
             out += -0.5 * np.sum(np.log(2.0 * np.pi * var) + (Y - mean) ** 2 / var, axis=1)
         return out
+
+    def score_samples(self, Y_new) -> np.ndarray:
+        """Each new row's log predictive density of its observed views at its q(x*): sum over the
+        views and columns of log N(y; mean, var), the predictive moments of :meth:`predict_view`."""
+        observed = self._as_observed(Y_new)
+        mu, S = self.infer(observed)
+        return self._density_at(observed, mu, S)
+
+    def map_points(self, Y_new):
+        """(mu*, S*, mapping score) of new rows from one solve of each row's q(x*) (:meth:`infer`):
+        its mean and variance (``transform``'s) and the score of :meth:`score_samples` at it,
+        standardised against the reference scores (refused before the solve without them)."""
+        observed = self._as_observed(Y_new)
+        self.reference_pair(observed)
+        mu, S = self.infer(observed)
+        return mu, S, self.standardised(self._density_at(observed, mu, S), observed)
 
 
 @dataclass(kw_only=True, eq=False, repr=False)

@@ -470,6 +470,16 @@ class GLLE(LatentModel):
         reconstructed by the reference."""
         return self._map_new(Y_new)[2]
 
+    def map_points(self, Y_new):
+        """(latent means, variances, mapping scores) of new points from one pass of ``_map_rows``
+        (neighbours and weights found once for ``transform``'s answer and ``score_samples``'); on
+        a graph in several pieces, each component's ``transform`` and ``mapping_score``."""
+        if self.__dict__.get("components_") is not None:
+            return super().map_points(Y_new)
+        self.reference_pair(Y_new)
+        mean, var, loglik = self._map_new(Y_new)
+        return mean, var, self.standardised(loglik, Y_new)
+
     def reference_score_stats(self, Y_train=None, random_state: int = 0) -> tuple[float, float]:
         """Median and MAD of the training points' scores (at most ``REFERENCE_SCORE_CELLS``, a
         seeded subsample), each scored from its fitted neighbours, itself left out, as a new point

@@ -106,17 +106,23 @@ class MRD(BaseCollapsedGPLVM):
         self.score_reference_ = out
         return tuple(out[_subset_key(range(len(views)))])
 
-    def mapping_score(self, Y_new) -> np.ndarray:
-        """(score_samples - median) / MAD of the training rows scored on the same observed views."""
-        observed = Y_new if isinstance(Y_new, dict) else dict(enumerate(Y_new))
+    def reference_pair(self, Y_new) -> tuple[float, float]:
+        """(median, MAD) of the training rows scored on the views ``Y_new`` is observed in (a dict
+        {view: rows}, a list of every view, or one array: view 0), what ``mapping_score`` and
+        ``map_points`` standardise by."""
         ref = getattr(self, "score_reference_", None)
         if not ref:
             raise ValueError("MRD has no reference scores; call reference_score_stats(training views)")
-        med, mad = ref[_subset_key(observed)]
-        return (self.score_samples(observed) - med) / mad
+        med, mad = ref[_subset_key(self._as_observed(Y_new))]
+        return med, mad
 
     def predict(
-        self, observed: dict, target: int, threshold: float = 1e-3, max_iter: int = newpoints.MAX_ITER
+        self,
+        observed: dict,
+        target: int,
+        threshold: float = 1e-3,
+        max_iter: int = newpoints.MAX_ITER,
+        at=None,
     ):
         """Algorithm 1 of paper 004, row by row: q(x*) = N(mu*, diag s*) from the observed views
         only (:meth:`infer`); the latent dimensions none of the observed views uses (normalised
@@ -125,12 +131,14 @@ class MRD(BaseCollapsedGPLVM):
         observed views use, where they share none), their variances s* plus the training means'
         mean squared distance from mu* there (step 9 keeps s*; the filled mean is a draw the
         observed views say nothing about, so the interval must hold both); then the target view's
-        predictive mean and variance there, the noise included. Returns (mean, var), (N*, D_target)."""
+        predictive mean and variance there, the noise included. Returns (mean, var), (N*, D_target).
+        ``at``: these rows' q(x*) = (mu*, S*) as :meth:`infer` (or ``map_points``) gave it, which
+        is then not solved again."""
         self._check_fitted()
         V = len(self.kinds_)
         if not isinstance(target, (int, np.integer)) or not 0 <= target < V:
             raise ValueError(f"target view {target!r} out of range; this model has views 0..{V - 1}")
-        mu, S = self.infer(observed, max_iter=max_iter)
+        mu, S = self.infer(observed, max_iter=max_iter) if at is None else (np.asarray(a, float) for a in at)
         rel = self.relevance() > threshold
         seen = sorted(dict(enumerate(observed)) if isinstance(observed, (list, tuple)) else observed)
         used = np.any(rel[seen], axis=0)

@@ -180,13 +180,16 @@ def reference_model(store: str, model: str, setting: str):
     """The fitted model of ``model`` at ``setting`` (JSON text) with its reference scores, read once
     per process; a damaged array or a store without models refused in one line (tasks.results.models)."""
     est = load_model(store, model, json.loads(setting))
-    if getattr(est, "score_reference_", None) is None and hasattr(est, "reference_score_stats"):
+    if not getattr(est, "score_reference_", None):
         data = load_data(str(store_data_path(store)))
         train = data["views"] if type(est).__name__ == "MRD" else data["Y"]
         try:
             est.reference_score_stats(train)
-        except NotImplementedError:
-            pass
+        except NotImplementedError as e:
+            raise ValueError(
+                f"model {model} ({type(est).__name__}) cannot score new cells ({e}), so it gives no "
+                "mapping score; leave it out with --model"
+            ) from e
     return est
 
 
@@ -435,17 +438,13 @@ def map_chunk(store: str, model: str, setting: dict, Y, predict_view: int | None
 
 
 def map_cells(est, Y, predict_view: int | None = None) -> dict:
-    """``map_chunk`` for an estimator in hand (the library's test surface)."""
-    out = est.transform(Y, return_var=True)
-    mean, var = out if isinstance(out, tuple) else (out, None)
-    try:
-        score = est.mapping_score(Y)
-    except (NotImplementedError, ValueError, TypeError):
-        n = len(mean)
-        score = np.full(n, np.nan)
+    """``map_chunk`` for an estimator in hand (the library's test surface): one solve of each
+    cell's q(x*) (``map_points``) gives its place, variance and mapping score, and MRD's
+    prediction of ``predict_view`` from it. A model that cannot score raises."""
+    mean, var, score = est.map_points(Y)
     predicted = None
     if predict_view is not None:
-        predicted = est.predict(Y, int(predict_view))
+        predicted = est.predict(Y, int(predict_view), at=(mean, var))
     return {
         "mean": np.asarray(mean, dtype=np.float64),
         "var": None if var is None else np.asarray(var, dtype=np.float64),

@@ -8,7 +8,6 @@ of training, the fitted state and ``transform``.
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 import time
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from lvmcore.models.hgplvm.full import fit_full
 from lvmcore.models.hgplvm.minibatch import fit_minibatch
 from lvmcore.models.hgplvm.newpoints import (
     cell_seeds,
-    derived,
     forget,
     log_density,
     place,
@@ -310,6 +308,17 @@ class BaseHyperboloidGPLVM(LatentModel):
         X, S = self._place(Y_new, None, cell_keys)
         return log_density(self, Yn, X, S, self._seeds(Y_new, cell_keys))
 
+    def map_points(self, Y_new, cell_keys=None):
+        """(Poincare-ball positions (n, Q), variances S* or None, mapping scores (n,)) of new rows
+        from one placement each (:meth:`transform`'s) and :meth:`score_samples`' density at it,
+        standardised against the reference scores (refused before the placement without them)."""
+        self.reference_pair(Y_new)
+        Yn, nearest = self._new_rows(Y_new)
+        seeds = self._seeds(Y_new, cell_keys)
+        X, S = place(self, Yn, nearest, seeds, None)
+        score = self.standardised(log_density(self, Yn, X, S, seeds), Y_new)
+        return np.asarray(to_poincare(X)), None if S is None else S.copy(), score
+
     def inverse_transform(self, X, return_var: bool = False):
         """The GP's predictive mean (n, D) in data space at latent points X, given in the Poincare
         ball (n, Q, as ``embedding_``) or on the hyperboloid (n, Q+1); with ``return_var`` also the
@@ -324,19 +333,10 @@ class BaseHyperboloidGPLVM(LatentModel):
         return cell_seeds(Y_new, cell_keys) if self.variant == "bayesian" else None
 
     def _place(self, Y_new, max_iter, cell_keys):
-        """(means (n, Q+1), S or None) of new rows, the last call's answer kept beside the model
-        (``newpoints.derived``) so that ``transform`` then ``score_samples`` of the same rows
-        optimise them once."""
+        """(means (n, Q+1), S or None) of new rows (``newpoints.place``); :meth:`map_points` places
+        and scores them in one go."""
         Yn, nearest = self._new_rows(Y_new)
-        names = None if cell_keys is None else tuple(str(k) for k in cell_keys)
-        key = (hashlib.blake2b(np.ascontiguousarray(Yn).tobytes()).hexdigest(), Yn.shape, max_iter, names)
-        memo = derived(self)
-        last = memo.get("place")
-        if last is not None and last[0] == key:
-            return last[1]
-        out = place(self, Yn, nearest, self._seeds(Y_new, cell_keys), max_iter)
-        memo["place"] = (key, out)
-        return out
+        return place(self, Yn, nearest, self._seeds(Y_new, cell_keys), max_iter)
 
     def _new_rows(self, Y_new):
         """Rows to transform, checked against the fitted model and centred by its training mean,

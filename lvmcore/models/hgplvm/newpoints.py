@@ -124,7 +124,7 @@ def _draws(keys, i, H, Q):
     return jnp.transpose(jax.vmap(one)(keys), (1, 0, 2))
 
 
-#: derived state of fitted estimators' new points (the point variant's factor, the last placement),
+#: derived state of fitted estimators' new points (the point variant's factor),
 #: kept beside each estimator, not in it: transform never changes a fitted model's state
 _DERIVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -505,6 +505,22 @@ class LLLVM(LatentModel):
         ones at theirs; a density of Y as given (the standardisation's - D log scale). Higher =
         better represented."""
         Ys, nbr, mx, _, Cs, _ = self._out_of_sample(Y_new)
+        return self._loglik_at(Ys, nbr, mx, Cs)
+
+    def map_points(self, Y_new):
+        """(latent means, marginal variances, mapping scores) of new points from one out-of-sample
+        E-step (``transform``'s) and the likelihood term of ``score_samples`` at its posterior
+        means; on a graph in several pieces, each component's ``transform`` and ``mapping_score``."""
+        if self.__dict__.get("components_") is not None:
+            return super().map_points(Y_new)
+        self.reference_pair(Y_new)
+        Ys, nbr, mx, Sx, Cs, _ = self._out_of_sample(Y_new)
+        var = np.diagonal(Sx, axis1=1, axis2=2).copy()
+        return mx, var, self.standardised(self._loglik_at(Ys, nbr, mx, Cs), Y_new)
+
+    def _loglik_at(self, Ys, nbr, mx, Cs) -> np.ndarray:
+        """``score_samples``' likelihood term of scaled new rows ``Ys`` with neighbours ``nbr`` at
+        their out-of-sample posterior means of x* (``mx``) and C* (``Cs``)."""
         Ytr, x, C = self.Y_train_, self.embedding_, self.C_
         et = np.einsum("mkdq,mkq->md", Cs[:, None] + C[nbr], mx[:, None, :] - x[nbr])
         others = np.broadcast_to(Ytr.sum(axis=0), Ys.shape) if self.epsilon_form == "ones" else None
