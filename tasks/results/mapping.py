@@ -25,6 +25,7 @@ from lvmcore.data import label_names, read_var, source_info
 from lvmcore.data import preprocess as pp
 from lvmcore.data.sources.h5ad import resolve_matrix
 from lvmcore.data.sources.hdf5 import h5mu_modalities, obsm_keys, read_obs
+from lvmcore.models._base import LatentModel
 from tasks.inputs import load_data
 from tasks.results.export import aside_name
 from tasks.results.models import load_model, read_preprocessing
@@ -180,16 +181,16 @@ def reference_model(store: str, model: str, setting: str):
     """The fitted model of ``model`` at ``setting`` (JSON text) with its reference scores, read once
     per process; a damaged array or a store without models refused in one line (tasks.results.models)."""
     est = load_model(store, model, json.loads(setting))
+    cannot = f"model {model} ({type(est).__name__}) cannot score new cells, so it gives no mapping score"
+    if type(est).score_samples is LatentModel.score_samples:
+        raise ValueError(f"{cannot}; leave it out with --model")
     if not getattr(est, "score_reference_", None):
         data = load_data(str(store_data_path(store)))
         train = data["views"] if type(est).__name__ == "MRD" else data["Y"]
         try:
             est.reference_score_stats(train)
         except NotImplementedError as e:
-            raise ValueError(
-                f"model {model} ({type(est).__name__}) cannot score new cells ({e}), so it gives no "
-                "mapping score; leave it out with --model"
-            ) from e
+            raise ValueError(f"{cannot} ({e}); leave it out with --model") from e
     return est
 
 
