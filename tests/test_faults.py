@@ -158,8 +158,10 @@ def _kill_when(kind, store, proc, rng):
         start, t0 = _n_done(store), time.time()
         while time.time() - t0 < 240 and proc.poll() is None and _n_done(store) <= start:
             time.sleep(0.02)  # a status read costs milliseconds: a tighter loop takes a core from the flow
-    else:
-        time.sleep(float(rng.uniform(0.0, 14.0)))
+    else:  # the drawn time, or sooner if the flow has ended by then (a kill then has nothing to hit)
+        end = time.time() + float(rng.uniform(0.0, 14.0))
+        while time.time() < end and proc.poll() is None:
+            time.sleep(0.02)
 
 
 @pytest.mark.slow
