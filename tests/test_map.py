@@ -1,7 +1,10 @@
 """`embed-sweep map`: new cells onto a finished sweep, through the CLI on scanpy's pbmc68k_reduced
-(a sweep on a stratified 80% of the cells, the other 20% mapped), the library's parts against
-independent references (label transfer against a per-cell loop, the reference's preprocessing
-against scanpy / scikit-learn), the refusals, and MRD's --predict of a missing modality."""
+(one sweep of PPCA and the Bayesian GP-LVM on a stratified 80% of the cells, one map of the other
+20% onto both, shared by the module), the library's parts against independent references (label
+transfer against a per-cell loop, the reference's preprocessing against scanpy / scikit-learn),
+one solve of each cell's q(x*) per map (counted), a score that fails raising, the refusals, and
+MRD's --predict of the count modality of the two-modality generator (lvmcore.data.synthetic
+.cite_seq_toy)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pytest
 import zarr
 
 from flows.cli import main as cli_main
+from lvmcore import newpoints
 from tasks.results import mapping
 from tests.cli_checks import refused
 
@@ -24,8 +28,8 @@ LABEL = "bulk_labels"
 G1 = json.dumps({"latent_dim": [5], "seed": [0]})
 #: small fits: the test budget (bench/map/accuracy.py runs the 5 splits at the sweep's defaults)
 OPTIONS = json.dumps({"bgplvm": {"n_inducing": 20, "max_iter": 150}})
-#: the models the fast tests map (the Bayesian GP-LVM's fit is the slow test's)
-FAST, SLOW = ("ppca",), ("bgplvm_rbf",)
+#: the models of the module's one reference sweep, all mapped by its one map
+MODELS = ("ppca", "bgplvm_rbf")
 
 
 def split(adata, frac=0.8, seed=0, leave_out=None):
@@ -75,10 +79,11 @@ def api(prefect_api):
 
 @pytest.fixture(scope="module")
 def mapped(tmp_path_factory, api, sweep_cluster):
-    """A PPCA sweep on 80% of pbmc68k_reduced (X_pca) and the other 20% mapped onto it."""
+    """One sweep of PPCA and the Bayesian GP-LVM on 80% of pbmc68k_reduced (X_pca) and the other
+    20% mapped onto both by one ``map``: every CLI test of the module reads these."""
     tmp = tmp_path_factory.mktemp("map")
     rp, qp, a, ref, qry = _files(tmp)
-    store = _sweep(tmp, rp, ",".join(FAST), sweep_cluster)
+    store = _sweep(tmp, rp, ",".join(MODELS), sweep_cluster)
     out = tmp / "mapped.h5ad"
     argv = ["map", str(store), "--dataset", str(qp), "--to", str(out), "--cluster", sweep_cluster]
     assert cli_main(argv) == 0
@@ -100,9 +105,9 @@ def test_map_writes_a_copy_of_the_query_with_embeddings_scores_and_labels(mapped
     assert (out.obs_names == q.obs_names).all()
     np.testing.assert_array_equal(out.obsm["X_pca"], q.obsm["X_pca"])  # the user's keys kept
     uns = out.uns[mapping.UNS_KEY]
-    assert set(uns["models"]) == set(FAST) and uns["label_column"] == LABEL
+    assert set(uns["models"]) == set(MODELS) and uns["label_column"] == LABEL
     assert uns["sweep_id"] == zarr.open_group(str(mapped["store"]), mode="r").attrs["sweep_id"]
-    for m in FAST:
+    for m in MODELS:
         assert out.obsm[f"X_{m}"].shape == (q.n_obs, 5)
         assert (out.obsm[f"X_{m}_var"] > 0).all()
         score = out.obs[f"{m}_mapping_score"].to_numpy()
@@ -112,23 +117,82 @@ def test_map_writes_a_copy_of_the_query_with_embeddings_scores_and_labels(mapped
         assert set(out.obs[f"{LABEL}_{m}"].cat.categories) == set(q.obs[LABEL].cat.categories)
 
 
-def test_chunked_map_equals_the_loaded_model_on_all_cells_at_once(mapped):
+def test_chunked_map_equals_the_loaded_model_on_all_cells_at_once(mapped, monkeypatch):
     """The flow's chunks on the cluster change nothing: each model's output equals the loaded
-    model's transform and mapping score of the whole query in this process (per-cell answers)."""
-    _same_as_in_process(mapped, FAST)
+    model's place, variance and mapping score of the whole query in this process (per-cell
+    answers), and map_cells solves each cell's q(x*) once for all three (the Bayesian GP-LVM's
+    optimiser ``newpoints.maximise`` runs once for the chunk, not once for the place and again for
+    the score)."""
+    calls = _count(monkeypatch, newpoints, "maximise")
+    n = len(mapped["qry"])
+    assert _same_as_in_process(mapped, MODELS, calls) == {"ppca": [], "bgplvm_rbf": [n]}  # PPCA: closed form
 
 
-def _same_as_in_process(mapped, models):
+def _count(monkeypatch, module, name) -> list:
+    """The calls of ``module.name`` from here on (each one's row count), the function still run."""
+    calls, real = [], getattr(module, name)
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _model_setting(out, m) -> str:
+    setting = dict(out.uns[mapping.UNS_KEY]["models"][m]["setting"])
+    setting = {k: (v.item() if hasattr(v, "item") else v) for k, v in setting.items()}
+    return json.dumps(setting, sort_keys=True)
+
+
+def _same_as_in_process(mapped, models, calls=None) -> dict:
+    """{model: ``calls`` (a ``_count`` list) made by its map_cells}, each model's answers checked."""
     out = ad.read_h5ad(mapped["out"])
     Y = ad.read_h5ad(mapped["query"]).obsm["X_pca"].astype(np.float64)
+    made = {}
     for m in models:
-        setting = dict(out.uns[mapping.UNS_KEY]["models"][m]["setting"])
-        setting = {k: (v.item() if hasattr(v, "item") else v) for k, v in setting.items()}
-        est = mapping.reference_model(str(mapped["store"]), m, json.dumps(setting, sort_keys=True))
+        est = mapping.reference_model(str(mapped["store"]), m, _model_setting(out, m))
+        first = len(calls) if calls is not None else 0
         got = mapping.map_cells(est, Y)
+        made[m] = [] if calls is None else calls[first:]
         np.testing.assert_allclose(out.obsm[f"X_{m}"], got["mean"], rtol=0, atol=1e-8)
         np.testing.assert_allclose(out.obsm[f"X_{m}_var"], got["var"], rtol=0, atol=1e-8)
         np.testing.assert_allclose(out.obs[f"{m}_mapping_score"], got["score"], rtol=0, atol=1e-8)
+        # the same numbers as the contract's separate calls (each of which solves on its own)
+        mean, var = est.transform(Y, return_var=True)
+        np.testing.assert_allclose(got["mean"], mean, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got["var"], var, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got["score"], est.mapping_score(Y), rtol=0, atol=1e-12)
+    return made
+
+
+def test_a_score_that_fails_raises_and_its_model_is_refused_before_work(mapped, monkeypatch, capsys):
+    """map_cells never turns a failing score into NaN: a model without reference scores raises
+    (ValueError), one that cannot score raises (NotImplementedError); and ``map`` refuses a model
+    that cannot score in its plan, naming it (exit 2, one line, before any server)."""
+    from lvmcore.models import PPCA
+
+    a = mapped["adata"]
+    Y = a.obsm["X_pca"].astype(np.float64)
+    est = PPCA(n_components=5).fit(Y[mapped["ref"]])
+    with pytest.raises(ValueError, match="no reference scores"):
+        mapping.map_cells(est, Y[mapped["qry"]])
+    est.reference_score_stats(Y[mapped["ref"]])
+
+    def cannot(self, Y_new):
+        raise NotImplementedError("PPCA has no score_samples")
+
+    monkeypatch.setattr(PPCA, "score_samples", cannot)
+    with pytest.raises(NotImplementedError):
+        mapping.map_cells(est, Y[mapped["qry"]])
+    monkeypatch.setattr(mapping, "reference_model", mapping.reference_model.__wrapped__)  # no cache
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    out = mapped["tmp"] / "never.h5ad"
+    argv = ["map", str(mapped["store"]), "--dataset", str(mapped["query"]), "--to", str(out)]
+    refused([*argv, "--model", "ppca"], capsys, "model ppca", "cannot score")
+    assert not out.exists()
 
 
 def _knn_accuracy(est_all, labels, ref, qry):
@@ -156,18 +220,12 @@ def _accuracy(mapped, key, est):
     assert mapped_acc >= fitted_acc - 0.02, (key, mapped_acc, fitted_acc)
 
 
-@pytest.mark.slow  # a Bayesian GP-LVM sweep, its map and a fit on all 700 cells (~1-2 min here)
-def test_bgplvm_through_the_cli_as_accurate_and_chunk_free(mapped, tmp_path):
+@pytest.mark.slow  # a Bayesian GP-LVM fit on all 700 cells (SLOWSEC)
+def test_bgplvm_transferred_labels_as_accurate_as_fitting_the_cells_with_the_reference(mapped):
     from lvmcore.models import BayesianGPLVM
 
-    store = _sweep(tmp_path, mapped["tmp"] / "ref.h5ad", ",".join(SLOW), mapped["cluster"])
-    out = tmp_path / "mapped.h5ad"
-    argv = ["map", str(store), "--dataset", str(mapped["query"]), "--to", str(out)]
-    assert cli_main([*argv, "--cluster", mapped["cluster"]]) == 0
-    slow = dict(mapped, store=store, out=out)
-    _same_as_in_process(slow, SLOW)
     est = BayesianGPLVM(kernel="rbf", n_components=5, n_inducing=20, max_iter=150, random_state=0)
-    _accuracy(slow, "bgplvm_rbf", est)
+    _accuracy(mapped, "bgplvm_rbf", est)
 
 
 def test_transfer_labels_equals_a_per_cell_loop():
@@ -261,10 +319,14 @@ def test_refusals_exit_2_with_one_line_before_any_server(mapped, tmp_path, capsy
 
 
 def test_missing_genes_refused_or_filled_and_the_pca_is_the_references(mapped, capsys):
-    """A reference fitted on X's genes through a PCA of its own (preprocess pca): a query lacking 5
-    of its genes is refused naming the count and --fill-missing zeros; with it, mapped, and its
-    PPCA input is the reference's PCA of the query (scikit-learn's PCA fitted on the reference)."""
+    """A reference fitted on X's genes through a PCA of its own (preprocess pca; its store written
+    by the sweep's steps in process: ``map`` itself is the module's CLI map): a query lacking 5 of
+    its genes is refused naming the count and --fill-missing zeros; with it, planned with the 5
+    counted as filled, and its PPCA input is the reference's PCA of the query (scikit-learn's PCA
+    fitted on the reference)."""
     from sklearn.decomposition import PCA
+
+    from tests.results_store import build_store
 
     tmp = mapped["tmp"] / "genes"
     tmp.mkdir()
@@ -272,7 +334,7 @@ def test_missing_genes_refused_or_filled_and_the_pca_is_the_references(mapped, c
     rp = tmp / "ref.h5ad"
     a[mapped["ref"]].copy().write_h5ad(rp)
     spec = {"path": str(rp), "preprocess": {"pca": 10, "mask_var": None}, "label_column": LABEL}
-    store = _sweep(tmp, rp, "ppca", mapped["cluster"], spec)
+    store = build_store(tmp / "ref.zarr", spec, ["ppca"], json.loads(G1), n_generations=0)
     q = a[mapped["qry"]].copy()
     drop = q.var_names[:5]
     qp = tmp / "q.h5ad"
@@ -284,26 +346,8 @@ def test_missing_genes_refused_or_filled_and_the_pca_is_the_references(mapped, c
         "lacks 5 of",
         "--fill-missing zeros",
     )
-    assert (
-        cli_main(
-            [
-                "map",
-                str(store),
-                "--dataset",
-                str(qp),
-                "--to",
-                str(out),
-                "--fill-missing",
-                "zeros",
-                "--cluster",
-                mapped["cluster"],
-            ]
-        )
-        == 0
-    )
-    got = ad.read_h5ad(out)
-    assert got.uns[mapping.UNS_KEY]["genes_filled"]["X"] == 5
-    plan = mapping.plan_map(str(store), str(qp), tmp / "p.h5ad", fill_missing="zeros")
+    plan = mapping.plan_map(str(store), str(qp), out, fill_missing="zeros")
+    assert mapping.provenance(plan)["genes_filled"]["X"] == 5
     Yq = mapping.read_query(plan)["views"]["X"]
     Xr = np.asarray(a[mapped["ref"]].X, dtype=np.float64)
     pca = PCA(n_components=10, svd_solver="full").fit(Xr)
@@ -312,6 +356,12 @@ def test_missing_genes_refused_or_filled_and_the_pca_is_the_references(mapped, c
     want = pca.transform(Xq)
     sign = np.sign((Yq * want).sum(axis=0))  # a component's sign is the reference's own choice
     np.testing.assert_allclose(Yq, want * sign, rtol=0, atol=1e-6)
+    got = mapping.map_cells(mapping.reference_model(str(store), "ppca", _model_setting_of(plan)), Yq)
+    assert np.isfinite(got["score"]).all() and got["mean"].shape == (len(Yq), 5)
+
+
+def _model_setting_of(plan) -> str:
+    return json.dumps(plan["models"]["ppca"]["setting"], sort_keys=True)
 
 
 def _auroc(score_new, score_kept) -> float:
@@ -348,21 +398,24 @@ def test_the_mapping_score_flags_cells_of_a_kind_the_reference_lacks_bgplvm(left
     assert _novel_auroc(est, left_out) >= 0.9
 
 
-@pytest.mark.slow  # an MRD sweep and its map (about a minute on the test machine)
-def test_predict_a_missing_modality_with_mrd(api, sweep_cluster, tmp_path):
-    """The two-view toy (paper 004) as a .h5mu with modalities a and b; a sweep of MRD on 80% of
-    the cells, then the other 20% given only a, with --predict b: the prediction's median
-    per-feature r at least 10-NN regression's and ridge's on the same split, its 95% interval
-    covering 92-98% of the held-out values. r is over the columns of the shared signal (mrd_toy:
-    view 1's other ten columns are its private sin t, which view 0's cos t leaves undetermined)."""
+@pytest.mark.slow  # an MRD sweep and its map (SLOWSEC)
+def test_predict_the_count_modality_with_mrd(api, sweep_cluster, tmp_path, monkeypatch):
+    """The two-modality generator (lvmcore.data.synthetic.cite_seq_toy: RNA counts and a protein
+    panel, both non-linear in one shared trajectory, a private programme each) as a .h5mu; a sweep
+    of MRD on 80% of the cells (rna log1p as the sweep preprocesses it, prot as it is), then the
+    other 20% given only prot, with --predict rna. In the space rna was fitted in (log1p counts),
+    over every gene: the prediction's median per-feature r is at least 10-NN regression's and
+    ridge regression's from prot on the same split, and its 95% interval covers 92-98% of the
+    held-out values. The map's output equals the loaded model's in process, where each cell's
+    q(x*) is solved once for its place, score and prediction."""
     import mudata
     from sklearn.linear_model import RidgeCV
     from sklearn.neighbors import KNeighborsRegressor
 
-    from lvmcore.data.synthetic import mrd_toy
+    from lvmcore.data.synthetic import cite_seq_toy
 
-    n = 300
-    (A, B), _ = mrd_toy(n, seed=0)
+    n = 200
+    rna, prot, _ = cite_seq_toy(n, seed=0)
     names = [f"c{i}" for i in range(n)]
     perm = np.random.default_rng(0).permutation(n)
     tr, te = np.sort(perm[: int(0.8 * n)]), np.sort(perm[int(0.8 * n) :])
@@ -372,29 +425,43 @@ def test_predict_a_missing_modality_with_mrd(api, sweep_cluster, tmp_path):
         return ad.AnnData(M[rows], obs=pd.DataFrame(index=[names[i] for i in rows]), var=var)
 
     ref = tmp_path / "ref.h5mu"
-    mudata.MuData({"a": mod(A, tr, "a"), "b": mod(B, tr, "b")}).write(ref)
+    mudata.MuData({"rna": mod(rna, tr, "gene"), "prot": mod(prot, tr, "prot")}).write(ref)
     qry = tmp_path / "query.h5mu"
-    mudata.MuData({"a": mod(A, te, "a")}).write(qry)
+    mudata.MuData({"prot": mod(prot, te, "prot")}).write(qry)
+    spec = {"path": str(ref), "modalities": {"rna": {"preprocess": {"log1p": True}}, "prot": {}}}
     argv = ["run", "--out", str(tmp_path), "--store", "ref.zarr", "--no-report", "--models", "mrd"]
-    argv += ["--grid", json.dumps({"latent_dim": [8], "seed": [0]}), "--cluster", sweep_cluster]
-    argv += ["--options", json.dumps({"mrd": {"kernel": "linear", "max_iter": 1000}})]
-    assert cli_main([*argv, "--dataset", json.dumps({"path": str(ref)})]) == 0
+    argv += ["--grid", json.dumps({"latent_dim": [4], "seed": [0]}), "--cluster", sweep_cluster]
+    # smaller than the sweep's MRD defaults (M = 30, 500 iterations): the test budget
+    argv += ["--options", json.dumps({"mrd": {"n_inducing": 20, "max_iter": 100}})]
+    assert cli_main([*argv, "--dataset", json.dumps(spec)]) == 0
     out = tmp_path / "mapped.h5mu"
-    argv = ["map", str(tmp_path / "ref.zarr"), "--dataset", str(qry), "--to", str(out), "--predict", "b"]
+    argv = ["map", str(tmp_path / "ref.zarr"), "--dataset", str(qry), "--to", str(out), "--predict", "rna"]
     assert cli_main([*argv, "--cluster", sweep_cluster]) == 0
     got = mudata.read_h5mu(out)
-    pred = got.mod["b"]
-    assert list(pred.var_names) == [f"b{j}" for j in range(B.shape[1])]
+    pred = got.mod["rna"]
+    assert list(pred.var_names) == [f"gene{j}" for j in range(rna.shape[1])]
     mean, var = np.asarray(pred.layers["mean"]), np.asarray(pred.layers["var"])
     np.testing.assert_array_equal(np.asarray(pred.X), mean)
 
-    def median_r(P):  # over the shared signal's columns: view 1's private sin t (columns 0-9) is
-        T = B[te]  # not determined by view 0 (its sign), so every method's r there is about 0
-        return np.median([np.corrcoef(P[:, j], T[:, j])[0, 1] for j in range(10, 15)])
+    R = np.log1p(rna)  # the space the rna view was fitted in
 
-    knn = KNeighborsRegressor(10).fit(A[tr], B[tr]).predict(A[te])
-    ridge = RidgeCV().fit(A[tr], B[tr]).predict(A[te])
+    def median_r(P):
+        return np.median([np.corrcoef(P[:, j], R[te][:, j])[0, 1] for j in range(R.shape[1])])
+
+    knn = KNeighborsRegressor(10).fit(prot[tr], R[tr]).predict(prot[te])
+    ridge = RidgeCV().fit(prot[tr], R[tr]).predict(prot[te])
     r = median_r(mean)
     assert r >= median_r(knn) and r >= median_r(ridge), (r, median_r(knn), median_r(ridge))
-    cover = float((np.abs(mean - B[te]) <= 1.959964 * np.sqrt(var)).mean())
+    cover = float((np.abs(mean - R[te]) <= 1.959964 * np.sqrt(var)).mean())
     assert 0.92 <= cover <= 0.98, cover
+    # one solve per cell: place, score and prediction from the same q(x*), the map's numbers
+    store = str(tmp_path / "ref.zarr")
+    est = mapping.reference_model(store, "mrd", _model_setting(got, "mrd"))
+    views = [v["name"] for v in mapping.reference_views(store)["views"]]
+    calls = _count(monkeypatch, newpoints, "maximise")
+    again = mapping.map_cells(est, {views.index("prot"): prot[te]}, views.index("rna"))
+    assert calls == [len(te)], calls
+    np.testing.assert_allclose(again["predicted"][0], mean, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(again["predicted"][1], var, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(got.obs["mrd_mapping_score"], again["score"], rtol=0, atol=1e-8)
+    np.testing.assert_allclose(got.obsm["X_mrd"], again["mean"], rtol=0, atol=1e-8)
