@@ -67,7 +67,8 @@ def reference_views(store) -> dict:
     opts = info.get("options") or {}
     if kind == "h5mu":
         mods = opts.get("modalities") or {m: {} for m in info.get("modalities", [])}
-        names, fitted = list(mods), opts.get("view", "concat")
+        # the views' order is the ingest's list (the options' keys come back sorted from JSON)
+        names, fitted = list(info.get("modalities") or mods), opts.get("view", "concat")
     else:
         mods, names, fitted = {"X": opts}, ["X"], "X"
     views = []
@@ -443,9 +444,7 @@ def map_cells(est, Y, predict_view: int | None = None) -> dict:
     cell's q(x*) (``map_points``) gives its place, variance and mapping score, and MRD's
     prediction of ``predict_view`` from it. A model that cannot score raises."""
     mean, var, score = est.map_points(Y)
-    predicted = None
-    if predict_view is not None:
-        predicted = est.predict(Y, int(predict_view), at=(mean, var))
+    predicted = None if predict_view is None else est.predict(Y, int(predict_view), at=(mean, var))
     return {
         "mean": np.asarray(mean, dtype=np.float64),
         "var": None if var is None else np.asarray(var, dtype=np.float64),
