@@ -86,13 +86,19 @@ def _round_trip(m, Y):
     return model_from_arrays({k: np.array(v) for k, v in arrays.items()}, params, data=Y.copy())
 
 
+#: the identity standardisation: ``map_points``' score is then ``score_samples``'
+RAW_SCORES = [0.0, 1.0]
+
+
 def _outputs(m, Y_new):
-    mean, var = m.transform(Y_new, return_var=True)
+    """One placement of the rows (``map_points``: transform's place and variance, score_samples'
+    score there), the Lorentz coordinates of the first five, and the predictive at the places."""
+    mean, var, score = m.map_points(Y_new)
     return {
         "mean": mean,
         "var": var,
-        "lorentz": m.transform_lorentz(Y_new),
-        "score": m.score_samples(Y_new),
+        "lorentz": m.transform_lorentz(Y_new[:5]),
+        "score": score,
         "inverse": m.inverse_transform(mean, return_var=True),
     }
 
@@ -105,7 +111,9 @@ def test_round_trip_and_per_cell(data, fitted, name):
     Y, new = data
     m = fitted[name]
     loaded = _round_trip(m, Y)
+    m.score_reference_ = loaded.score_reference_ = RAW_SCORES
     a, b = _outputs(m, new), _outputs(loaded, new)
+    np.testing.assert_allclose(a["lorentz"], np.asarray(from_poincare(a["mean"][:5])), rtol=0, atol=1e-8)
     np.testing.assert_array_equal(loaded.embedding_, m.embedding_)
     for key in ("mean", "lorentz", "score"):
         np.testing.assert_allclose(b[key], a[key], rtol=0, atol=1e-10, err_msg=key)
@@ -118,11 +126,14 @@ def test_round_trip_and_per_cell(data, fitted, name):
         assert a["var"] is None and b["var"] is None
     assert a["mean"].shape == (N_NEW, 2) and np.all(np.linalg.norm(a["mean"], axis=1) < 1)
     for i in range(5):
-        mean, var = loaded.transform(new[i : i + 1], return_var=True)
+        mean, var, score = loaded.map_points(new[i : i + 1])
         np.testing.assert_allclose(mean[0], a["mean"][i], rtol=0, atol=1e-8)
         if var is not None:
             np.testing.assert_allclose(var[0], a["var"][i], rtol=0, atol=1e-8)
-        np.testing.assert_allclose(loaded.score_samples(new[i : i + 1])[0], a["score"][i], rtol=0, atol=1e-8)
+        np.testing.assert_allclose(score[0], a["score"][i], rtol=0, atol=1e-8)
+    # map_points' answers are transform's and score_samples' (each placing the rows again)
+    np.testing.assert_allclose(m.transform(new[:2]), a["mean"][:2], rtol=0, atol=1e-8)
+    np.testing.assert_allclose(m.score_samples(new[:2]), a["score"][:2], rtol=0, atol=1e-8)
 
 
 @pytest.mark.parametrize("name", CASES)
