@@ -240,7 +240,8 @@ def sweep_grid(
             extras_inline(s, grid, extras),
         )
         futures[id(fut)] = (fut, s.key, items)
-    progress = _progress(store, len(todo), total - len(todo), predicted_seconds(plan, todo, n_workers))
+    predicted = predicted_seconds(plan, todo, n_workers, extras)
+    progress = _progress(store, len(todo), total - len(todo), predicted)
     unwritten = None
     for fut in as_completed([f for f, _, _ in futures.values()]):
         _, key, items = futures[id(fut)]
@@ -350,7 +351,8 @@ def embed_sweep(
         plan.check_request(dataset, models, grid, model_options, n_generations, knn_method)
     check_store(store, plan.identity, refit_models=refit_models)
     check_writable(store)
-    check_plan(plan, spec, max_point_hours, out=print if given is None else None)  # before the cluster
+    # before the cluster
+    check_plan(plan, spec, max_point_hours, out=print if given is None else None, extras=extras)
     if os.environ.get("PREFECT_API_URL") is None:
         if PREFECT_API_URL.value():  # so worker processes talk to the same API
             os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()

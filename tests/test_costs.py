@@ -364,3 +364,33 @@ def test_the_sparse_hgplvm_is_planned_by_the_training_auto_picks():
     assert big.seconds < 3600 and big.budget == 10000
     full = costs.predict("hgplvm_sparse", dict(args, training="full"), 10**5, [50])
     assert full.entry == "hgplvm_sparse/full" and full.seconds > 10 * big.seconds
+
+
+def test_glles_extras_are_counted_once_per_model_under_extras_chosen():
+    """``extras="chosen"`` (the default): a GLLE grid of several points computes the generations and
+    the covariance-scale study once, for the chosen point refitted after the selection, so the
+    plan counts every point without them plus one refit with them; ``"all"`` counts them at every
+    point, and a one-point grid carries them inline either way."""
+    from tasks.registry import MODELS, grid_points, options_for
+
+    spec, n = MODELS["glle_em"], 20_000
+    grid = {"k": [8, 10, 12], "latent_dim": [2]}
+
+    def predicted(g, gens):
+        args = [spec.constructor_args(pt, options_for(spec, {})) for _, pt in grid_points(spec, g)]
+        return [costs.predict("glle_em", a, n, [50], gens) for a in args]
+
+    def row(g, mode):
+        return costs.plan_costs([spec], g, n, [50], lambda s: options_for(s, {}), 3, mode)[0]
+
+    bare, full = predicted(grid, 0), predicted(grid, 3)
+    assert all(f.generations > 0 for f in full)
+    assert row(grid, "all")["seconds"] == pytest.approx(sum(f.seconds for f in full))
+    chosen = row(grid, "chosen")
+    refit = max(full, key=lambda f: f.seconds)
+    assert chosen["seconds"] == pytest.approx(sum(b.seconds for b in bare) + refit.seconds)
+    assert chosen["seconds"] < row(grid, "all")["seconds"]
+    assert chosen["slowest"].seconds == pytest.approx(refit.seconds)  # the longest task: the refit
+    one = {"k": [8], "latent_dim": [2]}
+    assert row(one, "chosen")["seconds"] == pytest.approx(row(one, "all")["seconds"])
+    assert row(one, "chosen")["seconds"] == pytest.approx(predicted(one, 3)[0].seconds)

@@ -52,7 +52,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _programs(t, branch, state):
+def programs(t, branch, state):
     return np.column_stack(
         [
             np.clip(1 - t / 0.3, 0, 1),
@@ -119,7 +119,7 @@ def gen(a) -> dict:
     base = rng.normal(0, 1.5, G)
 
     pilot = rng.choice(N, min(N, 300), replace=False)
-    mu_pilot = size[pilot, None] * np.exp(base + _programs(t[pilot], branch[pilot], state[pilot]) @ load)
+    mu_pilot = size[pilot, None] * np.exp(base + programs(t[pilot], branch[pilot], state[pilot]) @ load)
 
     def nnz_per_cell(offset):
         return float(np.mean(np.sum(1 - np.square(r / (r + np.exp(offset) * mu_pilot)), axis=1)))  # r = 2
@@ -155,7 +155,7 @@ def gen(a) -> dict:
         for a0 in range(0, N, BLOCK):
             b0 = min(a0 + BLOCK, N)
             P = np.column_stack(
-                [_programs(t[a0:b0], branch[a0:b0], state[a0:b0]), np.ones(b0 - a0), np.log(size[a0:b0])]
+                [programs(t[a0:b0], branch[a0:b0], state[a0:b0]), np.ones(b0 - a0), np.log(size[a0:b0])]
             )
             nb = b0 - a0
             q, u, hit = buf_q[:nb], buf_u[:nb], buf_hit[:nb]  # reused: no page faults per block

@@ -11,7 +11,7 @@ import psutil
 from dask.utils import parse_bytes
 
 from tasks.costs.model import fmt_bytes, fmt_seconds, predict
-from tasks.registry import grid_points, options_for
+from tasks.registry import EXTRAS_FLAG, grid_points, options_for
 
 #: a point is refused when predicted to run longer than this (hours), unless the user says otherwise
 DEFAULT_MAX_POINT_HOURS = 24.0
@@ -98,14 +98,28 @@ FIXES = {
 }
 
 
-def plan_costs(specs, grid: dict, n: int, dims: list[int], options_for, n_generations: int) -> list[dict]:
+def extras_once(spec, grid: dict, extras: str, n_generations: int) -> bool:
+    """Whether GLLE's diagnostics (``n_generations`` generations and the covariance-scale study) are
+    computed once for the model, after the selection (``extras="chosen"`` on a grid of several
+    points: the chosen point refitted with them, ``tasks.point.add_extras``), not with every point."""
+    multi = sum(1 for _ in grid_points(spec, grid)) > 1
+    return extras == "chosen" and n_generations > 0 and EXTRAS_FLAG in spec.extras and multi
+
+
+def plan_costs(
+    specs, grid: dict, n: int, dims: list[int], options_for, n_generations: int, extras: str = "chosen"
+) -> list[dict]:
     """Every model's predicted cost over the grid, one row per model: its grid points, the
     slowest point's and the largest point's :class:`Prediction` (``slowest``, ``largest``; None
     without cost data), the points' total seconds and the store's size for them.
-    ``options_for(spec)`` gives the model's options; ``dims`` the data dimension of each view."""
+    ``options_for(spec)`` gives the model's options; ``dims`` the data dimension of each view.
+    ``extras``: the sweep's mode (``tasks.registry.EXTRAS_MODES``); under "chosen" a grid of
+    several points pays GLLE's diagnostics once (:func:`extras_once`: the slowest point refitted
+    with them, counted in the total and the store), not at every point."""
     rows = []
     for spec in specs:
         opts = options_for(spec)
+        once = extras_once(spec, grid, extras, n_generations)
         row = {"key": spec.key, "points": 0, "slowest": None, "largest": None, "seconds": 0.0, "store": 0.0}
         for _, point in grid_points(spec, grid):
             p = predict(
@@ -113,7 +127,7 @@ def plan_costs(specs, grid: dict, n: int, dims: list[int], options_for, n_genera
                 spec.constructor_args(point, opts),
                 n,
                 dims if spec.multiview else dims[:1],
-                n_generations,
+                0 if once else n_generations,
             )
             row["points"] += 1
             if p is None:
@@ -124,6 +138,14 @@ def plan_costs(specs, grid: dict, n: int, dims: list[int], options_for, n_genera
                 row["slowest"] = p
             if row["largest"] is None or p.memory_bytes > row["largest"].memory_bytes:
                 row["largest"] = p
+            if row["slowest"] is p:
+                row["slowest_point"] = point
+        if once and row["slowest"] is not None:  # the chosen point's refit with its diagnostics
+            args = spec.constructor_args(row["slowest_point"], opts)
+            refit = predict(spec.key, args, n, dims if spec.multiview else dims[:1], n_generations)
+            row["seconds"] += refit.seconds
+            row["store"] += refit.store_bytes - row["slowest"].store_bytes
+            row["slowest"] = refit  # the longest task: the refit runs as one, on one worker
         rows.append(row)
     return rows
 
@@ -197,10 +219,13 @@ def grid_seconds(total: float, longest: float, workers: int) -> float:
     return max(total / max(1, workers), longest)
 
 
-def check_plan(plan, cluster_spec: dict, max_point_hours: float | None = None, out=print) -> list[dict]:
+def check_plan(
+    plan, cluster_spec: dict, max_point_hours: float | None = None, out=print, extras: str = "chosen"
+) -> list[dict]:
     """The cost step of a sweep's plan (a :class:`tasks.sweep_plan.SweepPlan`), before any server or
     cluster starts: raises ValueError (one line) for a grid point the cluster cannot run, else
-    prints the cost table through ``out`` (None: quiet) and returns its rows."""
+    prints the cost table through ``out`` (None: quiet) and returns its rows. ``extras``: the
+    sweep's mode for GLLE's diagnostics (:func:`plan_costs`)."""
     n, D = (int(x) for x in plan.size)
     n_views = int(plan.layout.get("n_views", 1) or 1)
     dims = [max(1, D // n_views)] * n_views if n_views > 1 else [D]
@@ -212,6 +237,7 @@ def check_plan(plan, cluster_spec: dict, max_point_hours: float | None = None, o
         dims,
         lambda s: options_for(s, plan.options),
         plan.layout.get("n_generations", 0),
+        extras,
     )
     why = refusal(rows, n, limits)
     if why:
@@ -221,9 +247,10 @@ def check_plan(plan, cluster_spec: dict, max_point_hours: float | None = None, o
     return rows
 
 
-def predicted_seconds(plan, todo, n_workers: int) -> float | None:
+def predicted_seconds(plan, todo, n_workers: int, extras: str = "chosen") -> float | None:
     """The plan's predicted seconds for the grid points ``todo`` ((spec, index, point) triples) on
-    ``n_workers`` workers (:func:`grid_seconds`; None if a point has none)."""
+    ``n_workers`` workers (:func:`grid_seconds`; None if a point has none); GLLE's diagnostics
+    where the points compute them (``extras``: :func:`extras_once`)."""
     n, D = (int(x) for x in plan.size)
     n_views = int(plan.layout.get("n_views", 1) or 1)
     dims = [max(1, D // n_views)] * n_views if n_views > 1 else [D]
@@ -231,9 +258,9 @@ def predicted_seconds(plan, todo, n_workers: int) -> float | None:
     try:
         for spec, _, point in todo:
             args = spec.constructor_args(point, options_for(spec, plan.options))
-            p = predict(
-                spec.key, args, n, dims if spec.multiview else dims[:1], plan.layout.get("n_generations", 0)
-            )
+            gens = plan.layout.get("n_generations", 0)
+            gens = 0 if extras_once(spec, plan.grid, extras, gens) else gens
+            p = predict(spec.key, args, n, dims if spec.multiview else dims[:1], gens)
             if p is None:
                 return None
             total += p.seconds
