@@ -82,11 +82,18 @@ LS_HALVINGS = 40
 #: norm by this factor and the value falls, or rises by at most POLISH_SLACK x (1 + |F*|) (its
 #: rounding: the terms of F* are up to beta |y|^2 in size)
 POLISH, POLISH_SLACK = 0.5, 1e-9
+#: a row whose Newton step promises a decrease of -F* below FLOOR_DECREASE x (1 + |F*|) is at the
+#: rounding floor of the bound's value already: no halving can show a strict decrease there, so it
+#: goes straight to the floor's rule (a full step where it shrinks the gradient) and spares the
+#: block LS_HALVINGS evaluations of every row
+FLOOR_DECREASE = 1e-12
 #: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
 EIG_FLOOR = 1e-10
 #: rows per compiled call (their per-row Psi2 and Hessians are held at once); a batch is padded to
 #: a power of two up to this
 BLOCK_ROWS = 1024
+#: Newton iterations between two gatherings of a block's unfinished rows (``maximise``)
+SEGMENT = 4
 #: a Hessian eigenvalue of -F* below -SADDLE x the largest magnitude marks a saddle (or a minimum)
 SADDLE = 1e-8
 #: Armijo's sufficient-decrease constant
@@ -246,13 +253,14 @@ def _newton(kinds: tuple):
     def done(f, g, gtol):
         return jnp.max(jnp.abs(g), axis=1) <= gtol * (1.0 + jnp.abs(f))
 
-    def run(x0, terms, b, yy, max_iter, gtol):
+    def run(x0, active0, terms, b, yy, max_iter, gtol):
         n = x0.shape[0]
         args = (terms, b, yy)
         f0, g0 = vg(x0, *args)
         state = {
             "it": jnp.int32(0), "x": x0, "f": f0, "g": g0,
-            "active": jnp.isfinite(f0),  # a row at a zero gradient still has its curvature checked
+            # a row at a zero gradient still has its curvature checked
+            "active": active0 & jnp.isfinite(f0),
             "n_iter": jnp.zeros(n, jnp.int32),
         }  # fmt: skip
 
@@ -277,6 +285,9 @@ def _newton(kinds: tuple):
             d = jnp.where((done(f, g, gtol) & saddle)[:, None], MAX_STEP * escape, d)
             d = d * jnp.minimum(1.0, MAX_STEP / jnp.maximum(jnp.max(jnp.abs(d), axis=1), 1e-300))[:, None]
             gd = jnp.minimum(jnp.sum(g * d, axis=1), 0.0)
+            # Newton's promised decrease under the value's rounding (not a saddle's escape, whose
+            # decrease is of second order): the line search could not see it
+            flat = ~(done(f, g, gtol) & saddle) & (-gd <= FLOOR_DECREASE * (1.0 + jnp.abs(f)))
 
             def lcond(ls):
                 return (ls[0] < LS_HALVINGS) & jnp.any(ls[2])
@@ -287,7 +298,8 @@ def _newton(kinds: tuple):
                 ok = jnp.isfinite(ft) & (ft <= f + ARMIJO * a * gd) & (ft < f)  # a strict decrease
                 return k + 1, jnp.where(todo & ~ok, 0.5 * a, a), todo & ~ok
 
-            _, a, todo = jax.lax.while_loop(lcond, lbody, (jnp.int32(0), jnp.ones(n), act))
+            _, a, todo = jax.lax.while_loop(lcond, lbody, (jnp.int32(0), jnp.ones(n), act & ~flat))
+            todo = todo | (act & flat)
             # at the bound's rounding floor no step decreases its value: there the full step is
             # taken where it shrinks the gradient (the values' floor is far above the gradient's)
             floor = act & todo
@@ -306,7 +318,7 @@ def _newton(kinds: tuple):
             }  # fmt: skip
 
         s = jax.lax.while_loop(cond, body, state)
-        return s["x"], s["f"], s["g"], s["n_iter"], done(s["f"], s["g"], gtol)
+        return s["x"], s["f"], s["n_iter"], done(s["f"], s["g"], gtol), s["active"]
 
     return jax.jit(run)
 
@@ -323,23 +335,30 @@ def _pad(a: np.ndarray) -> np.ndarray:
 def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float = GTOL):
     """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring), ``BLOCK_ROWS`` rows
     at a time: (mu (n, Q), S (n, Q), F* (n,), iterations (n,), converged (n,): the gradient rule
-    met, else the row stopped at its rounding floor or at ``max_iter``)."""
+    met, else the row stopped at its rounding floor or at ``max_iter``). Every SEGMENT iterations
+    the rows still going are gathered into a smaller block: a block costs its slowest row's
+    iterations times its size, and most rows finish in a few."""
     n, Q = mu0.shape
     run = _newton(tuple(kinds))
-    x0 = np.concatenate([mu0, np.log(S0)], axis=1)
-    parts = []
+    x = np.concatenate([mu0, np.log(S0)], axis=1)
+    f, it, conv = np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool)
+    b = [np.asarray(v) for v in b]
+    yy = np.asarray(yy)
     for a in range(0, n, BLOCK_ROWS):
-        r = slice(a, a + BLOCK_ROWS)
-        out = run(
-            jnp.asarray(_pad(x0[r])), tuple(terms), tuple(jnp.asarray(_pad(np.asarray(v)[r])) for v in b),
-            jnp.asarray(_pad(np.asarray(yy)[r])), int(max_iter), float(gtol),
-        )  # fmt: skip
-        parts.append([np.asarray(o)[: len(x0[r])] for o in out])
-    if not parts:
-        z = np.zeros((0, Q))
-        return z, z.copy(), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool)
-    x, f, _, it, conv = (np.concatenate(p) for p in zip(*parts, strict=True))
-    return x[:, :Q], np.exp(x[:, Q:]), -f, it.astype(np.int64), conv
+        rows, left = np.arange(a, min(a + BLOCK_ROWS, n)), int(max_iter)
+        while True:
+            steps = min(SEGMENT, left)
+            out = run(
+                jnp.asarray(_pad(x[rows])), jnp.asarray(_pad(np.ones(len(rows), bool))), tuple(terms),
+                tuple(jnp.asarray(_pad(v[rows])) for v in b), jnp.asarray(_pad(yy[rows])), steps, float(gtol),
+            )  # fmt: skip
+            xr, fr, ir, cr, ar = (np.asarray(o)[: len(rows)] for o in out)
+            x[rows], f[rows], it[rows], conv[rows] = xr, fr, it[rows] + ir, cr
+            left -= steps
+            if left <= 0 or not ar.any():
+                break
+            rows = rows[ar]
+    return x[:, :Q], np.exp(x[:, Q:]), -f, it, conv
 
 
 def row_data(terms, Ys):
