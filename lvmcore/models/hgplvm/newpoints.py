@@ -77,6 +77,7 @@ POINT_STEPS = 200
 #: the nearest kink points (where the HE kernel's distance is 0) it compares first
 NEWTON_STEPS = 8
 KINK_CANDIDATES = 4
+_LOG_2PI = float(np.log(2.0 * np.pi))
 #: most rows of new points optimised together (each block padded to a power of two)
 BLOCK = 1024
 #: draws x_k ~ q(x*) of the Bayesian variant's predictive log density
@@ -241,13 +242,33 @@ def _mixture_log_density(mu, S, Yn, keys, glob, qu, kappa, jitter):
 # --------------------------------------------------------------------------- the Newton polish
 def _row_objective(variant, s, y, args):
     """One row's objective at spatial coordinates s (Q,) (x = lift(s), a global chart of the
-    hyperboloid): the point variant's predictive log density, the sparse one's bound term."""
+    hyperboloid): the point variant's predictive log density; the sparse one's term of the
+    uncollapsed bound less KL(q(v)) (a constant here), by the per-row formula with a =
+    L_m^-1 k(x, Z): -D/2 log(2 pi / beta) - beta/2 (|y - m^T a|^2 + D (sigma - |a|^2 + a^T S_v a)),
+    ``args`` = (Z, sigma, beta, kappa, L_m^-1, R^-1 (S_v = R^-T R^-1), m): O(M^2 + M D) a row
+    where the statistics' route (``objectives.minibatch_bound`` of one row) whitens the row's
+    M x M Psi2, O(M^3), under the Hessian's every pass."""
     x = jnp.concatenate([jnp.sqrt(1.0 + jnp.sum(s * s))[None], s])[None]
     if variant == "point":
         Xtr, L, alpha, sigma, beta, kappa = args
         return _log_normal(y[None], *_point_predict(x, Xtr, L, alpha, sigma, beta, kappa))[0]
-    glob, qu, kappa, jitter = args
-    return minibatch_bound({"X": x}, glob, qu, y[None], None, 1.0, 1.0, kappa, jitter)[0]
+    Z, sigma, beta, kappa, Linv, Rinv, m = args
+    a = Linv @ he_kernel(x, Z, sigma, kappa)[0]
+    b = Rinv @ a
+    r = y - a @ m
+    D = y.shape[0]
+    return 0.5 * D * (jnp.log(beta) - _LOG_2PI) - 0.5 * beta * (r @ r + D * (sigma - a @ a + b @ b))
+
+
+def _sparse_factors(glob, qu, kappa, jitter):
+    """``_row_objective``'s sparse ``args`` from the globals and q(v), computed once for all rows."""
+    sigma, beta = jnp.exp(glob["hyp"][0]), jnp.exp(glob["hyp"][1])
+    Lm = cholesky_jax(kmm(glob, kappa), jitter)
+    M = Lm.shape[0]
+    Linv = jax.scipy.linalg.solve_triangular(Lm, jnp.eye(M), lower=True)
+    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
+    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
+    return glob["Z"], sigma, beta, kappa, Linv, Rinv, qu["m"]
 
 
 @functools.partial(jit64, static_argnames=("variant", "n_steps"))
@@ -265,6 +286,8 @@ def _polish(X, Y, args, kinks, variant, n_steps):
     spatial coordinates (x = lift(s)): -H^-1 g where H is negative definite, halved up to three
     times until the objective does not fall, none otherwise (quadratic convergence to a smooth
     maximum)."""
+    if variant == "sparse":
+        args = _sparse_factors(*args)
     f = lambda s, y: _row_objective(variant, s, y, args)
     val = jax.vmap(f)
     grad = jax.vmap(jax.grad(f))
