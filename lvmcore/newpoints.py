@@ -94,6 +94,9 @@ EIG_FLOOR = 1e-10
 BLOCK_ROWS = 1024
 #: Newton iterations between two gatherings of a block's unfinished rows (``maximise``)
 SEGMENT = 4
+#: a block's unfinished rows are gathered into a smaller block only while it keeps this many
+#: padded rows (each block size compiles the iteration once per process)
+GATHER_MIN = 256
 #: a Hessian eigenvalue of -F* below -SADDLE x the largest magnitude marks a saddle (or a minimum)
 SADDLE = 1e-8
 #: Armijo's sufficient-decrease constant
@@ -336,8 +339,10 @@ def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float
     """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring), ``BLOCK_ROWS`` rows
     at a time: (mu (n, Q), S (n, Q), F* (n,), iterations (n,), converged (n,): the gradient rule
     met, else the row stopped at its rounding floor or at ``max_iter``). Every SEGMENT iterations
-    the rows still going are gathered into a smaller block: a block costs its slowest row's
-    iterations times its size, and most rows finish in a few."""
+    the rows still going are gathered into a smaller block (of GATHER_MIN rows or more): a block
+    costs its slowest row's iterations times its size, and most rows finish in a few. A row's
+    answer is the same either way: the iteration restarts from its x, and a stopped row stays
+    stopped."""
     n, Q = mu0.shape
     run = _newton(tuple(kinds))
     x = np.concatenate([mu0, np.log(S0)], axis=1)
@@ -346,18 +351,22 @@ def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float
     yy = np.asarray(yy)
     for a in range(0, n, BLOCK_ROWS):
         rows, left = np.arange(a, min(a + BLOCK_ROWS, n)), int(max_iter)
+        live = np.ones(len(rows), bool)
         while True:
             steps = min(SEGMENT, left)
             out = run(
-                jnp.asarray(_pad(x[rows])), jnp.asarray(_pad(np.ones(len(rows), bool))), tuple(terms),
+                jnp.asarray(_pad(x[rows])), jnp.asarray(_pad(live)), tuple(terms),
                 tuple(jnp.asarray(_pad(v[rows])) for v in b), jnp.asarray(_pad(yy[rows])), steps, float(gtol),
             )  # fmt: skip
-            xr, fr, ir, cr, ar = (np.asarray(o)[: len(rows)] for o in out)
+            xr, fr, ir, cr, live = (np.asarray(o)[: len(rows)] for o in out)
             x[rows], f[rows], it[rows], conv[rows] = xr, fr, it[rows] + ir, cr
             left -= steps
-            if left <= 0 or not ar.any():
+            if left <= 0 or not live.any():
                 break
-            rows = rows[ar]
+            # a smaller block is a new shape, compiled once per process: gathered down to
+            # GATHER_MIN rows at least (a small call keeps its one shape)
+            if len(_pad(rows[live])) < len(_pad(rows)) and len(rows[live]) >= GATHER_MIN // 2:
+                rows, live = rows[live], np.ones(int(live.sum()), bool)
     return x[:, :Q], np.exp(x[:, Q:]), -f, it, conv
 
 
