@@ -213,13 +213,8 @@ def _cell_pass(local, glob, qu, Y, keys, kappa, jitter, lr, hlr, n_steps, H):
 def _svgp_predict(X, glob, qu, kappa, jitter):
     """Predictive mean (..., D) (centred) and variance (...) with the noise at latents X (..., Q+1)
     under q(v) (module docstring)."""
-    sigma, beta = jnp.exp(glob["hyp"][0]), jnp.exp(glob["hyp"][1])
-    Lm = cholesky_jax(kmm(glob, kappa), jitter)
-    M = Lm.shape[0]
-    Linv = jax.scipy.linalg.solve_triangular(Lm, jnp.eye(M), lower=True)
-    R = jnp.linalg.cholesky(qu["P"])  # S_v = R^-T R^-1
-    Rinv = jax.scipy.linalg.solve_triangular(R, jnp.eye(M), lower=True)
-    a = he_kernel(X, glob["Z"], sigma, kappa) @ Linv.T
+    Z, sigma, beta, _, Linv, Rinv, _ = _sparse_factors(glob, qu, kappa, jitter)
+    a = he_kernel(X, Z, sigma, kappa) @ Linv.T
     b = a @ Rinv.T
     var = sigma - jnp.sum(a * a, -1) + jnp.sum(b * b, -1) + 1.0 / beta
     return a @ qu["m"], jnp.maximum(var, 1e-12)
