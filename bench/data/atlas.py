@@ -98,6 +98,30 @@ def _nonzero_counts(rng, mu, r):
     return out
 
 
+def latent_atlas(rng, n: int, genes: int, nnz: float, r: float = 2.0):
+    """The atlas's latent construction for n cells and ``genes`` genes, drawn from ``rng`` in this
+    order: pseudotime t, branch, a cell-state score, library sizes, the six programmes' loadings and
+    the genes' base rates; then the base-rate shift (bisection on a 300-cell pilot) that gives about
+    ``nnz`` non-zeros per cell under NB(mu, r). Returns (t, branch, state, size, load, base, offset)."""
+    t = rng.uniform(0, 1, n)
+    branch = np.where(t < 0.3, 0, rng.integers(1, 3, n))
+    state = rng.normal(size=n)
+    size = rng.lognormal(0, 0.3, n)
+    load = rng.normal(0, 1.2, (6, genes)) * (rng.uniform(size=(6, genes)) < 0.3)
+    base = rng.normal(0, 1.5, genes)
+    pilot = rng.choice(n, min(n, 300), replace=False)
+    mu_pilot = size[pilot, None] * np.exp(base + programs(t[pilot], branch[pilot], state[pilot]) @ load)
+
+    def nnz_per_cell(offset):
+        return float(np.mean(np.sum(1 - np.square(r / (r + np.exp(offset) * mu_pilot)), axis=1)))
+
+    lo, hi = -20.0, 10.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if nnz_per_cell(mid) < nnz else (lo, mid)
+    return t, branch, state, size, load, base, (lo + hi) / 2
+
+
 def gen(a) -> dict:
     """The atlas, written in row blocks of BLOCK cells straight into a CSR .h5ad. Per block only
     the zero / non-zero pattern is drawn densely (float32: the NB zero probability
@@ -111,24 +135,7 @@ def gen(a) -> dict:
     t0 = time.perf_counter()
     rng = np.random.default_rng(a.seed)
     N, G, r = a.cells, a.genes, 2.0
-    t = rng.uniform(0, 1, N)
-    branch = np.where(t < 0.3, 0, rng.integers(1, 3, N))
-    state = rng.normal(size=N)
-    size = rng.lognormal(0, 0.3, N)
-    load = rng.normal(0, 1.2, (6, G)) * (rng.uniform(size=(6, G)) < 0.3)
-    base = rng.normal(0, 1.5, G)
-
-    pilot = rng.choice(N, min(N, 300), replace=False)
-    mu_pilot = size[pilot, None] * np.exp(base + programs(t[pilot], branch[pilot], state[pilot]) @ load)
-
-    def nnz_per_cell(offset):
-        return float(np.mean(np.sum(1 - np.square(r / (r + np.exp(offset) * mu_pilot)), axis=1)))  # r = 2
-
-    lo, hi = -20.0, 10.0
-    for _ in range(50):  # the base-rate shift giving about a.nnz non-zeros per cell
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if nnz_per_cell(mid) < a.nnz else (lo, mid)
-    offset = (lo + hi) / 2
+    t, branch, state, size, load, base, offset = latent_atlas(rng, N, G, a.nnz, r)
     # log mu = [programs, 1, log size] @ [load; base + offset; 1]: one matrix product per block
     L = np.vstack([load, base + offset, np.ones(G)])
     L32 = L.astype(np.float32)

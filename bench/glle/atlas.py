@@ -45,24 +45,11 @@ def atlas_like(n: int, seed: int = 0, genes: int = GENES) -> np.ndarray:
     """(n, 50) PCA scores of bench/data/atlas.py's synthetic atlas at ``genes`` genes (see the
     module docstring): same programs, loadings, base rates (shifted to DENSITY non-zeros per cell),
     library sizes and NB(mu, 2) counts, drawn densely per block of 4,096 cells."""
-    from bench.data.atlas import programs
+    from bench.data.atlas import latent_atlas, programs
 
     rng = np.random.default_rng(seed)
     r = 2.0
-    t = rng.uniform(0, 1, n)
-    branch = np.where(t < 0.3, 0, rng.integers(1, 3, n))
-    state = rng.normal(size=n)
-    size = rng.lognormal(0, 0.3, n)
-    load = rng.normal(0, 1.2, (6, genes)) * (rng.uniform(size=(6, genes)) < 0.3)
-    base = rng.normal(0, 1.5, genes)
-    pilot = rng.choice(n, min(n, 300), replace=False)
-    mu_pilot = size[pilot, None] * np.exp(base + programs(t[pilot], branch[pilot], state[pilot]) @ load)
-    lo, hi = -20.0, 10.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        nz = float(np.mean(np.sum(1 - np.square(r / (r + np.exp(mid) * mu_pilot)), axis=1)))
-        lo, hi = (mid, hi) if nz < DENSITY * genes else (lo, mid)
-    offset = (lo + hi) / 2
+    t, branch, state, size, load, base, offset = latent_atlas(rng, n, genes, DENSITY * genes, r)
     X = np.empty((n, genes), dtype=np.float32)
     for a in range(0, n, 4096):
         b = min(a + 4096, n)
