@@ -24,14 +24,12 @@ from flows.tasks import extras_task, grid_points_task, ingest_task, knn_task, re
 from tasks.costs import check_plan, predicted_seconds
 from tasks.knn import graph_matches
 from tasks.point import (
-    check_extras_mode,
-    extras_inline,
     extras_summary,
     points_without_models,
     refit_summary,
     work_batches,
 )
-from tasks.registry import model_grid, options_for
+from tasks.registry import check_extras_mode, extras_inline, model_grid, options_for
 from tasks.results.extras import extras_todo
 from tasks.results.models import keep_chosen_models
 from tasks.store import (

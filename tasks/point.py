@@ -21,7 +21,7 @@ import zarr
 from tasks.costs.guard import PointOverrun, point_guard
 from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
-from tasks.registry import EXTRAS_FLAG, EXTRAS_MODES, MODELS, ModelSpec, grid_points
+from tasks.registry import MODELS, ModelSpec
 from tasks.store import (
     STATUS_DONE,
     STATUS_FAILED,
@@ -242,24 +242,6 @@ def refit_summary(key: str, items: list, states: list[str]) -> list[str]:
     for point, why in failed:
         lines.append(f"warning: {key} {point}: the refit failed ({why}); the point keeps no model")
     return lines
-
-
-def check_extras_mode(mode: str) -> str:
-    """``mode`` if it is one of ``EXTRAS_MODES`` (where a sweep computes GLLE's diagnostics), else
-    ValueError naming them."""
-    if mode not in EXTRAS_MODES:
-        raise ValueError(f"extras must be one of {list(EXTRAS_MODES)}, got {mode!r}")
-    return mode
-
-
-def extras_inline(spec: ModelSpec, grid: dict, mode: str) -> bool:
-    """Whether the grid points of ``spec`` compute GLLE's diagnostics with their fit: under
-    ``extras="all"``, and where the model's grid has one point (it is the chosen setting, so no
-    second fit after the selection); else the chosen setting gets them after the selection
-    (:func:`add_extras`). Models without diagnostics: True (nothing changes for them)."""
-    if EXTRAS_FLAG not in spec.extras or check_extras_mode(mode) == "all":
-        return True
-    return sum(1 for _ in grid_points(spec, grid)) == 1
 
 
 def add_extras(

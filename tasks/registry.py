@@ -300,6 +300,24 @@ def grid_points(spec: ModelSpec, grid: dict):
         yield idx, {d: g[d][i] for d, i in zip(dims, idx)}
 
 
+def check_extras_mode(mode: str) -> str:
+    """``mode`` if it is one of ``EXTRAS_MODES`` (where a sweep computes GLLE's diagnostics), else
+    ValueError naming them."""
+    if mode not in EXTRAS_MODES:
+        raise ValueError(f"extras must be one of {list(EXTRAS_MODES)}, got {mode!r}")
+    return mode
+
+
+def extras_inline(spec: ModelSpec, grid: dict, mode: str) -> bool:
+    """Whether the grid points of ``spec`` compute GLLE's diagnostics with their fit: under
+    ``extras="all"``, and where the model's grid has one point (it is the chosen setting, so no
+    second fit after the selection); else the chosen setting gets them after the selection
+    (``tasks.point.add_extras``). Models without diagnostics: True (nothing changes for them)."""
+    if EXTRAS_FLAG not in spec.extras or check_extras_mode(mode) == "all":
+        return True
+    return sum(1 for _ in grid_points(spec, grid)) == 1
+
+
 def available_families(names) -> list[str]:
     """The families among ``names`` whose every variant is available in this installation."""
     return [f for f in names if all(s.available() for s in MODELS.values() if s.family == f)]

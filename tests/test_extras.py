@@ -22,8 +22,8 @@ from tasks.evaluate import evaluate_point
 from tasks.fit import fit_point
 from tasks.ingest import ingest_dataset
 from tasks.knn import build_graph
-from tasks.point import add_extras, extras_inline, extras_summary, run_point
-from tasks.registry import DIAGNOSTICS, EXTRAS_FLAG, MODELS, model_grid
+from tasks.point import add_extras, extras_summary, run_point
+from tasks.registry import DIAGNOSTICS, EXTRAS_FLAG, MODELS, extras_inline, model_grid
 from tasks.report import extras_notes
 from tasks.results.export import to_anndata
 from tasks.results.extras import carries_extras, extras_settings, extras_todo

@@ -84,7 +84,8 @@ def sweep_steps(mode: str, n: int, ks: list[int]) -> tuple[float, float]:
     points' diagnostics) with ``extras`` ``mode``: (grid points, post-selection step)."""
     from tasks.ingest import ingest_dataset
     from tasks.knn import build_graph
-    from tasks.point import add_extras, extras_inline, run_point
+    from tasks.point import add_extras, run_point
+    from tasks.registry import extras_inline
     from tasks.results.extras import extras_todo
     from tasks.sweep_plan import input_paths, plan_sweep, points_to_run, set_up_store
 

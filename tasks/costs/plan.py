@@ -11,7 +11,7 @@ import psutil
 from dask.utils import parse_bytes
 
 from tasks.costs.model import fmt_bytes, fmt_seconds, predict
-from tasks.registry import EXTRAS_FLAG, grid_points, options_for
+from tasks.registry import extras_inline, grid_points, options_for
 
 #: a point is refused when predicted to run longer than this (hours), unless the user says otherwise
 DEFAULT_MAX_POINT_HOURS = 24.0
@@ -100,10 +100,10 @@ FIXES = {
 
 def extras_once(spec, grid: dict, extras: str, n_generations: int) -> bool:
     """Whether GLLE's diagnostics (``n_generations`` generations and the covariance-scale study) are
-    computed once for the model, after the selection (``extras="chosen"`` on a grid of several
-    points: the chosen point refitted with them, ``tasks.point.add_extras``), not with every point."""
-    multi = sum(1 for _ in grid_points(spec, grid)) > 1
-    return extras == "chosen" and n_generations > 0 and EXTRAS_FLAG in spec.extras and multi
+    computed once for the model, after the selection (the chosen point refitted with them,
+    ``tasks.point.add_extras``), not with every point: where the points leave them
+    (``tasks.registry.extras_inline``)."""
+    return n_generations > 0 and not extras_inline(spec, grid, extras)
 
 
 def plan_costs(
