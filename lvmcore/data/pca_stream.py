@@ -138,6 +138,13 @@ class _Holder:
         """fn(Z_b, *args) of every block, stacked in row order"""
         return np.vstack([fn(z, *args) for z in self.blocks])
 
+    def drop(self) -> int:
+        """Let go of the blocks (their memory), returning how many were held. On a cluster this
+        is a call the PCA waits on: the actor itself leaves its worker when the scheduler has
+        processed the release of its key, which is a message and may lag under load."""
+        n, self.blocks = len(self.blocks), []
+        return n
+
 
 class _Blocks:
     """The transformed row blocks, split into contiguous shares: one :class:`_Holder` per worker
@@ -187,7 +194,15 @@ class _Blocks:
         return np.vstack(self._call("rows", lambda span: (fn, *args)))
 
     def release(self):
+        """Give the shares' memory back now (each holder drops its blocks; waited on), then the
+        actors themselves (cancelling their keys: the workers forget them moments later)."""
         if self.client is not None:
+            calls = [h.drop() for h in self.holders]
+            for c in calls:
+                try:
+                    c.result()
+                except Exception:  # a holder whose worker has left holds nothing
+                    pass
             self.client.cancel(self._futures)
             self._futures = []
         self.holders = []
