@@ -22,10 +22,10 @@ from tasks.results.selection import select
 
 @task(name="map-chunk", cache_policy=NO_CACHE, task_run_name="{model}-{first}")
 def map_chunk_task(
-    store: str, model: str, setting: dict, Y, predict_view: int | None, first: int = 0
+    store: str, model: str, setting: dict, Y, predict_view: int | None, first: int = 0, score_reference=None
 ) -> dict:
     """One chunk of query cells through one fitted model (tasks.results.mapping.map_chunk)."""
-    return mapping.map_chunk(store, model, setting, Y, predict_view)
+    return mapping.map_chunk(store, model, setting, Y, predict_view, score_reference)
 
 
 @flow(name="embed-sweep-map-chunks", log_prints=True)
@@ -40,7 +40,9 @@ def map_chunks(plan: dict, read: dict, chunk_cells: int) -> dict:
         Y = mapping.model_input(plan, read, m)
         n = len(next(iter(Y.values()))) if isinstance(Y, dict) else len(Y)
         futures[m] = [
-            map_chunk_task.submit(plan["store"], m, info["setting"], mapping.rows_of(Y, a, b), target, a)
+            map_chunk_task.submit(
+                plan["store"], m, info["setting"], mapping.rows_of(Y, a, b), target, a, info["reference"]
+            )
             for a, b in mapping.chunks(n, chunk_cells)
         ]
     return {m: mapping.join([f.result() for f in futs]) for m, futs in futures.items()}

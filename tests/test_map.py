@@ -168,6 +168,28 @@ def _same_as_in_process(mapped, models, calls=None) -> dict:
     return made
 
 
+def test_a_chunk_given_the_plans_reference_scores_does_not_score_the_training_cells(mapped, monkeypatch):
+    """The plan computes each model's reference scores once and hands them to the chunks' tasks:
+    a chunk given them never calls reference_score_stats (a Newton solve per training cell, in
+    each worker process otherwise) and returns the numbers of a chunk that computed them."""
+    out = ad.read_h5ad(mapped["out"])
+    Y = ad.read_h5ad(mapped["query"]).obsm["X_pca"].astype(np.float64)[:30]
+    for m in MODELS:
+        setting = json.loads(_model_setting(out, m))
+        own = mapping.reference_model(str(mapped["store"]), m, json.dumps(setting, sort_keys=True))
+        want = mapping.map_cells(own, Y)
+        given = [float(v) for v in own.score_reference_]
+
+        def refuse(self, *args, **kwargs):
+            raise AssertionError("reference_score_stats called although the plan gave the scores")
+
+        with monkeypatch.context() as mp:
+            mp.setattr(type(own), "reference_score_stats", refuse)
+            got = mapping.map_chunk(str(mapped["store"]), m, setting, Y, None, given)
+        for key in ("mean", "var", "score"):
+            np.testing.assert_array_equal(got[key], want[key])
+
+
 def test_a_score_that_fails_raises_and_its_model_is_refused_before_work(mapped, monkeypatch, capsys):
     """map_cells never turns a failing score into NaN: a model without reference scores raises
     (ValueError), one that cannot score raises (NotImplementedError); and ``map`` refuses a model

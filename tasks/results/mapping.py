@@ -159,7 +159,9 @@ def plan_map(
                 f"--predict {predict}: model {m} cannot predict a modality (MRD can); name an MRD "
                 "model with --model, or leave --predict out"
             )
-        chosen[m] = {"setting": setting_m, "class": type(est).__name__}
+        # the reference scores travel with the plan: the chunks' workers do not score the training
+        # cells again (a Newton solve per cell, per process)
+        chosen[m] = {"setting": setting_m, "class": type(est).__name__, "reference": est.score_reference_}
     if not any("setting" in c for c in chosen.values()):
         raise ValueError(f"no model of {path} has a finished grid point to map onto: {chosen}")
     out = check_output(to, query, list(chosen), ref["label_column"], predict, overwrite, replace_file)
@@ -178,13 +180,17 @@ def plan_map(
 
 
 @functools.lru_cache(maxsize=8)
-def reference_model(store: str, model: str, setting: str):
+def reference_model(store: str, model: str, setting: str, score_reference: str | None = None):
     """The fitted model of ``model`` at ``setting`` (JSON text) with its reference scores, read once
-    per process; a damaged array or a store without models refused in one line (tasks.results.models)."""
+    per process; a damaged array or a store without models refused in one line (tasks.results.models).
+    ``score_reference``: the scores' JSON text as the plan computed them (``plan_map``), set rather
+    than computed again."""
     est = load_model(store, model, json.loads(setting))
     cannot = f"model {model} ({type(est).__name__}) cannot score new cells, so it gives no mapping score"
     if type(est).score_samples is LatentModel.score_samples:
         raise ValueError(f"{cannot}; leave it out with --model")
+    if score_reference is not None:
+        est.score_reference_ = json.loads(score_reference)
     if not getattr(est, "score_reference_", None):
         data = load_data(str(store_data_path(store)))
         train = data["views"] if type(est).__name__ == "MRD" else data["Y"]
@@ -431,11 +437,15 @@ def model_input(plan: dict, read: dict, model: str):
 # --- one chunk of cells: the work of a Dask task --------------------------------------------------
 
 
-def map_chunk(store: str, model: str, setting: dict, Y, predict_view: int | None = None) -> dict:
+def map_chunk(
+    store: str, model: str, setting: dict, Y, predict_view: int | None = None, score_reference=None
+) -> dict:
     """One chunk of query cells mapped by the fitted ``model``: ``{"mean", "var" (or None),
     "score" (the mapping score), "predicted": (mean, var) or None}``. Each cell is its own problem
-    (the estimator contract), so a cell's answer does not depend on the chunk it is in."""
-    est = reference_model(str(store), model, json.dumps(setting, sort_keys=True))
+    (the estimator contract), so a cell's answer does not depend on the chunk it is in.
+    ``score_reference``: the model's reference scores from the plan (else computed here)."""
+    ref = None if score_reference is None else json.dumps(score_reference, sort_keys=True)
+    est = reference_model(str(store), model, json.dumps(setting, sort_keys=True), ref)
     return map_cells(est, Y, predict_view)
 
 
