@@ -1,5 +1,5 @@
 """GLLE's eigensolver on atlas-like data of high intrinsic dimension: each of ``lvmcore.lle.embed``'s
-routes ("dense", "pinned_lu", "auto") per size, its CPU s, peak RSS and accuracy.
+routes ("dense", "pinned_lu", "auto") per size, its CPU s, wall s, peak RSS and accuracy.
 
 Data (``atlas_like``): bench/data/atlas.py's generator (a branching trajectory, six gene programs,
 negative-binomial counts of dispersion 2, log-normal library sizes), drawn densely in blocks for
@@ -11,11 +11,12 @@ same Levina-Bickel intrinsic dimension (printed with each row). The kNN graph is
 50-D roll, intrinsic dimension ~5) is the low-dimension control.
 
 Each (data, n, solver) runs in a fresh process (its own peak RSS, ``ru_maxrss``): the LLE weights of
-the cached graph, then ``lvmcore.lle.embed`` with that solver; printed are CPU s of the solve, peak
-RSS, the eigenvalues, and against the first solver's vectors of the same run the largest principal
-angle, beside the eigengap lambda_{q+1} - lambda_q (the same route with one more vector), plus the
-graph's growth dimension (hops 1 to 3 of a seeded sample), the input that tells an expander-like
-graph from a manifold's. A candidate route is measured by adding it to ``lvmcore.lle.SOLVERS``.
+the cached graph, then ``lvmcore.lle.embed`` with that solver; printed are CPU s and wall s of the
+solve (they differ for a multi-threaded route, or on a loaded machine), peak RSS, the eigenvalues,
+and against the first solver's vectors of the same run the largest principal angle, beside the
+eigengap lambda_{q+1} - lambda_q (the same route with one more vector), plus the graph's growth
+dimension (hops 1 to 3 of a seeded sample), the input that tells an expander-like graph from a
+manifold's. A candidate route is measured by adding it to ``lvmcore.lle.SOLVERS``.
 
     python -m bench.glle.atlas 20000 50000 100000 200000 --dir /tmp/gdata
     python -m bench.glle.atlas 100000 --data roll50 --dir /tmp/gdata
@@ -121,14 +122,15 @@ def solve(kind: str, n: int, solver: str, folder: str, out: str) -> None:
 
     Y, idx = data(kind, n, folder)
     W = lle.weight_matrix(lle.barycenter_weights(Y, idx), idx)
-    c0 = time.process_time()
+    c0, t0 = time.process_time(), time.perf_counter()
     emb, vals = lle.embed(W, Q + 1, solver=solver)
-    cpu = time.process_time() - c0
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     np.save(out, emb)
     print(
         json.dumps(
             {
                 "cpu_s": cpu,
+                "wall_s": wall,
                 "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                 "vals": vals.tolist(),
             }
