@@ -23,12 +23,13 @@ At the collapsed optimum q(u) is the one that maximises the uncollapsed bound, s
 row's fitted q(x_n) is a stationary point of its own F*: its transform lands on it.
 
 The optimiser (:func:`maximise`) is damped Newton per row, vectorised: each row has its own
-Hessian (autodiff, reverse over reverse), eigenvalues made positive (a descent direction at
-saddles too), backtracking line search and stopping rule (its gradient, checked with the Hessian:
-at a saddle the row steps along F*'s positive curvature and goes on; at the bound's rounding
-floor, where no step decreases the value, full steps are taken while they halve the gradient),
-and a finished row is frozen while the others go on. Nothing couples rows, so a row's answer
-does not depend on the rows beside it (to rounding: batched products may sum in another order).
+Hessian (the RBF views' terms in closed form, the rest by autodiff: :func:`_hessian`),
+eigenvalues made positive (a descent direction at saddles too), backtracking line search and
+stopping rule (its gradient, checked with the Hessian: at a saddle the row steps along F*'s
+positive curvature and goes on; at the bound's rounding floor, where no step decreases the
+value, full steps are taken while they halve the gradient), and a finished row is frozen while
+the others go on. Nothing couples rows, so a row's answer does not depend on the rows beside it
+(to rounding: batched products may sum in another order).
 Each row starts at the best, by F*, of its ``START_CANDIDATES`` nearest training rows' q(x_n),
 nearest by the noise-weighted distance sum_v beta_v ||y_v - E[f_v(x_n)]||^2 to the training rows'
 predictive means (the model's own reconstruction of its training rows: no training data kept).
@@ -46,11 +47,11 @@ from jax.scipy.linalg import solve_triangular
 
 from lvmcore import uncollapsed
 from lvmcore.graph import knn_query
-from lvmcore.kernels.euclidean import get_kernel
+from lvmcore.kernels.euclidean import RBF, get_kernel
 from lvmcore.linalg import cholesky_jax
 from lvmcore.precision import x64
 from lvmcore.psi import psi1, psi_statistics
-from lvmcore.psi.closed_form import kl_diag_gaussian
+from lvmcore.psi.closed_form import kl_diag_gaussian, rbf_row_curvature
 
 __all__ = [
     "ViewTerms",
@@ -169,12 +170,15 @@ def _one_row(kern, mu, S, t: ViewTerms):
     return p0, a1, 0.5 * (A + A.T)
 
 
-def _row_bound(kinds, x, terms, b, yy):
-    """F* of one row at x = [mu, log S] (module docstring); b[v] = W_v y_v, yy[v] = |y_v|^2."""
+def _row_bound(kinds, x, terms, b, yy, views=None):
+    """F* of one row at x = [mu, log S] (module docstring); b[v] = W_v y_v, yy[v] = |y_v|^2.
+    ``views``: the views whose terms are included (default all; the KL term always is)."""
     Q = x.shape[0] // 2
     mu, S = x[:Q], jnp.exp(x[Q:])
     F = -kl_diag_gaussian(mu[None], S[None])
     for v, kind in enumerate(kinds):
+        if views is not None and v not in views:
+            continue
         t = terms[v]
         p0, a1, A = _one_row(get_kernel(kind), mu, S, t)
         D = t.m.shape[1]
@@ -241,17 +245,47 @@ def cell_moments(kind, t: ViewTerms, mu, S) -> tuple[np.ndarray, np.ndarray]:
     return np.vstack(means), np.vstack(variances)
 
 
+def _hessian(kinds: tuple):
+    """Each row's Hessian of -F* at x (n, 2Q) -> (n, 2Q, 2Q), traced in the Newton iteration. The
+    RBF views' terms come in closed form (``closed_form.rbf_row_curvature``: reverse over
+    reverse through the RBF psi statistics' custom rule differentiates that whole rule once per
+    input direction); the KL and any other view by autodiff, reverse over reverse. For the closed
+    form the whitening is moved onto the fixed weights: a . b = psi1 . L_m^-T b and <A, G> =
+    <Psi2, L_m^-T G L_m^-1> (the curvature only shapes the step; the values and gradients that
+    decide its acceptance and the stopping rule keep the whitened per-row form)."""
+    rbf = tuple(v for v, kind in enumerate(kinds) if get_kernel(kind) is RBF)
+    others = tuple(v for v in range(len(kinds)) if v not in rbf)
+
+    def neg(x, terms, b, yy):
+        return -_row_bound(kinds, x, terms, b, yy, others)
+
+    auto = jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0))
+
+    def hess(x, terms, b, yy):
+        H = auto(x, terms, b, yy)
+        Q = x.shape[1] // 2
+        for v in rbf:
+            t = terms[v]
+            beta = jnp.exp(t.log_beta)
+            bt = solve_triangular(t.Lm, b[v].T, lower=True, trans="T").T  # (n, M): L_m^-T b rows
+            Gt = solve_triangular(
+                t.Lm, solve_triangular(t.Lm, t.G, lower=True, trans="T").T, lower=True, trans="T"
+            )
+            H = H + rbf_row_curvature(
+                x[:, :Q], jnp.exp(x[:, Q:]), t.Z, jnp.exp(t.kp["log_var"]), jnp.exp(t.kp["log_ls"]),
+                -beta * bt, (0.25 * beta) * (Gt + Gt.T),
+            )[2]  # fmt: skip
+        return H
+
+    return hess
+
+
 @functools.lru_cache(maxsize=64)
 def _newton(kinds: tuple):
     """The per-row damped Newton iteration (module docstring), jitted: x0 (n, 2Q) -> (x, -F*,
     gradient, iterations, converged) per row."""
     val, vg = _row_functions(kinds)
-
-    def neg(x, terms, b, yy):
-        return -_row_bound(kinds, x, terms, b, yy)
-
-    # reverse over reverse: the RBF psi statistics have no forward-mode rule
-    hess = jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0))
+    hess = _hessian(kinds)
 
     def done(f, g, gtol):
         return jnp.max(jnp.abs(g), axis=1) <= gtol * (1.0 + jnp.abs(f))

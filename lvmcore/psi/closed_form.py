@@ -59,7 +59,8 @@ forward one.
 
 Everything is float64 (scoped, ``lvmcore.precision``), pure and differentiable in
 reverse mode (``jax.vjp`` / ``jax.grad``; :func:`rbf_psi` has no forward-mode rule, so no
-``jax.jvp`` / ``jax.jacfwd`` / Hessians through it); the public functions are wrapped in
+``jax.jvp`` / ``jax.jacfwd`` / Hessians through it: the per-row Hessians of weighted RBF
+statistics are :func:`rbf_row_curvature`'s, in closed form); the public functions are wrapped in
 ``jax.jit`` (``block_size`` of :func:`rbf_psi` is a static argument).
 """
 
@@ -78,6 +79,7 @@ from lvmcore.psi import native
 __all__ = [
     "rbf_psi",
     "rbf_psi1",
+    "rbf_row_curvature",
     "linear_psi",
     "linear_psi1",
     "kl_diag_gaussian",
@@ -287,6 +289,83 @@ def rbf_psi1(mu, S, Z, variance, lengthscale):
     A = jnp.concatenate([b * mu, b], axis=1)  # (N, 2Q)
     Bm = jnp.concatenate([Z, -0.5 * Z * Z], axis=1).T  # (2Q, M)
     return jnp.asarray(variance, dtype=jnp.float64) * jnp.exp(row[:, None] + A @ Bm)
+
+
+#: entries of the largest (rows, pairs, 2Q) array of :func:`rbf_row_curvature` per row block
+CURVATURE_BLOCK_ENTRIES = 1 << 18
+
+
+def _weighted_curvature(W, d, S, l2, k):
+    """Value (B,), gradient (B, 2Q) and Hessian (B, 2Q, 2Q) in x = (mu, log S) of sum_t W[b, t]
+    for terms W = weight exp(log E) with log E = const - 1/2 sum_q log(1 + k S_q / l2_q) -
+    (k / 2) sum_q w_q d_tq^2, w = 1 / (l2 + k S), d = mu - z_t (B, T, Q) (Psi1: k = 1, z_m;
+    Psi2: k = 2, zbar_mm'). log E is separable in q, so the Hessian of each term is
+    E (g g^T + h) with g = (-k w d, (k / 2) S w (k w d^2 - 1)) and h one 2 x 2 block per q:
+    (-k w, k^2 S w^2 d, -(k / 2) S l2 w^2 + (k^2 / 2) S w^2 (1 - 2 k S w) d^2)."""
+    Q = S.shape[1]
+    w, Sw = 1.0 / (l2 + k * S), S / (l2 + k * S)
+    G = jnp.concatenate(
+        [-k * w[:, None, :] * d, (0.5 * k) * Sw[:, None, :] * (k * w[:, None, :] * d * d - 1.0)], axis=2
+    )  # (B, T, 2Q)
+    WG = W[:, :, None] * G
+    grad = WG.sum(1)
+    H = jnp.einsum("bti,btj->bij", WG, G)
+    s0 = W.sum(1)[:, None]
+    m1 = jnp.einsum("bt,btq->bq", W, d)
+    m2 = jnp.einsum("bt,btq->bq", W, d * d)
+    h_mm = -k * w * s0
+    h_ms = k * k * Sw * w * m1
+    h_ss = -(0.5 * k) * Sw * l2 * w * s0 + (0.5 * k * k) * Sw * w * (1.0 - 2.0 * k * Sw) * m2
+    eye = jnp.eye(Q, dtype=H.dtype)
+    blocks = jnp.concatenate(
+        [jnp.concatenate([h_mm[:, :, None] * eye, h_ms[:, :, None] * eye], axis=2),
+         jnp.concatenate([h_ms[:, :, None] * eye, h_ss[:, :, None] * eye], axis=2)], axis=1,
+    )  # fmt: skip
+    return W.sum(1), grad, H + blocks
+
+
+@jit64
+def rbf_row_curvature(mu, S, Z, variance, lengthscale, w1, C):
+    """Per row n of q(X) (``mu``, ``S``: (N, Q)): the value (N,), gradient (N, 2Q) and Hessian
+    (N, 2Q, 2Q), with respect to x_n = (mu_n, log S_n), of
+
+        T_n = sum_m w1[n, m] Psi1[n, m] + sum_{m, m'} C[m, m'] Psi2_n[m, m']
+
+    (``w1``: (N, M) per-row weights of Psi1; ``C``: (M, M) symmetric weights shared by the rows),
+    from the per-row formulas above in closed form (:func:`_weighted_curvature`). This is the
+    curvature of the per-row Newton of ``lvmcore.newpoints``: :func:`rbf_psi`'s rule is
+    reverse-only, and autodiff's Hessians of these statistics (reverse over reverse, or forward
+    over reverse through the plain formulas) build and differentiate the per-row (M, M) arrays
+    once per input direction, where here each pair's gradient enters one (2Q x pairs) product
+    per row.
+    Psi2 runs over the M (M + 1) / 2 pairs m <= m' (off-diagonal weights doubled), rows in blocks
+    of CURVATURE_BLOCK_ENTRIES / (pairs 2Q): no (N, pairs, 2Q) array is formed."""
+    mu, S, Z, w1, C = _as64(mu, S, Z, w1, C)
+    variance = jnp.asarray(variance, dtype=jnp.float64)
+    N, Q = mu.shape
+    M = Z.shape[0]
+    l2 = _lengthscale_sq(lengthscale, Q)
+    iu, ju = np.triu_indices(M)
+    zbar = 0.5 * (Z[iu] + Z[ju])  # (P, Q)
+    dzz = Z[iu] - Z[ju]
+    log_pf = 2.0 * jnp.log(variance) - (dzz * dzz / (4.0 * l2)).sum(1)  # (P,) pairs' log factor
+    Cp = jnp.where(iu == ju, 1.0, 2.0) * C[iu, ju]  # (P,)
+    block = int(max(1, CURVATURE_BLOCK_ENTRIES // (len(iu) * 2 * Q)))
+
+    def log_e(d, S_b, k):  # the per-row part of log E (module docstring's formulas), (B, T)
+        return -0.5 * jnp.log1p(k * S_b / l2).sum(1)[:, None] - 0.5 * k * (
+            d * d / (l2 + k * S_b)[:, None, :]
+        ).sum(2)
+
+    def body(carry, rows):
+        mu_b, S_b, w_b = rows
+        d1 = mu_b[:, None, :] - Z  # (B, M, Q)
+        v1, g1, H1 = _weighted_curvature(w_b * variance * jnp.exp(log_e(d1, S_b, 1.0)), d1, S_b, l2, 1.0)
+        d2 = mu_b[:, None, :] - zbar  # (B, P, Q)
+        v2, g2, H2 = _weighted_curvature(jnp.exp(log_pf + log_e(d2, S_b, 2.0)) * Cp, d2, S_b, l2, 2.0)
+        return carry, (v1 + v2, g1 + g2, H1 + H2)
+
+    return _over_row_blocks(body, jnp.zeros(()), (mu, S, w1), block)[1]
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(6,))

@@ -1,0 +1,93 @@
+"""The closed-form per-row curvature of the RBF psi statistics (``closed_form.rbf_row_curvature``)
+against ``rbf_psi`` on single rows (values, gradients, and Hessians by reverse over reverse through
+its custom rule), and the new-point Newton's Hessian (``newpoints._hessian``) against autodiff's
+reverse over reverse of the whole per-row bound, for an RBF view alone and beside a linear one
+(MRD). Small problems: the references differentiate per row."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lvmcore import newpoints
+from lvmcore.kernels.euclidean import get_kernel
+from lvmcore.psi import closed_form as cf
+
+
+def _rows(N, Q, M, seed=0):
+    r = np.random.default_rng(seed)
+    mu = r.normal(size=(N, Q))
+    S = r.uniform(0.05, 2.0, (N, Q))
+    Z = 1.5 * r.normal(size=(M, Q))
+    ls = r.uniform(0.5, 2.0, Q)
+    w1 = r.normal(size=(N, M))
+    C = r.normal(size=(M, M))
+    return mu, S, Z, 1.7, ls, w1, C + C.T
+
+
+def _reference(Z, var, ls, C):
+    """T(x; w) = sum_m w_m Psi1_m + <C, Psi2> of one row at x = (mu, log S), through rbf_psi."""
+    Q = Z.shape[1]
+
+    def T(x, w):
+        _, p1, p2 = cf.rbf_psi(x[None, :Q], jnp.exp(x[None, Q:]), Z, var, ls, jnp.ones((1, 1)), impl="xla")
+        return jnp.sum(p1[:, 0] * w) + jnp.sum(p2 * C)
+
+    return T
+
+
+def test_row_curvature_equals_rbf_psi_per_row(monkeypatch):
+    """Value, gradient and Hessian (reverse over reverse through its rule) of each row against
+    rbf_psi's XLA path (the one the new-point bound takes); row blocks of 2 rows (two scanned
+    blocks and a remainder)."""
+    N, Q, M = 5, 3, 6
+    monkeypatch.setattr(cf, "CURVATURE_BLOCK_ENTRIES", 2 * (M * (M + 1) // 2) * 2 * Q)
+    mu, S, Z, var, ls, w1, C = _rows(N, Q, M)
+    x = np.concatenate([mu, np.log(S)], axis=1)
+    with jax.enable_x64(True):
+        v, g, H = (np.asarray(a) for a in cf.rbf_row_curvature(mu, S, Z, var, ls, w1, C))
+        T = _reference(Z, var, ls, C)
+        rv, rg = (np.asarray(a) for a in jax.jit(jax.vmap(jax.value_and_grad(T)))(x, w1))
+        np.testing.assert_allclose(v, rv, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(g, rg, rtol=0, atol=1e-12 * np.abs(rg).max())
+        rH = np.asarray(jax.jit(jax.vmap(jax.jacrev(jax.grad(T))))(x, w1))
+        np.testing.assert_allclose(H, rH, rtol=0, atol=1e-12 * np.abs(rH).max())
+
+
+def _terms(kind, Q, M, D, seed):
+    """A view's ViewTerms from random globals and a random whitened q(v)."""
+    r = np.random.default_rng(seed)
+    Z = 1.5 * r.normal(size=(M, Q))
+    kern = get_kernel(kind)
+    kp = {"log_var": np.log(1.3), "log_ls": np.log(r.uniform(0.7, 2.0, Q))} if kind == "rbf" else {
+        "log_vars": np.log(r.uniform(0.2, 1.0, Q))
+    }  # fmt: skip
+    with jax.enable_x64(True):
+        Kmm = np.asarray(kern.K(Z, Z, kp)) + 1e-6 * np.eye(M)
+    A = r.normal(size=(M, M)) / np.sqrt(M)
+    cov = 0.3 * A @ A.T + 0.05 * np.eye(M)
+    return newpoints.view_terms(Kmm, Z, kp, np.log(20.0), r.normal(size=(M, D)), cov)
+
+
+@pytest.mark.parametrize("kinds", [("rbf",), ("rbf", "linear")])
+def test_newton_hessian_equals_reverse_over_reverse(kinds):
+    """newpoints._hessian (closed form for RBF views) = vmap(jacrev(grad)) of the row's -F*."""
+    n, Q, M, D = 6, 3, 7, 4
+    terms = tuple(_terms(k, Q, M, D, seed=v) for v, k in enumerate(kinds))
+    r = np.random.default_rng(5)
+    Ys = [r.normal(size=(n, D)) for _ in kinds]
+    b, yy = newpoints.row_data(terms, Ys)
+    x = np.concatenate([0.8 * r.normal(size=(n, Q)), np.log(r.uniform(0.05, 1.0, (n, Q)))], axis=1)
+
+    def neg(x, terms, b, yy):
+        return -newpoints._row_bound(kinds, x, terms, b, yy)
+
+    with jax.enable_x64(True):
+        ref = jax.jit(jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0)))
+        args = (jnp.asarray(x), terms, tuple(jnp.asarray(v) for v in b), jnp.asarray(yy))
+        H = np.asarray(jax.jit(newpoints._hessian(kinds))(*args))
+        Hr = np.asarray(ref(*args))
+    for i in range(n):
+        np.testing.assert_allclose(H[i], Hr[i], rtol=0, atol=1e-10 * np.abs(Hr[i]).max())
