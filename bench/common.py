@@ -143,3 +143,158 @@ def observe_calls(funcs: dict, on_start, on_return):
         mon.register_callback(tool, ev.PY_START, None)
         mon.register_callback(tool, ev.PY_RETURN, None)
         mon.free_tool_id(tool)
+
+
+def process_role(cmdline: list[str]) -> str:
+    """A short name for a process of a benchmark's tree, from its command line: the Prefect
+    server, a Dask worker (or another multiprocessing child), the ``embed-sweep`` CLI, a bench
+    stage (``-m bench....``), else the command's first 60 characters."""
+    cmd = " ".join(cmdline)
+    if "prefect" in cmd and "server" in cmd:
+        return "prefect server"
+    if "resource_tracker" in cmd:
+        return "resource tracker"
+    if "spawn_main" in cmd or "multiprocessing" in cmd or "distributed.cli" in cmd:
+        return "dask worker"
+    if "embed-sweep" in cmd or "embed_sweep" in cmd:
+        return "embed-sweep"
+    if "-m" in cmdline and any(c.startswith("bench.") for c in cmdline):
+        return "stage"
+    return cmd[:60]
+
+
+class TreeSampler:
+    """Resident memory of a process and all its descendants, sampled every ``interval`` s (psutil)
+    in a thread of this process, from :meth:`start` until :meth:`stop`: each process's peak RSS
+    and the peak over samples of the SUM of RSS of the processes alive at that sample (the tree's
+    concurrent footprint; pages shared between processes, such as mapped libraries, count once per
+    process). A spike shorter than ``interval`` may be missed; a process's own ``ru_maxrss`` is
+    exact."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        import threading
+
+        self.pid, self.interval = pid, interval
+        self.procs: dict[int, dict] = {}  # pid -> {"role", "peak_mb", "first_s", "last_s"}
+        self.peak_sum_mb = 0.0
+        self.peak_sum_n = 0  # processes in the sample that gave peak_sum_mb
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def _sample(self, root) -> None:
+        import time
+
+        import psutil
+
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        now = time.perf_counter() - self._t0
+        total, n = 0.0, 0
+        for p in procs:
+            try:
+                rss = p.memory_info().rss / 2**20
+                if p.pid not in self.procs:
+                    self.procs[p.pid] = {
+                        "role": process_role(p.cmdline()),
+                        "peak_mb": 0.0,
+                        "first_s": now,
+                        "last_s": now,
+                    }
+            except (psutil.Error, OSError):  # ended between the listing and the reading
+                continue
+            rec = self.procs[p.pid]
+            rec["peak_mb"] = max(rec["peak_mb"], rss)
+            rec["last_s"] = now
+            total, n = total + rss, n + 1
+        self.samples += 1
+        if total > self.peak_sum_mb:
+            self.peak_sum_mb, self.peak_sum_n = total, n
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            self._sample(root)
+            self._stop.wait(self.interval)
+
+    def start(self) -> TreeSampler:
+        import time
+
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        """Stops sampling; returns :meth:`result`."""
+        self._stop.set()
+        self._thread.join()
+        return self.result()
+
+    def result(self) -> dict:
+        """``{"peak_sum_mb", "peak_sum_processes", "samples", "processes": [{"pid", "role",
+        "peak_mb", "first_s", "last_s"}, ...]}``, the processes by role, then largest peak first."""
+        procs = sorted(
+            ({"pid": pid, **rec} for pid, rec in self.procs.items()),
+            key=lambda r: (r["role"] != "stage", r["role"], -r["peak_mb"]),
+        )
+        return {
+            "peak_sum_mb": self.peak_sum_mb,
+            "peak_sum_processes": self.peak_sum_n,
+            "samples": self.samples,
+            "processes": procs,
+        }
+
+
+def run_sampled(argv: list[str], *, cwd=ROOT, interval: float = 0.2, timeout: float | None = None) -> dict:
+    """Runs ``argv`` as a child process (stdout and stderr captured as text), its process tree
+    sampled by a :class:`TreeSampler`: ``{"rc", "stdout", "stderr", "wall_s", "timed_out",
+    "load_start", "load_end" (os.getloadavg()'s 1, 5 and 15 minute averages), "tree": the
+    sampler's result}``. On ``timeout`` the tree is killed (descendants first)."""
+    import subprocess
+    import tempfile
+    import time
+
+    import psutil
+
+    load_start = os.getloadavg()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, text=True)
+        sampler = TreeSampler(proc.pid, interval).start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                kids = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                kids = []
+            for k in reversed(kids):
+                with contextlib.suppress(psutil.Error):
+                    k.kill()
+            proc.kill()
+            proc.wait()
+        wall = time.perf_counter() - t0
+        tree = sampler.stop()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    return {
+        "rc": proc.returncode,
+        "stdout": stdout,
+        "stderr": stderr,
+        "wall_s": wall,
+        "timed_out": timed_out,
+        "load_start": list(load_start),
+        "load_end": list(os.getloadavg()),
+        "tree": tree,
+    }

@@ -20,14 +20,39 @@ Stages, each in a fresh process (its own peak RSS; the Dask workers' peaks read 
   difference of the explained variances.
 - ``knn``: the sweep's kNN graph (tasks.knn.build_graph, k = 15) on the ingested data.
 - ``sweep``: ``embed-sweep run`` on the ingested data with ppca, glle_em, bgplvm_rbf (k = 15,
-  latent_dim 2; ``--max-iter`` for the iterative models), its own server and cluster.
+  latent_dim 2; ``--max-iter`` for the iterative models), its own server and cluster; each model's
+  done / failed / total grid points read from the store's ``status``.
+
+- ``scanpy_whole`` (``--whole`` only): the ``scanpy`` stage's steps, then ``pp.neighbors``
+  (n_neighbors 15) and ``tl.umap``. scanpy 1.11.5's default neighbours route fails with this lock's
+  scipy 1.18 above 4,096 cells (``'csr_array' object has no attribute 'getnnz'``); then the stage is
+  run again in a fresh process with ``--scanpy-neighbors csr`` (the same pynndescent transformer
+  and settings, its results handed back as ``csr_matrix``), the route used is printed and the
+  failed try is shown but not counted.
 
 Each stage prints one JSON line; the summary gives wall time and peak RSS per process, and the
-ratios ours / scanpy for the preprocessing.
+ratios ours / scanpy for the preprocessing. Every stage's process tree (the stage, and its Dask
+workers, Prefect server, ``embed-sweep`` CLI) is sampled from here every 0.2 s (psutil,
+``bench.common.run_sampled``): each process's peak RSS, the peak of their summed RSS, and the
+1-minute load average at the stage's start and end.
+
+``--whole``: our whole pipeline against scanpy's on an atlas written before (``--stages gen``),
+in one run: ours = ``ours`` + ``knn`` + ``sweep`` with ppca, glle_em, bgplvm_rbf and
+hgplvm_bayesian at one grid point each (k = 15, latent_dim 2, seed 0), every model at its DEFAULT
+budget (``--max-iter`` ignored) and the default ``--extras chosen``; scanpy = ``scanpy_whole``;
+then ``compare``. The sweep builds its own kNN graph (k = 15) again from its inputs, so the
+``knn`` stage is counted in ours though the sweep repeats it. Prints each model's done / total
+points from the store, a markdown table per stage and the totals ours / scanpy (goal: within
+3x), and writes ``whole.json`` beside the atlas.
 
     python -m bench.data.atlas --cells 20000 --genes 5000 --out /tmp/atlas
     python -m bench.data.atlas --cells 200000 --genes 20000 --out /tmp/atlas-full \
         --stages gen,ours,scanpy,compare
+    python -m bench.data.atlas --cells 20000 --genes 5000 --out /tmp/atw20k --stages gen
+    python -m bench.data.atlas --cells 20000 --genes 5000 --out /tmp/atw20k --whole
+    # the full size (an atlas of 2e5 x 2e4 is at /tmp/hb/atlas/atlas.h5ad on the bench machine):
+    # over an hour, GLLE's ten eigensolves alone ~56 CPU min there
+    python -m bench.data.atlas --cells 200000 --genes 20000 --out /tmp/hb/atlas --whole
 """
 
 from __future__ import annotations
@@ -42,9 +67,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, local_client, module_command
+from bench.common import ROOT, local_client, module_command, run_sampled
 
 PRE = {"normalize_total": 1e4, "log1p": True, "pca": 50}
+#: the sweep of ``--whole``: one grid point per model, each at its default budget
+WHOLE_MODELS = "ppca,glle_em,bgplvm_rbf,hgplvm_bayesian"
+#: the stages of ``--whole``, in order (the atlas written before by ``--stages gen``)
+WHOLE_STAGES = ("ours", "knn", "sweep", "scanpy_whole", "compare")
+#: the side of each stage in ``--whole``'s totals
+SIDE = {"ours": "ours", "knn": "ours", "sweep": "ours", "scanpy_whole": "scanpy", "scanpy": "scanpy"}
 BLOCK = 2000
 
 
@@ -230,11 +261,13 @@ def ours(a) -> dict:
     }
 
 
-def scanpy_stage(a) -> dict:
+def _scanpy_preprocess(a, stage: str):
+    """scanpy's read, normalize_total, log1p and pca, each timed; the PCA's scores and variances
+    saved for ``compare``. Returns (adata, the stage's record so far, the start time)."""
     import scanpy as sc
 
     path = str(Path(a.out) / "atlas.h5ad")
-    out = {"stage": "scanpy"}
+    out = {"stage": stage}
     t0 = time.perf_counter()
     adata = sc.read_h5ad(path)
     if a.scanpy_dtype == "float64":  # scanpy computes in X's dtype (pp.pca's dtype casts its result)
@@ -249,9 +282,77 @@ def scanpy_stage(a) -> dict:
     t1 = time.perf_counter()
     sc.pp.pca(adata, n_comps=50, mask_var=None, dtype=a.scanpy_dtype)
     out["pca_s"] = time.perf_counter() - t1
-    out["wall_s"] = time.perf_counter() - t0
     np.save(Path(a.out) / "scanpy_pca.npy", np.asarray(adata.obsm["X_pca"], dtype=np.float64))
     np.save(Path(a.out) / "scanpy_ev.npy", np.asarray(adata.uns["pca"]["variance"], dtype=np.float64))
+    return adata, out, t0
+
+
+def scanpy_stage(a) -> dict:
+    _, out, t0 = _scanpy_preprocess(a, "scanpy")
+    out["wall_s"] = time.perf_counter() - t0
+    out["rss_mb"] = {"main": _rss_mb()}
+    return out
+
+
+def csr_transformer(n_obs: int, n_neighbors: int = 15):
+    """The transformer scanpy's ``pp.neighbors`` builds by default above 4,096 cells (pynndescent
+    with UMAP's ``nearest_neighbors`` settings, random_state 0), except that its results are
+    ``scipy.sparse.csr_matrix``: with scipy 1.18 pynndescent hands back a ``csr_array``, on which
+    scanpy 1.11.5's ``_ind_dist_shortcut`` fails (``'csr_array' object has no attribute
+    'getnnz'``)."""
+    import scanpy as sc
+    import scipy.sparse as sp
+    from pynndescent import PyNNDescentTransformer
+
+    class CsrPyNNDescentTransformer(PyNNDescentTransformer):
+        def fit_transform(self, X, y=None, **fit_params):
+            return sp.csr_matrix(super().fit_transform(X, y, **fit_params))
+
+        def transform(self, X, y=None):
+            return sp.csr_matrix(super().transform(X, y))
+
+    return CsrPyNNDescentTransformer(
+        n_neighbors=n_neighbors,
+        metric="euclidean",
+        metric_kwds={},
+        random_state=0,
+        n_jobs=sc.settings.n_jobs,
+        n_trees=min(64, 5 + round(n_obs**0.5 / 20.0)),
+        n_iters=max(5, round(np.log2(n_obs))),
+    )
+
+
+def scanpy_whole(a) -> dict:
+    """scanpy's whole pipeline: the ``scanpy`` stage's four steps, then ``pp.neighbors``
+    (n_neighbors 15) and ``tl.umap``. ``--scanpy-neighbors default``: scanpy's own route; where it
+    fails on the ``getnnz`` error the stage stops there and says ``retry`` (``main`` then runs the
+    stage again in a fresh process, numba's compilations not warmed by the failed try, with
+    ``--scanpy-neighbors csr``: :func:`csr_transformer`)."""
+    import scanpy as sc
+
+    adata, out, t0 = _scanpy_preprocess(a, "scanpy_whole")
+    t1 = time.perf_counter()
+    if a.scanpy_neighbors == "csr":
+        sc.pp.neighbors(adata, n_neighbors=15, transformer=csr_transformer(adata.n_obs, 15))
+        out["neighbors_route"] = "PyNNDescentTransformer returning csr_matrix"
+    else:
+        try:
+            sc.pp.neighbors(adata, n_neighbors=15)
+            out["neighbors_route"] = "default"
+        except AttributeError as e:
+            if "getnnz" not in str(e):
+                raise
+            out["neighbors_default_failed_s"] = time.perf_counter() - t1
+            out["neighbors_default_error"] = str(e)[:200]
+            out["retry"] = "csr"
+            out["wall_s"] = time.perf_counter() - t0
+            out["rss_mb"] = {"main": _rss_mb()}
+            return out
+    out["neighbors_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    sc.tl.umap(adata)
+    out["umap_s"] = time.perf_counter() - t1
+    out["wall_s"] = time.perf_counter() - t0
     out["rss_mb"] = {"main": _rss_mb()}
     return out
 
@@ -291,11 +392,15 @@ def sweep(a) -> dict:
         "--dataset",
         str(Path(a.out) / "data.zarr"),
         "--models",
-        "ppca,glle_em,bgplvm_rbf",
+        WHOLE_MODELS if a.whole else "ppca,glle_em,bgplvm_rbf",
         "--grid",
         '{"k": [15], "latent_dim": [2], "seed": [0]}',
-        "--options",
-        json.dumps({"glle": {"max_iter": a.max_iter}, "bgplvm": {"max_iter": a.max_iter}}),
+        # --whole: every model at its default budget
+        *(
+            []
+            if a.whole
+            else ["--options", json.dumps({m: {"max_iter": a.max_iter} for m in ("glle", "bgplvm")})]
+        ),
         "--out",
         str(out),
         "--store",
@@ -311,19 +416,104 @@ def sweep(a) -> dict:
         "stage": "sweep",
         "wall_s": wall,
         "rc": p.returncode,
+        "points": store_points(out / "atlas.zarr"),
         "tail": tail,
         "rss_mb": {"largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024},
     }
+
+
+def store_points(store: Path) -> dict:
+    """Each model's grid points in the sweep's store: {model: {"done", "failed", "total"}} (read
+    from its ``status``), or {"store": why} where the store cannot be read."""
+    from tasks.store.schema import STATUS_DONE, STATUS_FAILED
+
+    try:
+        import zarr
+
+        root = zarr.open_group(str(store), mode="r")
+        keys = json.loads(root.attrs.get("groups") or "null") or list(root.group_keys())
+        out = {}
+        for key in keys:
+            st = np.asarray(root[key]["status"][...])
+            out[key] = {
+                "done": int((st == STATUS_DONE).sum()),
+                "failed": int((st == STATUS_FAILED).sum()),
+                "total": int(st.size),
+            }
+        return out
+    except Exception as e:  # no store: the sweep stopped before setting it up
+        return {"store": f"not readable ({type(e).__name__}: {e})"}
 
 
 STAGES = {
     "gen": gen,
     "ours": ours,
     "scanpy": scanpy_stage,
+    "scanpy_whole": scanpy_whole,
     "compare": compare,
     "knn": knn_stage,
     "sweep": sweep,
 }
+
+
+def _mb(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _load(r: dict) -> str:
+    return f"{r['load_start'][0]:.1f} -> {r['load_end'][0]:.1f}"
+
+
+def whole_summary(results: dict, runs: dict, bench_wall: float) -> list[str]:
+    """``--whole``'s summary as markdown lines: one row per stage (process wall, the stage's own
+    wall, the largest process's peak RSS, the peak of the summed RSS of its process tree, the load
+    average), then ours against scanpy."""
+    lines = [
+        "| stage | side | wall s (process) | wall s (stage's own) | largest process peak RSS MB "
+        "| peak of summed RSS MB (processes) | load 1-min start -> end |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    tot = {"ours": [0.0, 0.0, 0.0], "scanpy": [0.0, 0.0, 0.0]}  # process wall, own wall, peak sum
+    for stage, r in runs.items():
+        side = SIDE.get(stage)
+        own = results.get(stage, {}).get("wall_s", float("nan"))
+        tree = r["tree"]
+        big = max((q["peak_mb"] for q in tree["processes"]), default=float("nan"))
+        lines.append(
+            f"| {stage} | {side or '-'} | {r['wall_s']:.1f} | {own:.1f} | {_mb(big)} "
+            f"| {_mb(tree['peak_sum_mb'])} ({tree['peak_sum_processes']}) | {_load(r)} |"
+        )
+        if side:
+            t = tot[side]
+            t[0] += r["wall_s"]
+            t[1] += own
+            t[2] = max(t[2], tree["peak_sum_mb"])
+    o, s = tot["ours"], tot["scanpy"]
+    points = results.get("sweep", {}).get("points", {})
+    done = (
+        bool(points)
+        and all(isinstance(v, dict) and v["done"] == v["total"] for v in points.values())
+        and results.get("sweep", {}).get("rc") == 0
+    )
+    per_model = ", ".join(
+        f"{k} {v['done']}/{v['total']}" if isinstance(v, dict) else f"{k}: {v}" for k, v in points.items()
+    )
+    route = results.get("scanpy_whole", {}).get("neighbors_route", "-")
+    lines += [
+        "",
+        "| | ours | scanpy | ours / scanpy |",
+        "|---|---:|---:|---:|",
+        f"| total wall s (stage processes, start-up included) |"
+        f" {o[0]:.1f} | {s[0]:.1f} | **{o[0] / s[0]:.2f}** |",
+        f"| total wall s (the stages' own clocks) | {o[1]:.1f} | {s[1]:.1f} | {o[1] / s[1]:.2f} |",
+        f"| peak of summed RSS, largest stage, MB | {_mb(o[2])} | {_mb(s[2])} | {o[2] / s[2]:.2f} |",
+        f"| every point done | {'yes' if done else 'NO'} ({per_model or 'no store'}) | - | |",
+        f"| scanpy's neighbors route | | {route} | |",
+        "",
+        f"ours / scanpy {o[0] / s[0]:.2f}x the wall time (goal: within 3x; {o[0] / s[0] / 2:.2f}x a 2x "
+        f"target); bench wall time {bench_wall:.1f} s.",
+    ]
+    return lines
 
 
 def main():
@@ -342,16 +532,34 @@ def main():
         help="scanpy's pp.pca dtype (its default float32; float64 to compare)",
     )
     p.add_argument("--max-iter", type=int, default=100, help="glle_em and bgplvm_rbf iterations in the sweep")
+    p.add_argument(
+        "--scanpy-neighbors",
+        default="default",
+        choices=["default", "csr"],
+        help="scanpy_whole's pp.neighbors route: scanpy's default (retried as csr where it fails on "
+        "getnnz), or a PyNNDescentTransformer returning csr_matrix",
+    )
     p.add_argument("--stages", default="gen,ours,scanpy,compare,knn,sweep")
+    p.add_argument(
+        "--whole",
+        action="store_true",
+        help="our whole pipeline (ours, knn, the sweep of " + WHOLE_MODELS + " at default budgets) "
+        "against scanpy's (read .. pca, neighbors, umap) on an atlas written before; ignores --stages",
+    )
     p.add_argument("--stage", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.stage:
         print(json.dumps(STAGES[a.stage](a)), flush=True)
         return
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    stages = list(WHOLE_STAGES) if a.whole else a.stages.split(",")
+    if a.whole and not (Path(a.out) / "atlas.h5ad").exists():
+        sys.exit(f"--whole: no {Path(a.out) / 'atlas.h5ad'}; write it first with --stages gen")
     t0 = time.perf_counter()
-    results = {}
-    for stage in a.stages.split(","):
+    results, runs = {}, {}
+    todo = [(stage, stage, ()) for stage in stages]  # (stage, the name it is recorded under, more flags)
+    while todo:
+        stage, name, more = todo.pop(0)
         rest, skip = [], False
         for x in sys.argv[1:]:  # every flag but --stages
             if skip or x.startswith("--stages="):
@@ -361,17 +569,26 @@ def main():
                 skip = True
                 continue
             rest.append(x)
-        argv = module_command(__spec__.name, "--stage", stage, *rest)
-        r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if r.returncode or not line:
-            print(f"stage {stage} failed (exit {r.returncode}):\n{r.stderr[-3000:]}", flush=True)
+        argv = module_command(__spec__.name, "--stage", stage, *rest, *more)
+        r = run_sampled(argv, cwd=ROOT)  # its process tree's RSS sampled every 0.2 s
+        line = [ln for ln in r["stdout"].splitlines() if ln.startswith("{")]
+        if r["rc"] or not line:
+            print(f"stage {stage} failed (exit {r['rc']}):\n{r['stderr'][-3000:]}", flush=True)
             break
-        results[stage] = json.loads(line[-1])
+        rec = json.loads(line[-1])
+        if rec.get("retry") == "csr":  # scanpy's default neighbors route failed: a fresh process, csr
+            name = f"{stage} (default neighbors: failed)"
+            todo.insert(0, (stage, stage, ("--scanpy-neighbors", "csr")))
+        results[name], runs[name] = rec, r
+        stage = name
         rss = ", ".join(f"{k} {v:,.0f}" for k, v in results[stage]["rss_mb"].items())
         extra = {k: v for k, v in results[stage].items() if k not in ("stage", "wall_s", "rss_mb")}
+        tree = r["tree"]
+        procs = ", ".join(f"{q['role']} {q['peak_mb']:,.0f}" for q in tree["processes"])
         print(
-            f"{stage:8s} {results[stage]['wall_s']:9.1f} s   peak RSS MB: {rss}   {json.dumps(extra)}",
+            f"{stage:8s} {results[stage]['wall_s']:9.1f} s (process {r['wall_s']:.1f} s, load "
+            f"{_load(r)})   peak RSS MB: {rss}   sampled: {procs}; peak of the sum "
+            f"{tree['peak_sum_mb']:,.0f} ({tree['peak_sum_processes']} processes)   {json.dumps(extra)}",
             flush=True,
         )
     if "ours" in results and "scanpy" in results:
@@ -383,7 +600,22 @@ def main():
             f"{o['plan_s']:.1f} s); largest process peak RSS ours / scanpy: "
             f"{max(o['rss_mb'].values()) / s['rss_mb']['main']:.2f}"
         )
-    print(f"bench wall time: {time.perf_counter() - t0:.1f} s", flush=True)
+    wall = time.perf_counter() - t0
+    if a.whole and all(st in results for st in ("ours", "knn", "sweep", "scanpy_whole")):
+        lines = whole_summary(results, runs, wall)
+        print("\n".join(["", *lines]), flush=True)
+        record = {
+            "cells": a.cells,
+            "genes": a.genes,
+            "results": results,
+            "runs": {
+                k: {x: v for x, v in r.items() if x not in ("stdout", "stderr")} for k, r in runs.items()
+            },
+            "bench_wall_s": wall,
+            "summary": lines,
+        }
+        (Path(a.out) / "whole.json").write_text(json.dumps(record, indent=1))
+    print(f"bench wall time: {wall:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
