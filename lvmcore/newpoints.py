@@ -81,13 +81,17 @@ MAX_STEP = 1.0
 LS_HALVINGS = 40
 #: at the rounding floor of the bound's value, a full step is taken where it shrinks the gradient's
 #: norm by this factor and the value falls, or rises by at most POLISH_SLACK x (1 + |F*|) (its
-#: rounding: the terms of F* are up to beta |y|^2 in size)
-POLISH, POLISH_SLACK = 0.5, 1e-9
+#: rounding: the terms of F* are up to beta |y|^2 in size, and the whitened RBF terms of an
+#: ill-conditioned K_mm jitter F* by up to a few 1e-7 of its size near the optimum, where the
+#: gradient is still exact to ~1e-6: the steps there are judged by the gradient)
+POLISH, POLISH_SLACK = 0.5, 1e-6
 #: a row whose Newton step promises a decrease of -F* below FLOOR_DECREASE x (1 + |F*|) is at the
-#: rounding floor of the bound's value already: no halving can show a strict decrease there, so it
-#: goes straight to the floor's rule (a full step where it shrinks the gradient) and spares the
-#: block LS_HALVINGS evaluations of every row
-FLOOR_DECREASE = 1e-12
+#: rounding floor of the bound's value already: no halving can show a true decrease there (only
+#: the value's jitter), so it goes straight to the floor's rule (a full step where it shrinks the
+#: gradient); the line search likewise stops halving a row once its halved step would promise
+#: less. Judged by the jitter, rows took noise for decreases and stopped far from their optimum,
+#: after halving the whole block's step up to LS_HALVINGS times
+FLOOR_DECREASE = 1e-9
 #: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
 EIG_FLOOR = 1e-10
 #: rows per compiled call (their per-row Psi2 and Hessians are held at once); a batch is padded to
@@ -326,17 +330,24 @@ def _newton(kinds: tuple):
             # decrease is of second order): the line search could not see it
             flat = ~(done(f, g, gtol) & saddle) & (-gd <= FLOOR_DECREASE * (1.0 + jnp.abs(f)))
 
+            floor_dec = FLOOR_DECREASE * (1.0 + jnp.abs(f))
+
             def lcond(ls):
                 return (ls[0] < LS_HALVINGS) & jnp.any(ls[2])
 
             def lbody(ls):
-                k, a, todo = ls
+                k, a, search, lost = ls
                 ft = val(x + a[:, None] * d, *args)
                 ok = jnp.isfinite(ft) & (ft <= f + ARMIJO * a * gd) & (ft < f)  # a strict decrease
-                return k + 1, jnp.where(todo & ~ok, 0.5 * a, a), todo & ~ok
+                again = search & ~ok
+                # the halved step would promise a decrease under the value's rounding: no further
+                # halving can show one, so the row stops searching and goes to the floor's rule
+                gone = again & (-0.5 * a * gd <= floor_dec)
+                return k + 1, jnp.where(again & ~gone, 0.5 * a, a), again & ~gone, lost | gone
 
-            _, a, todo = jax.lax.while_loop(lcond, lbody, (jnp.int32(0), jnp.ones(n), act & ~flat))
-            todo = todo | (act & flat)
+            start = (jnp.int32(0), jnp.ones(n), act & ~flat, jnp.zeros(n, bool))
+            _, a, todo, lost = jax.lax.while_loop(lcond, lbody, start)
+            todo = todo | lost | (act & flat)
             # at the bound's rounding floor no step decreases its value: there the full step is
             # taken where it shrinks the gradient (the values' floor is far above the gradient's)
             floor = act & todo
