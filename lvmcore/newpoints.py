@@ -318,19 +318,19 @@ def _newton(kinds: tuple):
             # a row whose gradient rule is met stops, unless it sits at a saddle of F*: then it
             # steps along the direction of F*'s largest positive curvature
             saddle = lam[:, 0] < -SADDLE * top[:, 0]
-            finished = act & done(f, g, gtol) & ~saddle
-            act = act & ~finished
+            met = done(f, g, gtol)
+            escaping = met & saddle
+            act = act & ~(met & ~saddle)
             escape = U[:, :, 0] * jnp.where(jnp.sum(g * U[:, :, 0], axis=1) > 0, -1.0, 1.0)[:, None]
             lam = jnp.maximum(jnp.abs(lam), EIG_FLOOR * top + 1e-300)
             d = -jnp.einsum("nij,nj->ni", U, jnp.einsum("nji,nj->ni", U, g) / lam)
-            d = jnp.where((done(f, g, gtol) & saddle)[:, None], MAX_STEP * escape, d)
+            d = jnp.where(escaping[:, None], MAX_STEP * escape, d)
             d = d * jnp.minimum(1.0, MAX_STEP / jnp.maximum(jnp.max(jnp.abs(d), axis=1), 1e-300))[:, None]
             gd = jnp.minimum(jnp.sum(g * d, axis=1), 0.0)
             # Newton's promised decrease under the value's rounding (not a saddle's escape, whose
             # decrease is of second order): the line search could not see it
-            flat = ~(done(f, g, gtol) & saddle) & (-gd <= FLOOR_DECREASE * (1.0 + jnp.abs(f)))
-
             floor_dec = FLOOR_DECREASE * (1.0 + jnp.abs(f))
+            flat = ~escaping & (-gd <= floor_dec)
 
             def lcond(ls):
                 return (ls[0] < LS_HALVINGS) & jnp.any(ls[2])

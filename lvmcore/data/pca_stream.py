@@ -138,12 +138,11 @@ class _Holder:
         """fn(Z_b, *args) of every block, stacked in row order"""
         return np.vstack([fn(z, *args) for z in self.blocks])
 
-    def drop(self) -> int:
-        """Let go of the blocks (their memory), returning how many were held. On a cluster this
-        is a call the PCA waits on: the actor itself leaves its worker when the scheduler has
-        processed the release of its key, which is a message and may lag under load."""
-        n, self.blocks = len(self.blocks), []
-        return n
+    def drop(self) -> None:
+        """Let go of the blocks (their memory). On a cluster this is a call the PCA waits on: the
+        actor itself leaves its worker when the scheduler has processed the release of its key,
+        which is a message and may lag under load."""
+        self.blocks = []
 
 
 class _Blocks:
