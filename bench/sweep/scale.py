@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ROOT, module_command, quiet_prefect, reset_peak, status_mb
+from bench.common import ROOT, module_command, process_role, quiet_prefect, reset_peak, status_mb
 
 quiet_prefect()
 
@@ -93,16 +93,9 @@ def anchors(npy: Path) -> dict:
 
 def _role(p) -> str:
     try:
-        cmd = " ".join(p.cmdline())
+        return process_role(p.cmdline())
     except Exception:
         return "?"
-    if "prefect" in cmd and "server" in cmd:
-        return "prefect server"
-    if "resource_tracker" in cmd:
-        return "resource tracker"
-    if "spawn_main" in cmd or "multiprocessing" in cmd:
-        return "dask worker"
-    return "other: " + cmd[:60]
 
 
 def _anon_bytes(pid: int) -> int:
