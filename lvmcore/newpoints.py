@@ -5,19 +5,23 @@ fitted q(u) held fixed,
     F*(mu*, S*) = sum_v E_q(x*) q(u_v)[log p(y*_v | f*_v)] - KL(q(x*) || N(0, I)),
 
 over the views v it is observed in. With q(u_v) in the whitened form of ``lvmcore.uncollapsed``
-(u = L_m v, q(v) = N(m, S_v), m: M x D) and the row's statistics (psi0, psi1 [M], Psi2 [M, M],
-through ``lvmcore.psi``'s one entry) whitened, a = L_m^-1 psi1 and A = L_m^-1 Psi2 L_m^-T,
+(u = L_m v, q(v) = N(m, S_v), m: M x D, E = I - S_v) and the row's statistics whitened,
+a = L_m^-1 psi1 and C = L_m^-1 (Psi2 - psi1 psi1^T) L_m^-T (the covariance of the whitened
+k(x, Z) under q(x*), from ``lvmcore.psi.row_moments``),
 
     E[log p(y | f)] = D/2 (log beta - log 2 pi)
-                      - beta/2 (y^T y - 2 a . (m y) + D psi0 + <A, m m^T - D (I - S_v)>)
+                      - beta/2 (|y - m^T a|^2 + <C, m m^T - D E> + D (psi0 - a^T E a))
 
 and the predictive moments at q(x*) (appendix C, noise included)
 
-    mean_d = a . m_d,   var_d = psi0 - tr((I - S_v) A) + m_d^T A m_d - mean_d^2 + 1 / beta
+    mean_d = a . m_d,   var_d = psi0 - a^T E a - <E, C> + m_d^T C m_d + 1 / beta
 
-(at the collapsed optimum L_m^-T (I - S_v) L_m^-1 = K_mm^-1 - B^-1, B = K_mm + beta Psi2: the
-textbook form, ``lvmcore.collapsed.predict``). Whitened, every term stays of the kernel's size
-whatever K_mm's conditioning: no K_mm^-1 is formed, so the bound's rounding floor stays low.
+(at the collapsed optimum L_m^-T E L_m^-1 = K_mm^-1 - B^-1, B = K_mm + beta Psi2: the textbook
+form, ``lvmcore.collapsed.predict``, with Psi2 = C + a a^T in whitened units). Each term is a
+residual or a variance, none the difference of two large ones: written as y^T y - 2 a . (m y) +
+<A, m m^T> + ... with A = C + a a^T, the terms reach |y|^2 and cancel to the row's residual, and
+on an atlas's fit the bound rounded at a few 1e-7 of its size (its gradient at ~1e-6), enough to
+stop rows short of their optimum. Whitened, no K_mm^-1 is formed whatever K_mm's conditioning.
 
 At the collapsed optimum q(u) is the one that maximises the uncollapsed bound, so a training
 row's fitted q(x_n) is a stationary point of its own F*: its transform lands on it.
@@ -50,7 +54,7 @@ from lvmcore.graph import knn_query
 from lvmcore.kernels.euclidean import RBF, get_kernel
 from lvmcore.linalg import cholesky_jax
 from lvmcore.precision import x64
-from lvmcore.psi import psi1, psi_statistics
+from lvmcore.psi import psi1, row_moments
 from lvmcore.psi.closed_form import kl_diag_gaussian, rbf_row_curvature
 
 __all__ = [
@@ -62,7 +66,6 @@ __all__ = [
     "cell_moments",
     "maximise",
     "infer_rows",
-    "row_data",
     "starts",
     "MAX_ITER",
     "GTOL",
@@ -81,27 +84,27 @@ MAX_STEP = 1.0
 LS_HALVINGS = 40
 #: at the rounding floor of the bound's value, a full step is taken where it shrinks the gradient's
 #: norm by this factor and the value falls, or rises by at most POLISH_SLACK x (1 + |F*|) (its
-#: rounding: the terms of F* are up to beta |y|^2 in size, and the whitened RBF terms of an
-#: ill-conditioned K_mm jitter F* by up to a few 1e-7 of its size near the optimum, where the
-#: gradient is still exact to ~1e-6: the steps there are judged by the gradient)
-POLISH, POLISH_SLACK = 0.5, 1e-6
+#: rounding: the terms of F* are residuals and variances, module docstring; near the optimum of a
+#: row of an atlas's fit its value rounds at ~1e-10 of its size)
+POLISH, POLISH_SLACK = 0.5, 1e-9
 #: a row whose Newton step promises a decrease of -F* below FLOOR_DECREASE x (1 + |F*|) is at the
-#: rounding floor of the bound's value already: no halving can show a true decrease there (only
-#: the value's jitter), so it goes straight to the floor's rule (a full step where it shrinks the
-#: gradient); the line search likewise stops halving a row once its halved step would promise
-#: less. Judged by the jitter, rows took noise for decreases and stopped far from their optimum,
-#: after halving the whole block's step up to LS_HALVINGS times
+#: rounding floor of the bound's value already: no halving can show a true decrease there, so it
+#: goes straight to the floor's rule (a full step where it shrinks the gradient); the line search
+#: likewise stops halving a row once its halved step would promise less. Rows that took the
+#: value's rounding for decreases would halve their block's step up to LS_HALVINGS times an
+#: iteration and stop short of their optimum
 FLOOR_DECREASE = 1e-9
 #: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
 EIG_FLOOR = 1e-10
-#: rows per compiled call (their per-row Psi2 and Hessians are held at once); a batch is padded to
-#: a power of two up to this
-BLOCK_ROWS = 1024
-#: Newton iterations between two gatherings of a block's unfinished rows (``maximise``)
+#: rows per compiled call, the one shape of every call (their per-row Psi2 and Hessians are held
+#: at once): a row's answer depends on the compiled shape it is computed in (the bound's terms
+#: cancel to a few 1e-7 of their size, and XLA's code for another batch size rounds them
+#: differently), never on the other rows of its block, so one shape for every call makes each
+#: row's answer independent of the rows mapped with it, and compiles each function once per
+#: process. Per row, 256 is as fast as larger blocks (bench/README.md, "Mapping new cells")
+BLOCK_ROWS = 256
+#: Newton iterations between two gatherings of the unfinished rows (``maximise``)
 SEGMENT = 4
-#: a block's unfinished rows are gathered into a smaller block only while it keeps this many
-#: padded rows (each block size compiles the iteration once per process)
-GATHER_MIN = 256
 #: a Hessian eigenvalue of -F* below -SADDLE x the largest magnitude marks a saddle (or a minimum)
 SADDLE = 1e-8
 #: Armijo's sufficient-decrease constant
@@ -165,17 +168,17 @@ def reconstruction(kind, t: ViewTerms, mu, S, block: int = 65536) -> np.ndarray:
 
 
 def _one_row(kern, mu, S, t: ViewTerms):
-    """(psi0, L_m^-1 psi1 [M], L_m^-1 Psi2 L_m^-T [M, M]) of one row under N(mu, diag S) (the psi
-    entry, XLA path: it is vmapped over rows). Whitened, the terms stay of the kernel's size
-    whatever K_mm's conditioning (no K_mm^-1 is formed)."""
-    p0, p1, p2 = psi_statistics(kern, mu[None], S[None], t.Z, t.kp, jnp.ones((1, 1)), impl="xla")
-    a1 = solve_triangular(t.Lm, p1[:, 0], lower=True)
-    A = solve_triangular(t.Lm, solve_triangular(t.Lm, p2, lower=True).T, lower=True)
-    return p0, a1, 0.5 * (A + A.T)
+    """(psi0, a = L_m^-1 psi1 [M], C = L_m^-1 (Psi2 - psi1 psi1^T) L_m^-T [M, M]) of one row under
+    N(mu, diag S) (``lvmcore.psi.row_moments``; vmapped over rows). Whitened, the terms stay of
+    the kernel's size whatever K_mm's conditioning (no K_mm^-1 is formed)."""
+    p0, p1, cov = row_moments(kern, mu, S, t.Z, t.kp)
+    a1 = solve_triangular(t.Lm, p1, lower=True)
+    C = solve_triangular(t.Lm, solve_triangular(t.Lm, cov, lower=True).T, lower=True)
+    return p0, a1, 0.5 * (C + C.T)
 
 
-def _row_bound(kinds, x, terms, b, yy, views=None):
-    """F* of one row at x = [mu, log S] (module docstring); b[v] = W_v y_v, yy[v] = |y_v|^2.
+def _row_bound(kinds, x, terms, ys, views=None):
+    """F* of one row at x = [mu, log S] (module docstring); ys[v]: the row's centred view v (D_v,).
     ``views``: the views whose terms are included (default all; the KL term always is)."""
     Q = x.shape[0] // 2
     mu, S = x[:Q], jnp.exp(x[Q:])
@@ -184,10 +187,11 @@ def _row_bound(kinds, x, terms, b, yy, views=None):
         if views is not None and v not in views:
             continue
         t = terms[v]
-        p0, a1, A = _one_row(get_kernel(kind), mu, S, t)
+        p0, a1, C = _one_row(get_kernel(kind), mu, S, t)
         D = t.m.shape[1]
         beta = jnp.exp(t.log_beta)
-        sq = yy[v] - 2.0 * a1 @ b[v] + D * p0 + jnp.sum(A * t.G)
+        r = ys[v] - a1 @ t.m
+        sq = r @ r + jnp.sum(C * t.G) + D * (p0 - a1 @ (t.E @ a1))
         F = F + 0.5 * D * (t.log_beta - LOG_2PI) - 0.5 * beta * sq
     return F
 
@@ -196,23 +200,22 @@ def _row_bound(kinds, x, terms, b, yy, views=None):
 def _row_functions(kinds: tuple):
     """Jitted, vmapped over rows: -F* and (-F*, its gradient) at x (n, 2Q)."""
 
-    def neg(x, terms, b, yy):
-        return -_row_bound(kinds, x, terms, b, yy)
+    def neg(x, terms, ys):
+        return -_row_bound(kinds, x, terms, ys)
 
-    axes = (0, None, 0, 0)
+    axes = (0, None, 0)
     return jax.jit(jax.vmap(neg, in_axes=axes)), jax.jit(jax.vmap(jax.value_and_grad(neg), in_axes=axes))
 
 
 @x64
-def cell_bound(kinds, terms, b, yy, mu, S) -> np.ndarray:
-    """F* (n,) of n rows at q(x*) = N(mu, diag S) (``b``: (n, M) per view, ``yy``: (n, V))."""
+def cell_bound(kinds, terms, Ys, mu, S) -> np.ndarray:
+    """F* (n,) of n rows at q(x*) = N(mu, diag S) (``Ys``: the rows' centred views, (n, D_v) each)."""
     val, _ = _row_functions(tuple(kinds))
     x = np.concatenate([np.asarray(mu, float), np.log(np.asarray(S, float))], axis=1)
     out = []
     for a in range(0, len(x), BLOCK_ROWS):
         r = slice(a, a + BLOCK_ROWS)
-        br = tuple(jnp.asarray(_pad(np.asarray(v)[r])) for v in b)
-        f = val(jnp.asarray(_pad(x[r])), tuple(terms), br, jnp.asarray(_pad(np.asarray(yy)[r])))
+        f = val(jnp.asarray(_pad(x[r])), tuple(terms), tuple(jnp.asarray(_pad(np.asarray(Y)[r])) for Y in Ys))
         out.append(-np.asarray(f)[: len(x[r])])
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -222,13 +225,11 @@ def _moments(kind: str):
     kern = get_kernel(kind)
 
     def one(mu, S, t):
-        p0, a1, A = _one_row(kern, mu, S, t)
+        p0, a1, C = _one_row(kern, mu, S, t)
         mean = a1 @ t.m
-        quad = jnp.einsum("md,mk,kd->d", t.m, A, t.m)
-        # psi0 - tr((I - S_v) A): the expected conditional variance plus q(u)'s
-        var = (p0 - jnp.trace(A) + jnp.sum((jnp.eye(A.shape[0]) - t.E) * A)) + (quad - mean * mean)
-        var = var + jnp.exp(-t.log_beta)
-        return mean, var
+        # the expected conditional variance plus q(u)'s, then the mean's spread under q(x*)
+        var = (p0 - a1 @ (t.E @ a1) - jnp.sum(t.E * C)) + jnp.einsum("md,mk,kd->d", t.m, C, t.m)
+        return mean, var + jnp.exp(-t.log_beta)
 
     return jax.jit(jax.vmap(one, in_axes=(0, 0, None)))
 
@@ -254,24 +255,25 @@ def _hessian(kinds: tuple):
     RBF views' terms come in closed form (``closed_form.rbf_row_curvature``: reverse over
     reverse through the RBF psi statistics' custom rule differentiates that whole rule once per
     input direction); the KL and any other view by autodiff, reverse over reverse. For the closed
-    form the whitening is moved onto the fixed weights: a . b = psi1 . L_m^-T b and <A, G> =
+    form the bound is taken in its textbook terms (-2 a . (m y) + <A, G>, A = C + a a^T) and the
+    whitening moved onto the fixed weights: a . (m y) = psi1 . L_m^-T m y and <A, G> =
     <Psi2, L_m^-T G L_m^-1> (the curvature only shapes the step; the values and gradients that
-    decide its acceptance and the stopping rule keep the whitened per-row form)."""
+    decide its acceptance and the stopping rule keep the module docstring's form)."""
     rbf = tuple(v for v, kind in enumerate(kinds) if get_kernel(kind) is RBF)
     others = tuple(v for v in range(len(kinds)) if v not in rbf)
 
-    def neg(x, terms, b, yy):
-        return -_row_bound(kinds, x, terms, b, yy, others)
+    def neg(x, terms, ys):
+        return -_row_bound(kinds, x, terms, ys, others)
 
-    auto = jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0))
+    auto = jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0))
 
-    def hess(x, terms, b, yy):
-        H = auto(x, terms, b, yy)
+    def hess(x, terms, ys):
+        H = auto(x, terms, ys)
         Q = x.shape[1] // 2
         for v in rbf:
             t = terms[v]
             beta = jnp.exp(t.log_beta)
-            bt = solve_triangular(t.Lm, b[v].T, lower=True, trans="T").T  # (n, M): L_m^-T b rows
+            bt = solve_triangular(t.Lm, t.m @ ys[v].T, lower=True, trans="T").T  # (n, M): L_m^-T m y
             Gt = solve_triangular(
                 t.Lm, solve_triangular(t.Lm, t.G, lower=True, trans="T").T, lower=True, trans="T"
             )
@@ -294,9 +296,9 @@ def _newton(kinds: tuple):
     def done(f, g, gtol):
         return jnp.max(jnp.abs(g), axis=1) <= gtol * (1.0 + jnp.abs(f))
 
-    def run(x0, active0, terms, b, yy, max_iter, gtol):
+    def run(x0, active0, terms, ys, max_iter, gtol):
         n = x0.shape[0]
-        args = (terms, b, yy)
+        args = (terms, ys)
         f0, g0 = vg(x0, *args)
         state = {
             "it": jnp.int32(0), "x": x0, "f": f0, "g": g0,
@@ -372,58 +374,45 @@ def _newton(kinds: tuple):
 
 
 def _pad(a: np.ndarray) -> np.ndarray:
-    """``a``'s rows padded (with copies of its first row) to a power of two from 8: few shapes, few
-    compilations; every row is computed on its own, so the padding changes no row's answer."""
+    """``a`` (at most BLOCK_ROWS rows) padded with copies of its first row to BLOCK_ROWS: the one
+    shape of every compiled call (see BLOCK_ROWS)."""
     n = len(a)
-    p = max(8, 1 << (int(n) - 1).bit_length())
-    return np.concatenate([a, np.repeat(a[:1], p - n, axis=0)]) if 0 < n < p else a
+    return np.concatenate([a, np.repeat(a[:1], BLOCK_ROWS - n, axis=0)]) if 0 < n < BLOCK_ROWS else a
 
 
 @x64
-def maximise(kinds, terms, b, yy, mu0, S0, max_iter: int = MAX_ITER, gtol: float = GTOL):
+def maximise(kinds, terms, Ys, mu0, S0, max_iter: int = MAX_ITER, gtol: float = GTOL):
     """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring), ``BLOCK_ROWS`` rows
     at a time: (mu (n, Q), S (n, Q), F* (n,), iterations (n,), converged (n,): the gradient rule
-    met, else the row stopped at its rounding floor or at ``max_iter``). Every SEGMENT iterations
-    the rows still going are gathered into a smaller block (of GATHER_MIN rows or more): a block
-    costs its slowest row's iterations times its size, and most rows finish in a few. A row's
-    answer is the same either way: the iteration restarts from its x, and a stopped row stays
-    stopped."""
+    met, else the row stopped at its rounding floor or at ``max_iter``); ``Ys``: the rows' centred
+    views (n, D_v) each. Every SEGMENT iterations
+    the rows still going, over all blocks, are gathered into new blocks: a block costs its
+    slowest row's iterations times its size, and most rows finish in a few. A row's answer is the
+    same either way: the iteration restarts from its x, and a stopped row stays stopped."""
     n, Q = mu0.shape
     run = _newton(tuple(kinds))
     x = np.concatenate([mu0, np.log(S0)], axis=1)
     f, it, conv = np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool)
-    b = [np.asarray(v) for v in b]
-    yy = np.asarray(yy)
-    for a in range(0, n, BLOCK_ROWS):
-        rows, left = np.arange(a, min(a + BLOCK_ROWS, n)), int(max_iter)
-        live = np.ones(len(rows), bool)
-        while True:
-            steps = min(SEGMENT, left)
+    Ys = [np.asarray(Y, dtype=np.float64) for Y in Ys]
+    rows, left = np.arange(n), int(max_iter)
+    while len(rows) and left > 0:
+        steps = min(SEGMENT, left)
+        going = []
+        for a in range(0, len(rows), BLOCK_ROWS):
+            r, pad = rows[a : a + BLOCK_ROWS], _pad
             out = run(
-                jnp.asarray(_pad(x[rows])), jnp.asarray(_pad(live)), tuple(terms),
-                tuple(jnp.asarray(_pad(v[rows])) for v in b), jnp.asarray(_pad(yy[rows])), steps, float(gtol),
+                jnp.asarray(pad(x[r])), jnp.asarray(pad(np.ones(len(r), bool))), tuple(terms),
+                tuple(jnp.asarray(pad(Y[r])) for Y in Ys), steps, float(gtol),
             )  # fmt: skip
-            xr, fr, ir, cr, live = (np.asarray(o)[: len(rows)] for o in out)
-            x[rows], f[rows], it[rows], conv[rows] = xr, fr, it[rows] + ir, cr
-            left -= steps
-            if left <= 0 or not live.any():
-                break
-            # a smaller block is a new shape, compiled once per process: gathered down to
-            # GATHER_MIN rows at least (a small call keeps its one shape)
-            if len(_pad(rows[live])) < len(_pad(rows)) and len(rows[live]) >= GATHER_MIN // 2:
-                rows, live = rows[live], np.ones(int(live.sum()), bool)
+            xr, fr, ir, cr, live = (np.asarray(o)[: len(r)] for o in out)
+            x[r], f[r], it[r], conv[r] = xr, fr, it[r] + ir, cr
+            going.append(r[live])
+        rows = np.concatenate(going)
+        left -= steps
     return x[:, :Q], np.exp(x[:, Q:]), -f, it, conv
 
 
-def row_data(terms, Ys):
-    """(b, yy) of new rows from their centred views ``Ys`` (n, D_v) each: b[v] = Y_v m_v^T (n, M),
-    yy (n, V) the rows' squared norms."""
-    b = tuple(np.asarray(Y @ np.asarray(t.m).T) for t, Y in zip(terms, Ys, strict=True))
-    yy = np.column_stack([np.einsum("ij,ij->i", Y, Y) for Y in Ys])
-    return b, yy
-
-
-def starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train, k: int = START_CANDIDATES):
+def starts(kinds, terms, Ys, recon, mu_train, S_train, k: int = START_CANDIDATES):
     """Each row's start (mu0, S0): of its k training rows nearest by sum_v beta_v ||y_v - E[f_v]||^2
     (``recon``: the training rows' predictive means per view), the q(x_n) with the highest F*
     (ties: the nearer)."""
@@ -433,10 +422,8 @@ def starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train, k: int = START_CAN
     ref = np.hstack([wv * R for wv, R in zip(w, recon, strict=True)])
     qry = np.hstack([wv * Y for wv, Y in zip(w, Ys, strict=True)])
     idx = knn_query(ref, qry, k)[0]  # (n, k), nearest first
-    flat = idx.ravel()
-    rep = lambda a: np.repeat(np.asarray(a), k, axis=0)  # noqa: E731
-    F = cell_bound(kinds, terms, [rep(v) for v in b], rep(yy), mu_train[flat], S_train[flat])
-    F = np.where(np.isfinite(F), F, -np.inf).reshape(n, k)
+    F = np.column_stack([cell_bound(kinds, terms, Ys, mu_train[j], S_train[j]) for j in idx.T])
+    F = np.where(np.isfinite(F), F, -np.inf)
     best = idx[np.arange(n), np.argmax(F, axis=1)]
     return mu_train[best], S_train[best]
 
@@ -444,6 +431,5 @@ def starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train, k: int = START_CAN
 def infer_rows(kinds, terms, Ys, recon, mu_train, S_train, max_iter: int = MAX_ITER, gtol: float = GTOL):
     """q(x*) of new rows observed in the views of ``terms`` (their centred data ``Ys``), each row on
     its own (module docstring): (mu, S, F*, iterations, converged) as :func:`maximise`."""
-    b, yy = row_data(terms, Ys)
-    mu0, S0 = starts(kinds, terms, b, yy, Ys, recon, mu_train, S_train)
-    return maximise(kinds, terms, b, yy, mu0, S0, max_iter, gtol)
+    mu0, S0 = starts(kinds, terms, Ys, recon, mu_train, S_train)
+    return maximise(kinds, terms, Ys, mu0, S0, max_iter, gtol)

@@ -2,7 +2,9 @@
 against ``rbf_psi`` on single rows (values, gradients, and Hessians by reverse over reverse through
 its custom rule), and the new-point Newton's Hessian (``newpoints._hessian``) against autodiff's
 reverse over reverse of the whole per-row bound, for an RBF view alone and beside a linear one
-(MRD). Small problems: the references differentiate per row."""
+(MRD). Small problems: the references differentiate per row. And the one-row covariance of the
+bound's terms (``lvmcore.psi.row_moments``) against the textbook Psi2 - psi1 psi1^T in extended
+precision."""
 
 from __future__ import annotations
 
@@ -78,16 +80,60 @@ def test_newton_hessian_equals_reverse_over_reverse(kinds):
     terms = tuple(_terms(k, Q, M, D, seed=v) for v, k in enumerate(kinds))
     r = np.random.default_rng(5)
     Ys = [r.normal(size=(n, D)) for _ in kinds]
-    b, yy = newpoints.row_data(terms, Ys)
     x = np.concatenate([0.8 * r.normal(size=(n, Q)), np.log(r.uniform(0.05, 1.0, (n, Q)))], axis=1)
 
-    def neg(x, terms, b, yy):
-        return -newpoints._row_bound(kinds, x, terms, b, yy)
+    def neg(x, terms, ys):
+        return -newpoints._row_bound(kinds, x, terms, ys)
 
     with jax.enable_x64(True):
-        ref = jax.jit(jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0, 0)))
-        args = (jnp.asarray(x), terms, tuple(jnp.asarray(v) for v in b), jnp.asarray(yy))
+        ref = jax.jit(jax.vmap(jax.jacrev(jax.grad(neg)), in_axes=(0, None, 0)))
+        args = (jnp.asarray(x), terms, tuple(jnp.asarray(Y) for Y in Ys))
         H = np.asarray(jax.jit(newpoints._hessian(kinds))(*args))
         Hr = np.asarray(ref(*args))
     for i in range(n):
         np.testing.assert_allclose(H[i], Hr[i], rtol=0, atol=1e-10 * np.abs(Hr[i]).max())
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-2, 1.0])
+def test_row_moments_covariance_against_extended_precision(scale):
+    """``row_moments``' Psi2 - psi1 psi1^T of one row, RBF-ARD and linear-ARD, against the
+    textbook formulas evaluated in long double (64-bit mantissa) and subtracted there, to 1e-11 of
+    the covariance's size: formed in float64 as Psi2 - psi1 psi1^T, at S ~ 1e-6 the difference
+    keeps ~1e-10 of it (the terms are ~1e6 times the covariance), and a new point's bound rounded at
+    a few 1e-7 of its size. psi0 and psi1 to 1e-14."""
+    from lvmcore.psi import row_moments
+
+    if np.finfo(np.longdouble).eps > 1e-18:
+        pytest.skip("needs an extended-precision long double (x86-64) for the reference")
+    r = np.random.default_rng(3)
+    Q, M = 3, 6
+    Z = 1.5 * r.normal(size=(M, Q))
+    mu = r.normal(size=Q)
+    S = scale * r.uniform(0.5, 1.5, Q)
+    ls, var, vs = r.uniform(0.6, 2.0, Q), 1.7, r.uniform(0.2, 1.0, Q)
+    L = np.longdouble
+    Zl, mul, Sl, c = Z.astype(L), mu.astype(L), S.astype(L), ls.astype(L) ** 2
+    # RBF-ARD (GPy's / Titsias's psi statistics of one row)
+    p1 = L(var) * np.prod(1 + Sl / c) ** L(-0.5) * np.exp(-0.5 * (((mul - Zl) ** 2) / (c + Sl)).sum(1))
+    zbar = 0.5 * (Zl[:, None, :] + Zl[None, :, :])
+    dz = Zl[:, None, :] - Zl[None, :, :]
+    p2 = (
+        L(var) ** 2
+        * np.prod(1 + 2 * Sl / c) ** L(-0.5)
+        * np.exp(-(dz**2 / (4 * c)).sum(2) - (((mul - zbar) ** 2) / (c + 2 * Sl)).sum(2))
+    )
+    # linear-ARD: psi1 = Z diag(v) mu, Psi2 = Z diag(v) (mu mu^T + diag S) diag(v) Z^T
+    Zv = Zl * vs.astype(L)
+    l1 = Zv @ mul
+    l2 = Zv @ (np.outer(mul, mul) + np.diag(Sl)) @ Zv.T
+    cases = [
+        ("rbf", {"log_var": np.log(var), "log_ls": np.log(ls)}, L(var), p1, p2),
+        ("linear", {"log_vars": np.log(vs)}, (vs.astype(L) * (mul**2 + Sl)).sum(), l1, l2),
+    ]
+    with jax.enable_x64(True):
+        for kind, kp, r0, r1, r2 in cases:
+            q0, q1, cov = (np.asarray(a) for a in row_moments(get_kernel(kind), mu, S, Z, kp))
+            want = np.asarray(r2 - np.outer(r1, r1), dtype=np.float64)
+            np.testing.assert_allclose(q0, float(r0), rtol=1e-14, err_msg=kind)
+            np.testing.assert_allclose(q1, np.asarray(r1, dtype=np.float64), rtol=1e-14, err_msg=kind)
+            np.testing.assert_allclose(cov, want, rtol=0, atol=1e-11 * np.abs(want).max(), err_msg=kind)

@@ -116,15 +116,21 @@ def test_the_round_trip_is_exact(fitted):
 
 
 def test_each_new_row_is_its_own_problem(fitted):
-    """Five rows mapped one at a time (``map_points``) equal the same rows mapped among 40 others
-    (the score to 1e-8 in score_samples' units: x MAD)."""
-    _, est = fitted
+    """Five rows mapped one at a time (``map_points``) equal the same rows mapped among 40 others:
+    exactly for the GP-LVMs (each row is solved in the same compiled shape, and nothing a row
+    computes depends on the rows beside it: near its optimum the bound's terms cancel to a few
+    1e-7 of their size, so any other rounding moved a row by up to 1e-5 on an atlas-sized fit),
+    to 1e-8 for PPCA's closed form (a BLAS product; the score in score_samples' units: x MAD)."""
+    key, est = fitted
     together = est.map_points(Y_NEW)
     mad = est.score_reference_[1]
     for i in range(5):
         alone = est.map_points(Y_NEW[i : i + 1])
         for a, b, tol in zip(alone, together, (1e-8, 1e-8, 1e-8 / mad), strict=True):
-            np.testing.assert_allclose(a[0], b[i], rtol=0, atol=tol)
+            if key == "ppca":
+                np.testing.assert_allclose(a[0], b[i], rtol=0, atol=tol)
+            else:
+                np.testing.assert_array_equal(a[0], b[i])
 
 
 def test_new_rows_sit_at_the_optimum_of_their_bound(gp_fitted):

@@ -494,8 +494,7 @@ class BaseCollapsedGPLVM(LatentModel):
         obs = self._observed(observed)
         vs = list(obs)
         terms = [self._terms[v] for v in vs]
-        b, yy = newpoints.row_data(terms, [obs[v] for v in vs])
-        return newpoints.cell_bound([self.kinds_[v] for v in vs], terms, b, yy, mu, S)
+        return newpoints.cell_bound([self.kinds_[v] for v in vs], terms, [obs[v] for v in vs], mu, S)
 
     def predict_view(self, mu, S, view: int = 0):
         """Predictive mean (N*, D_v) and variance (N*, D_v) of view ``view`` at q(x*) = N(mu, diag S)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from lvmcore.kernels import RBF, HyperboloidExponential, Linear
 from lvmcore.psi import closed_form, monte_carlo
 
-__all__ = ["STATISTICS", "psi_statistics", "psi1", "register"]
+__all__ = ["STATISTICS", "MOMENTS", "psi_statistics", "psi1", "row_moments", "register"]
 
 #: kernel class -> (chunk sums, Psi1 rows or None): ``f(kernel, mu, S, Z, kp, Y, **options)`` and
 #: ``g(kernel, mu, S, Z, kp)``, kp the kernel's parameters as the kernel object holds them
@@ -25,9 +25,17 @@ STATISTICS: dict = {
 }
 
 
-def register(kernel_class: type, statistics, rows=None) -> None:
-    """Register the psi statistics of a new kernel class (the entries of :data:`STATISTICS`)."""
+#: kernel class -> ``f(kernel, mu, S, Z, kp)``: one row's (psi0, psi1 [M], Psi2 - psi1 psi1^T
+#: [M, M]) under N(mu, diag S) (mu, S: [Q]), the covariance without cancellation (new points)
+MOMENTS: dict = {RBF: closed_form.rbf_moments, Linear: closed_form.linear_moments}
+
+
+def register(kernel_class: type, statistics, rows=None, moments=None) -> None:
+    """Register the psi statistics of a new kernel class (the entries of :data:`STATISTICS` and,
+    where it has them, :data:`MOMENTS`)."""
     STATISTICS[kernel_class] = (statistics, rows)
+    if moments is not None:
+        MOMENTS[kernel_class] = moments
 
 
 def _entry(kernel, which: int):
@@ -49,6 +57,17 @@ def psi_statistics(kernel, mu, S, Z, kp, Y, **options):
     the KL of q(X) [] as a fourth entry. ``options``: the implementation's (RBF: ``primal``,
     ``impl``; hyperboloid: the draws ``eps`` [H, B, Q] and ``prior_log_var``)."""
     return _entry(kernel, 0)(kernel, mu, S, Z, kp, Y, **options)
+
+
+def row_moments(kernel, mu, S, Z, kp):
+    """One row's (psi0, psi1 [M], Psi2 - psi1 psi1^T [M, M]) of ``kernel`` under N(mu, diag S):
+    the terms of a new point's bound (``lvmcore.newpoints``), its covariance free of cancellation."""
+    cls = kernel if isinstance(kernel, type) else type(kernel)
+    if cls not in MOMENTS:
+        raise TypeError(
+            f"no row moments for a kernel of type {cls.__name__}; register them with lvmcore.psi.register"
+        )
+    return MOMENTS[cls](kernel, mu, S, Z, kp)
 
 
 def psi1(kernel, mu, S, Z, kp):

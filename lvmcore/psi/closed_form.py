@@ -339,7 +339,8 @@ def rbf_row_curvature(mu, S, Z, variance, lengthscale, w1, C):
     once per input direction, where here each pair's gradient enters one (2Q x pairs) product
     per row.
     Psi2 runs over the M (M + 1) / 2 pairs m <= m' (off-diagonal weights doubled), rows in blocks
-    of CURVATURE_BLOCK_ENTRIES / (pairs 2Q): no (N, pairs, 2Q) array is formed."""
+    of a power of two up to CURVATURE_BLOCK_ENTRIES / (pairs 2Q): no (N, pairs, 2Q) array is
+    formed."""
     mu, S, Z, w1, C = _as64(mu, S, Z, w1, C)
     variance = jnp.asarray(variance, dtype=jnp.float64)
     N, Q = mu.shape
@@ -350,7 +351,9 @@ def rbf_row_curvature(mu, S, Z, variance, lengthscale, w1, C):
     dzz = Z[iu] - Z[ju]
     log_pf = 2.0 * jnp.log(variance) - (dzz * dzz / (4.0 * l2)).sum(1)  # (P,) pairs' log factor
     Cp = jnp.where(iu == ju, 1.0, 2.0) * C[iu, ju]  # (P,)
-    block = int(max(1, CURVATURE_BLOCK_ENTRIES // (len(iu) * 2 * Q)))
+    # a power of two: the new-point optimiser's blocks (a power of two) then split into whole row
+    # blocks, so every row goes through the same compiled code, whatever its place in the block
+    block = 1 << int(max(1, CURVATURE_BLOCK_ENTRIES // (len(iu) * 2 * Q))).bit_length() - 1
 
     def log_e(d, S_b, k):  # the per-row part of log E (module docstring's formulas), (B, T)
         return -0.5 * jnp.log1p(k * S_b / l2).sum(1)[:, None] - 0.5 * k * (
@@ -455,6 +458,36 @@ def _rbf_psi(mu, S, Z, variance, lengthscale, Y, *, block_size, primal, impl):
     return psi0, psi1TY, psi2
 
 
+def rbf_row_moments(mu, S, Z, variance, lengthscale):
+    """One row's psi0 [], psi1 [M] and Psi2 - psi1 psi1^T [M, M] (the covariance of k(x, Z) under
+    N(mu, diag S)) for the RBF-ARD kernel, the last without cancellation. Psi2 = psi1 psi1^T * R
+    elementwise, and per pair, with c = l_q^2, u = mu_q - (z_mq + z_m'q) / 2, v = (z_mq - z_m'q) / 2,
+
+        log R = sum_q log1p(S_q / c) - log1p(2 S_q / c) / 2 + S_q (u^2 / ((c + S_q)(c + 2 S_q))
+                                                                  - v^2 / (c (c + S_q))),
+
+    zero at S = 0; the covariance is psi1 psi1^T expm1(log R). Formed as Psi2 - psi1 psi1^T, it is
+    the difference of two terms up to the kernel's variance squared, and a new point's bound, made
+    of such terms, rounds at a few 1e-7 of its size on an atlas's fit."""
+    mu, S, Z = _as64(mu, S, Z)
+    c = _lengthscale_sq(lengthscale, mu.shape[0])
+    var = jnp.asarray(variance, dtype=jnp.float64)
+    M = Z.shape[0]
+    # the sums over q as products with fixed (M or M^2, Q) arrays: (mu - z)^2 = mu^2 - 2 mu z + z^2
+    # (its rounding is eps (mu^2 + z^2) / c in an exponent), and no (M, M, Q) array per row, whose
+    # reverse pass cost 8x the value's
+    w1 = 1.0 / (c + S)
+    sq1 = (Z * Z) @ w1 - 2.0 * Z @ (w1 * mu) + (mu * mu) @ w1  # sum_q (mu_q - z_mq)^2 / (c + S)
+    p1 = var * jnp.exp(-0.5 * jnp.log1p(S / c).sum() - 0.5 * sq1)
+    zbar = (0.5 * (Z[:, None, :] + Z[None, :, :])).reshape(M * M, -1)
+    half = (0.5 * (Z[:, None, :] - Z[None, :, :])).reshape(M * M, -1)
+    wu = S / ((c + S) * (c + 2.0 * S))
+    log_r = (jnp.log1p(S / c) - 0.5 * jnp.log1p(2.0 * S / c)).sum() + (
+        (zbar * zbar) @ wu - 2.0 * zbar @ (wu * mu) + (mu * mu) @ wu - (half * half) @ (S / (c * (c + S)))
+    ).reshape(M, M)
+    return var, p1, (p1[:, None] * p1[None, :]) * jnp.expm1(log_r)
+
+
 # ---------------------------------------------------------------------------------------------
 # linear-ARD psi statistics
 # ---------------------------------------------------------------------------------------------
@@ -482,6 +515,15 @@ def linear_psi(mu, S, Z, variances, Y):
     C = mu.T @ mu + jnp.diag(S.sum(0))
     psi2 = Zv @ C @ Zv.T
     return psi0, psi1TY, psi2
+
+
+def linear_row_moments(mu, S, Z, variances):
+    """One row's psi0 [], psi1 [M] and Psi2 - psi1 psi1^T = Z diag(v^2 S) Z^T [M, M] for the
+    linear-ARD kernel under N(mu, diag S) (as :func:`rbf_row_moments`)."""
+    mu, S, Z = _as64(mu, S, Z)
+    v = jnp.broadcast_to(jnp.asarray(variances, dtype=jnp.float64), (mu.shape[0],))
+    Zv = Z * v
+    return (v * (mu * mu + S)).sum(), Zv @ mu, (Zv * S) @ Zv.T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,6 +557,18 @@ def linear_statistics(kernel, mu, S, Z, kp, Y, *, primal: bool = True, impl: str
 def linear_rows(kernel, mu, S, Z, kp):
     """The linear-ARD kernel's Psi1 [N, M] row by row."""
     return linear_psi1(mu, S, Z, jnp.exp(kp["log_vars"]))
+
+
+@x64
+def rbf_moments(kernel, mu, S, Z, kp):
+    """The RBF-ARD kernel's one-row (psi0, psi1, Psi2 - psi1 psi1^T): :func:`rbf_row_moments`."""
+    return rbf_row_moments(mu, S, Z, jnp.exp(kp["log_var"]), jnp.exp(kp["log_ls"]))
+
+
+@x64
+def linear_moments(kernel, mu, S, Z, kp):
+    """The linear-ARD kernel's one-row (psi0, psi1, Psi2 - psi1 psi1^T): :func:`linear_row_moments`."""
+    return linear_row_moments(mu, S, Z, jnp.exp(kp["log_vars"]))
 
 
 # ---------------------------------------------------------------------------------------------
