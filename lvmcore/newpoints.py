@@ -347,14 +347,23 @@ def _newton(kinds: tuple):
                 gone = again & (-0.5 * a * gd <= floor_dec)
                 return k + 1, jnp.where(again & ~gone, 0.5 * a, a), again & ~gone, lost | gone
 
-            start = (jnp.int32(0), jnp.ones(n), act & ~flat, jnp.zeros(n, bool))
+            # the full step's trial with its gradient: where it is taken (accepted, or the floor's
+            # rule) that is the next iterate's, and only rows that halved need another pass
+            ft, gt = vg(x + d, *args)
+            ok = jnp.isfinite(ft) & (ft <= f + ARMIJO * gd) & (ft < f)
+            again = act & ~flat & ~ok
+            gone = again & (-0.5 * gd <= floor_dec)
+            start = (jnp.int32(1), jnp.where(again & ~gone, 0.5, 1.0), again & ~gone, gone)
             _, a, todo, lost = jax.lax.while_loop(lcond, lbody, start)
             todo = todo | lost | (act & flat)
             # at the bound's rounding floor no step decreases its value: there the full step is
             # taken where it shrinks the gradient (the values' floor is far above the gradient's)
             floor = act & todo
             x1 = jnp.where(floor[:, None], x + d, x + a[:, None] * d)
-            f1, g1 = vg(x1, *args)
+            halved = act & ~floor & (a < 1.0)
+            fh, gh = jax.lax.cond(jnp.any(halved), lambda: vg(x1, *args), lambda: (ft, gt))
+            # a row's values come from one pass whatever the rows beside it do
+            f1, g1 = jnp.where(halved, fh, ft), jnp.where(halved[:, None], gh, gt)
             gn, gn1 = jnp.linalg.norm(g, axis=1), jnp.linalg.norm(g1, axis=1)
             near = f1 <= f + POLISH_SLACK * (1.0 + jnp.abs(f))
             polish = floor & jnp.isfinite(f1) & (gn1 < POLISH * gn) & near
