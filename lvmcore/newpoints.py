@@ -78,6 +78,12 @@ MAX_ITER = 100
 GTOL = 1e-10
 #: training rows whose q(x_n) are tried as a row's start (the best by F* is taken)
 START_CANDIDATES = 5
+#: the start search ranks in the span of the training rows' reconstructions: the directions of their
+#: Gram matrix with eigenvalues above this fraction of the largest (below it: rounding; a linear
+#: kernel's reconstructions span Q dimensions), at most this many searched by a k-d tree
+#: (scipy's cKDTree), more by brute force; twice the candidates are found there and ranked again
+#: by the full distance (bench/README.md, "Mapping new cells")
+START_SPAN_TOL, START_TREE_DIM = 1e-12, 8
 #: largest step of one iteration in any coordinate (latent units, log-variance units)
 MAX_STEP = 1.0
 #: step halvings of the backtracking line search before a row counts as at its rounding floor
@@ -421,16 +427,42 @@ def maximise(kinds, terms, Ys, mu0, S0, max_iter: int = MAX_ITER, gtol: float = 
     return x[:, :Q], np.exp(x[:, Q:]), -f, it, conv
 
 
+def start_candidates(ref: np.ndarray, qry: np.ndarray, k: int) -> np.ndarray:
+    """The k rows of ``ref`` nearest to each row of ``qry`` (n, k), nearest first. The distance
+    |q - r|^2 splits into the part in the span of ref's rows and the part outside it, which is
+    the same for every r: so the search runs in that span (START_SPAN_TOL), by a k-d tree where it
+    is small (START_TREE_DIM), for 2k candidates, which the full distance then ranks (ties: the
+    lower index). Per row: a row's candidates do not depend on the rows beside it."""
+    k = min(int(k), len(ref))
+    lam, V = np.linalg.eigh(ref.T @ ref)
+    V = V[:, lam > START_SPAN_TOL * max(lam[-1], 0.0)] if len(lam) else V
+    if V.shape[1] == 0:  # every reconstruction is zero: all are equally near
+        return np.tile(np.arange(k), (len(qry), 1))
+    c = min(2 * k, len(ref))
+    Pr, Pq = ref @ V, np.einsum("nd,dr->nr", qry, V)
+    if V.shape[1] <= START_TREE_DIM:
+        from scipy.spatial import cKDTree
+
+        cand = np.asarray(cKDTree(Pr).query(Pq, c)[1]).reshape(len(qry), c)
+    else:
+        cand = knn_query(Pr, Pq, c)[0]
+    full = np.empty(cand.shape)
+    for j in range(c):  # one candidate column at a time: (n, D) in memory, not (n, 2k, D)
+        diff = ref[cand[:, j]] - qry
+        full[:, j] = np.einsum("nd,nd->n", diff, diff)
+    order = np.lexsort((cand, full), axis=1)[:, :k]
+    return np.take_along_axis(cand, order, axis=1)
+
+
 def starts(kinds, terms, Ys, recon, mu_train, S_train, k: int = START_CANDIDATES):
     """Each row's start (mu0, S0): of its k training rows nearest by sum_v beta_v ||y_v - E[f_v]||^2
-    (``recon``: the training rows' predictive means per view), the q(x_n) with the highest F*
-    (ties: the nearer)."""
-    n, N = Ys[0].shape[0], mu_train.shape[0]
-    k = min(int(k), N)
+    (``recon``: the training rows' predictive means per view; :func:`start_candidates`), the
+    q(x_n) with the highest F* (ties: the nearer)."""
+    n = Ys[0].shape[0]
     w = [np.sqrt(np.exp(float(t.log_beta))) for t in terms]
     ref = np.hstack([wv * R for wv, R in zip(w, recon, strict=True)])
     qry = np.hstack([wv * Y for wv, Y in zip(w, Ys, strict=True)])
-    idx = knn_query(ref, qry, k)[0]  # (n, k), nearest first
+    idx = start_candidates(ref, qry, k)  # (n, k), nearest first
     F = np.column_stack([cell_bound(kinds, terms, Ys, mu_train[j], S_train[j]) for j in idx.T])
     F = np.where(np.isfinite(F), F, -np.inf)
     best = idx[np.arange(n), np.argmax(F, axis=1)]

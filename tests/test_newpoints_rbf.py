@@ -4,7 +4,7 @@ its custom rule), and the new-point Newton's Hessian (``newpoints._hessian``) ag
 reverse over reverse of the whole per-row bound, for an RBF view alone and beside a linear one
 (MRD). Small problems: the references differentiate per row. And the one-row covariance of the
 bound's terms (``lvmcore.psi.row_moments``) against the textbook Psi2 - psi1 psi1^T in extended
-precision."""
+precision, and the start search (``newpoints.start_candidates``) against exact kNN."""
 
 from __future__ import annotations
 
@@ -137,3 +137,22 @@ def test_row_moments_covariance_against_extended_precision(scale):
             np.testing.assert_allclose(q0, float(r0), rtol=1e-14, err_msg=kind)
             np.testing.assert_allclose(q1, np.asarray(r1, dtype=np.float64), rtol=1e-14, err_msg=kind)
             np.testing.assert_allclose(cov, want, rtol=0, atol=1e-11 * np.abs(want).max(), err_msg=kind)
+
+
+@pytest.mark.parametrize("rank", [3, 12, 40])
+def test_start_candidates_are_the_exact_nearest_rows(rank):
+    """The start search in the span of the reference rows (a k-d tree up to START_TREE_DIM
+    dimensions, brute force above) finds each query row's k nearest reference rows in the full
+    space, in order, as graph.knn_query does; the query rows lie off that span. A row's answer
+    alone equals its answer in the batch."""
+    from lvmcore.graph import knn_query
+
+    r = np.random.default_rng(rank)
+    D, N, n, k = 40, 3000, 200, 5
+    basis = r.normal(size=(rank, D))
+    ref = r.normal(size=(N, rank)) @ basis + 0.5
+    qry = r.normal(size=(n, rank)) @ basis + 0.5 + 0.3 * r.normal(size=(n, D))
+    got = newpoints.start_candidates(ref, qry, k)
+    np.testing.assert_array_equal(got, knn_query(ref, qry, k)[0])
+    alone = np.vstack([newpoints.start_candidates(ref, qry[i : i + 1], k) for i in range(10)])
+    np.testing.assert_array_equal(alone, got[:10])
