@@ -103,11 +103,11 @@ FLOOR_DECREASE = 1e-9
 #: the Hessian's eigenvalues are floored at this fraction of the largest one's magnitude
 EIG_FLOOR = 1e-10
 #: rows per compiled call, the one shape of every call (their per-row Psi2 and Hessians are held
-#: at once): a row's answer depends on the compiled shape it is computed in (the bound's terms
-#: cancel to a few 1e-7 of their size, and XLA's code for another batch size rounds them
-#: differently), never on the other rows of its block, so one shape for every call makes each
-#: row's answer independent of the rows mapped with it, and compiles each function once per
-#: process. Per row, 256 is as fast as larger blocks (bench/README.md, "Mapping new cells")
+#: at once): a row's answer depends on the compiled shape it is computed in (XLA's code for another
+#: batch size rounds a row differently, and a rounding difference can move where a row stops),
+#: never on the other rows of its block, so one shape for every call makes each row's answer
+#: independent of the rows mapped with it, and compiles each function once per process. Per row,
+#: 256 is as fast as larger blocks (bench/README.md, "Mapping new cells")
 BLOCK_ROWS = 256
 #: Newton iterations between two gatherings of the unfinished rows (``maximise``)
 SEGMENT = 4
