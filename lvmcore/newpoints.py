@@ -295,21 +295,21 @@ def _hessian(kinds: tuple):
 @functools.lru_cache(maxsize=64)
 def _newton(kinds: tuple):
     """The per-row damped Newton iteration (module docstring), jitted: x0 (n, 2Q) -> (x, -F*,
-    gradient, iterations, converged) per row."""
+    iterations, converged, still going) per row."""
     val, vg = _row_functions(kinds)
     hess = _hessian(kinds)
 
     def done(f, g, gtol):
         return jnp.max(jnp.abs(g), axis=1) <= gtol * (1.0 + jnp.abs(f))
 
-    def run(x0, active0, terms, ys, max_iter, gtol):
+    def run(x0, terms, ys, max_iter, gtol):
         n = x0.shape[0]
         args = (terms, ys)
         f0, g0 = vg(x0, *args)
         state = {
             "it": jnp.int32(0), "x": x0, "f": f0, "g": g0,
             # a row at a zero gradient still has its curvature checked
-            "active": active0 & jnp.isfinite(f0),
+            "active": jnp.isfinite(f0),
             "n_iter": jnp.zeros(n, jnp.int32),
         }  # fmt: skip
 
@@ -400,10 +400,10 @@ def maximise(kinds, terms, Ys, mu0, S0, max_iter: int = MAX_ITER, gtol: float = 
     """Each row's q(x*) maximising its F* from (mu0, S0) (module docstring), ``BLOCK_ROWS`` rows
     at a time: (mu (n, Q), S (n, Q), F* (n,), iterations (n,), converged (n,): the gradient rule
     met, else the row stopped at its rounding floor or at ``max_iter``); ``Ys``: the rows' centred
-    views (n, D_v) each. Every SEGMENT iterations
-    the rows still going, over all blocks, are gathered into new blocks: a block costs its
-    slowest row's iterations times its size, and most rows finish in a few. A row's answer is the
-    same either way: the iteration restarts from its x, and a stopped row stays stopped."""
+    views (n, D_v) each. Every SEGMENT iterations the rows still going, over all blocks, are
+    gathered into new blocks: a block costs its slowest row's iterations times its size, and most
+    rows finish in a few. A row's answer is the same either way: the iteration restarts from its
+    x, and a stopped row stays stopped."""
     n, Q = mu0.shape
     run = _newton(tuple(kinds))
     x = np.concatenate([mu0, np.log(S0)], axis=1)
@@ -414,10 +414,10 @@ def maximise(kinds, terms, Ys, mu0, S0, max_iter: int = MAX_ITER, gtol: float = 
         steps = min(SEGMENT, left)
         going = []
         for a in range(0, len(rows), BLOCK_ROWS):
-            r, pad = rows[a : a + BLOCK_ROWS], _pad
+            r = rows[a : a + BLOCK_ROWS]
             out = run(
-                jnp.asarray(pad(x[r])), jnp.asarray(pad(np.ones(len(r), bool))), tuple(terms),
-                tuple(jnp.asarray(pad(Y[r])) for Y in Ys), steps, float(gtol),
+                jnp.asarray(_pad(x[r])), tuple(terms), tuple(jnp.asarray(_pad(Y[r])) for Y in Ys),
+                steps, float(gtol),
             )  # fmt: skip
             xr, fr, ir, cr, live = (np.asarray(o)[: len(r)] for o in out)
             x[r], f[r], it[r], conv[r] = xr, fr, it[r] + ir, cr

@@ -41,9 +41,9 @@ def register(kernel_class: type, statistics, rows=None, moments=None) -> None:
 def _entry(kernel, which: int):
     # the Euclidean kernels are classes with static methods, the hyperboloid kernel an instance
     cls = kernel if isinstance(kernel, type) else type(kernel)
-    fns = STATISTICS.get(cls)
-    if fns is None or fns[which] is None:
-        what = ("psi statistics", "Psi1 rows")[which]
+    fns = (*STATISTICS.get(cls, (None, None)), MOMENTS.get(cls))
+    if fns[which] is None:
+        what = ("psi statistics", "Psi1 rows", "row moments")[which]
         raise TypeError(
             f"no {what} for a kernel of type {cls.__name__}; register them with lvmcore.psi.register"
         )
@@ -62,12 +62,7 @@ def psi_statistics(kernel, mu, S, Z, kp, Y, **options):
 def row_moments(kernel, mu, S, Z, kp):
     """One row's (psi0, psi1 [M], Psi2 - psi1 psi1^T [M, M]) of ``kernel`` under N(mu, diag S):
     the terms of a new point's bound (``lvmcore.newpoints``), its covariance free of cancellation."""
-    cls = kernel if isinstance(kernel, type) else type(kernel)
-    if cls not in MOMENTS:
-        raise TypeError(
-            f"no row moments for a kernel of type {cls.__name__}; register them with lvmcore.psi.register"
-        )
-    return MOMENTS[cls](kernel, mu, S, Z, kp)
+    return _entry(kernel, 2)(kernel, mu, S, Z, kp)
 
 
 def psi1(kernel, mu, S, Z, kp):
