@@ -76,3 +76,15 @@ def test_registry_flags_match_what_the_fitted_model_produces(key, inputs):
     assert set(spec.bound_comparable) <= set(spec.dims) & set(SWEEP_DIMS)
     if spec.bound_comparable:
         assert np.isfinite(res.elbo) and res.elbo == res.elbo_trace[-1]
+
+
+def test_sweep_defaults_yield_to_options_and_fixed_values_do_not():
+    """A spec's ``defaults`` (MRD's 100 inducing inputs) reach the estimator unless a model option
+    sets the parameter; ``fixed`` values and grid dimensions win over both."""
+    mrd = MODELS["mrd"]
+    point = {"latent_dim": 3, "seed": 1}
+    assert mrd.constructor_args(point, {})["n_inducing"] == 100
+    assert mrd.estimator_class()().n_inducing != 100  # the estimator's own default is another
+    got = mrd.constructor_args(point, {"n_inducing": 20, "n_components": 7})
+    assert got["n_inducing"] == 20 and got["n_components"] == 3 and got["random_state"] == 1
+    assert MODELS["bgplvm_linear"].constructor_args(point, {})["kernel"] == "linear"
