@@ -259,7 +259,8 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "data_fingerprint": meta["fingerprint"],
         "models": [s.key for s in specs],
         "options": model_options,
-        "per_model": {s.key: options_for(s, model_options) for s in specs},
+        # the spec's sweep defaults too: a store fitted under other defaults is not grown with them
+        "per_model": {s.key: {**s.defaults, **options_for(s, model_options)} for s in specs},
         "grid": grid,
         "n_generations": int(n_generations),
         "knn_method": knn_method,

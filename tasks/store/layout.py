@@ -98,7 +98,8 @@ def growth(path, identity: dict, specs, grid) -> dict | None:
     opts_have, opts_want = have.get("per_model", {}), identity.get("per_model", {})
     changed = [k for k in held if opts_have.get(k) != opts_want.get(k)]
     if changed:
-        raise ValueError(f"{where}: the options of {changed} differ{fix}")
+        both = "; ".join(f"{k}: {opts_have.get(k)} in the store, {opts_want.get(k)} now" for k in changed)
+        raise ValueError(f"{where}: the options of {changed} differ ({both}){fix}")
     out = {"groups": {}, "new_models": [k for k in keys if k not in held]}
     for spec in specs:
         if spec.key not in held:
