@@ -66,6 +66,11 @@ class ModelSpec:
         mod, cls = self.target.split(":")
         return getattr(import_module(mod), cls)
 
+    def sweep_options(self, options: dict) -> dict:
+        """The options a sweep applies to this model: its ``defaults``, then ``options`` over them
+        (``fixed`` values and grid values aside: the model key and the point set those)."""
+        return {**self.defaults, **options}
+
     def constructor_args(self, point: dict, options: dict) -> dict:
         args = dict(self.defaults)
         args.update(self.fixed)

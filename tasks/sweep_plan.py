@@ -246,12 +246,15 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
                 f"model {s.key!r}: latent_dim {max(g['latent_dim'])} must be below the data dimension {dmin}"
             )
     q_max = max(grid.get("latent_dim", [2]))
+    # what each model is fitted with: its spec's sweep defaults under the user's options (recorded
+    # in the identity, so a store fitted under other defaults is not grown with them)
+    applied = {s.key: s.sweep_options(options_for(s, model_options)) for s in specs}
     layout = Layout(
         n_points=n,
         q_max=q_max,
         n_views=n_views,
         n_generations=int(n_generations),
-        trace_len={s.key: min(_default_max_iter(s, options_for(s, model_options)) + 1, 2000) for s in specs},
+        trace_len={s.key: min(_default_max_iter(s, applied[s.key]) + 1, 2000) for s in specs},
         numerics=numerics_version(),
     )
     identity = {
@@ -259,8 +262,7 @@ def plan_sweep(dataset, models, grid, store, model_options, n_generations, knn_m
         "data_fingerprint": meta["fingerprint"],
         "models": [s.key for s in specs],
         "options": model_options,
-        # the spec's sweep defaults too: a store fitted under other defaults is not grown with them
-        "per_model": {s.key: {**s.defaults, **options_for(s, model_options)} for s in specs},
+        "per_model": applied,
         "grid": grid,
         "n_generations": int(n_generations),
         "knn_method": knn_method,
