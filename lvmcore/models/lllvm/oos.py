@@ -20,6 +20,8 @@ other row under the likelihood, at the posterior means (both likelihoods give th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
@@ -30,14 +32,9 @@ from .operators import (
     QX,
     LLGraph,
     Theta,
-    b_tilde,
-    c_quad,
     ctc,
     eps_lap_inverse,
-    eps_lap_matrix,
-    h_stat,
     prepare_graph,
-    x_quad,
 )
 from .qc import c_system
 from .qx import x_system
@@ -138,72 +135,188 @@ def conditional_loglik(Y, deg, et, nbr_sum, th: Theta, others_sum=None):
     return -0.5 * D * np.log(2.0 * np.pi / s) - 0.5 * s * np.einsum("md,md->m", r, r)
 
 
-def _conditional(P, rhs, nt: int, fixed_mean):
-    """Moments of the new block of N(P^{-1} rhs, P^{-1}) with the first ``nt`` rows held at
-    ``fixed_mean`` in expectation (the optimum of a factor q(new) with q(train) frozen):
-    precision P_nn, mean P_nn^{-1}(rhs_n - P_nt <train>)."""
-    Pnn = 0.5 * (P[nt:, nt:] + P[nt:, nt:].T)
-    c = sla.cho_factor(Pnn, lower=True)
-    mean = sla.cho_solve(c, rhs[nt:] - P[nt:, :nt] @ fixed_mean)
-    cov = sla.cho_solve(c, np.eye(Pnn.shape[0]))
-    return mean, 0.5 * (cov + cov.T)
-
-
 def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, sweeps: int):
     """The gaussian likelihood on the dense solver: each new point alone on the enlarged dense model
-    (through (eps_y O + 2 gamma L*)^-1 the points of one enlarged model would move each other)."""
+    (through (eps_y O + 2 gamma L*)^-1 the points of one enlarged model would move each other), with
+    only what its coordinate ascent reads: the new point's rows of the two precisions (its block and
+    its block against the frozen training means, ``_c_row`` / ``_x_row``) from the rows of
+    Lt* = (eps_y O + 2 gamma L*)^-1 at the new point and its k neighbours (``_enlarged_lt_rows``, a
+    rank-k update and a bordering of the training Lt), never the enlarged (N Q, N Q) matrices.
+
+    Shared by every new point, once per call: the training Lt (from the eigen-decomposition of L,
+    one product; whole, so that a point's rows of it do not depend on which other points are
+    transformed with it) and Lt 1."""
     Y = np.asarray(Y, dtype=np.float64)
     Ynew = np.asarray(Ynew, dtype=np.float64)
-    outs = [
-        _transform_batch_dense(Y, g, qx, qc, th, Ynew[a : a + 1], nbr[a : a + 1], sweeps)
-        for a in range(Ynew.shape[0])
-    ]
-    return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
-
-
-def _transform_batch_dense(Y, g, qx, qc, th, Ynew, nbr, sweeps):
     n, D, Q = qc.mean.shape
-    m, k = nbr.shape
-    N = n + m
-    rows = np.repeat(np.arange(n, N), k)
-    cols = nbr.ravel()
-    extra = sp.csr_matrix((np.ones(m * k), (rows, cols)), shape=(N, N))
-    W = sp.block_diag([g.W, sp.csr_matrix((m, m))]).tocsr() + extra + extra.T
-    W.data[:] = 1.0
-    ga = prepare_graph(W, "dense", likelihood="gaussian", epsilon_form=g.epsilon_form)
-    Ya = np.vstack([Y, Ynew])
-    Lt = eps_lap_inverse(ga, th.eps_y, th.gamma)
-    prior_x = np.kron(th.alpha * np.eye(N) + 2.0 * ga.laplacian(), np.eye(Q))
-    prior_c = th.beta * np.kron(eps_lap_matrix(ga, th.eps_c), np.eye(Q))
-    nt = n * Q
-    mx = qx.mean[nbr].mean(axis=1)  # start: the neighbours' mean latents, no spread
-    Sx = np.zeros((m * Q, m * Q))
+    Lt = eps_lap_inverse(g, th.eps_y, th.gamma)
+    sh = _Shared(
+        lt=Lt,
+        lt_one=Lt.sum(axis=1) if g.epsilon_form == "ones" else None,
+        C_sum=qc.mean.sum(axis=0).T,  # (Q, D)
+        x_full=qx.full.reshape(n, Q, n, Q),
+        c_full=qc.full.reshape(n, Q, n, Q),
+    )
+    outs = [_transform_one_dense(Y, g, qx, qc, th, sh, Ynew[a], nbr[a], sweeps) for a in range(len(Ynew))]
+    return tuple(np.stack([o[t] for o in outs]) for t in range(4))
+
+
+@dataclass
+class _Shared:
+    """What every new point of one ``_transform_gaussian`` call reads: ``lt`` (n, n), the training
+    Lt = (eps_y O + 2 gamma L)^-1; ``lt_one`` (n,) Lt 1 (``ones`` form, else None);
+    ``C_sum`` (Q, D) sum_j <C_j>'; ``x_full``, ``c_full`` (n, Q, n, Q) the training covariances."""
+
+    lt: np.ndarray
+    lt_one: np.ndarray | None
+    C_sum: np.ndarray
+    x_full: np.ndarray
+    c_full: np.ndarray
+
+
+def _enlarged_lt_rows(g: LLGraph, th: Theta, lt_T, lt_one, T):
+    """Rows of Lt* = (eps_y O* + 2 gamma L*)^-1 of the graph enlarged by one point joined to the
+    training points ``T`` (k,), from the training Lt's rows ``lt_T`` (k, n) at T (and Lt 1, ``lt_one``,
+    for the ``ones`` form): (k, n + 1) at T and (n + 1,) at the new point.
+
+    With A = eps_y O + 2 gamma L and E the (n, k) selector of T, the enlarged matrix is
+    [[B, b], [b', c]] with B = A + 2 gamma E E', b = eps_o 1 - 2 gamma E 1 (eps_o = eps_y for ``ones``,
+    0 for ``identity``) and c = eps_y + 2 gamma k. B^-1 by Sherman-Morrison-Woodbury,
+    B^-1 = Lt - Lt E G^-1 E' Lt with G = I / (2 gamma) + E' Lt E; then by bordering, with
+    s = c - b' B^-1 b: Lt* = [[B^-1 + B^-1 b b' B^-1 / s, -B^-1 b / s], [-b' B^-1 / s, 1 / s]]."""
+    k = len(T)
+    two_g = 2.0 * th.gamma
+    G = np.eye(k) / two_g + lt_T[:, T]
+    Bi_T = lt_T - lt_T[:, T] @ np.linalg.solve(G, lt_T)  # (k, n) rows of B^-1 at T
+    Ab = -two_g * lt_T.sum(axis=0)  # Lt b
+    eps_o = 0.0
+    if g.epsilon_form == "ones":
+        eps_o = th.eps_y
+        Ab = Ab + eps_o * lt_one
+    Bb = Ab - lt_T.T @ np.linalg.solve(G, Ab[T])  # B^-1 b (n,)
+    s = th.eps_y + two_g * k - (eps_o * Bb.sum() - two_g * Bb[T].sum())
+    rows_T = np.concatenate([Bi_T + np.outer(Bb[T], Bb) / s, -Bb[T, None] / s], axis=1)
+    row_new = np.append(-Bb / s, 1.0 / s)
+    return rows_T, row_new
+
+
+def _c_row(wmul, deg, lt_new, lt_T, S_new, S_T):
+    """The new point's rows of c_quad (``operators.c_quad``: <G_r(x)' Lt* G_s(x)>) on the enlarged
+    graph, (Q, Q, N) [r, s, j] = c_quad[(new, r), (j, s)]: row i of each of its nine terms reads the
+    rows of Lt* and of S = <x x'> at i and at its neighbours T only. ``wmul``: X -> X W* on the last
+    axis; ``deg`` (N,) the enlarged degrees; ``lt_new`` (N,), ``lt_T`` (k, N) rows of Lt*; ``S_new``
+    (Q, Q, N), ``S_T`` (k, Q, Q, N) rows of S, [.., r, s, j] = S[(., r), (j, s)]."""
+    k = len(lt_T)
+    LS = k * S_new - S_T.sum(axis=0)  # row i of L* S_rs
+    SL = S_new * deg - wmul(S_new)  # rows of S_rs L* at i and at T
+    SL_T = S_T * deg - wmul(S_T)
+    LW = wmul(lt_new)
+    WL = lt_T.sum(axis=0)
+    return (
+        lt_new * (LS * deg - wmul(LS))
+        + wmul(lt_new * LS)
+        - LW * LS
+        + np.einsum("an,arsn->rsn", lt_T, SL_T)
+        + wmul(np.einsum("an,arsn->rsn", lt_T, S_T))
+        - np.einsum("an,arsn->rsn", wmul(lt_T), S_T)
+        - WL * SL
+        - wmul(WL * S_new)
+        + wmul(WL) * S_new
+    )
+
+
+def _x_row(wmul, deg, lt_new, lt_T, K_new, K_T):
+    """The new point's rows of x_quad (``operators.x_quad``: sum_d <F(c_dr)' Lt* F(c_ds)>), (Q, Q, N),
+    from the rows of Lt* and of K = D Sigma_C + mu_C' mu_C at the new point and at T (as ``_c_row``)."""
+    k = len(lt_T)
+    UK = k * K_new + K_T.sum(axis=0)  # row i of U* K_rs, U* = diag(deg) + W*
+    KU = K_new * deg + wmul(K_new)
+    KU_T = K_T * deg + wmul(K_T)
+    LW = wmul(lt_new)
+    WL = lt_T.sum(axis=0)
+    return (
+        lt_new * (UK * deg + wmul(UK))
+        - wmul(lt_new * UK)
+        - LW * UK
+        - WL * KU
+        + wmul(WL * K_new)
+        + wmul(WL) * K_new
+        - np.einsum("an,arsn->rsn", lt_T, KU_T)
+        + wmul(np.einsum("an,arsn->rsn", lt_T, K_T))
+        + np.einsum("an,arsn->rsn", wmul(lt_T), K_T)
+    )
+
+
+def _chol_moments(P, rhs):
+    """N(P^-1 rhs, P^-1) for a (Q, Q) precision (the Cholesky of the new block)."""
+    c = sla.cho_factor(0.5 * (P + P.T), lower=True)
+    cov = sla.cho_solve(c, np.eye(P.shape[0]))
+    return sla.cho_solve(c, rhs), 0.5 * (cov + cov.T)
+
+
+def _transform_one_dense(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, sh: _Shared, ynew, nb, sweeps):
+    """One new point ``ynew`` (D,) joined to training points ``nb`` (k,): the coordinate ascent of
+    the enlarged dense model (the training factors fixed) on the new point's rows only. Returns
+    mean (Q,), cov (Q, Q), C mean (D, Q), C cov (Q, Q)."""
+    n, D, Q = qc.mean.shape
+    T = np.unique(nb)  # the enlarged graph has one edge per neighbour
+    k = len(T)
+    W = g.W
+
+    def wmul(X):  # X W* over the last axis (N = n + 1; W* = [[W, e_T], [e_T', 0]])
+        lead = X.shape[:-1]
+        Z = X.reshape(-1, n + 1)
+        out = np.empty_like(Z)
+        out[:, :n] = (W @ Z[:, :n].T).T
+        out[:, T] += Z[:, n:]
+        out[:, n] = Z[:, T].sum(axis=1)
+        return out.reshape(lead + (n + 1,))
+
+    deg = np.append(g.deg, float(k))
+    deg[T] += 1.0
+    lt_T, lt_new = _enlarged_lt_rows(g, th, sh.lt[T], sh.lt_one, T)
+    mu, C = qx.mean, qc.mean
+    # the rows of S = <x x'> and K = D Sigma_C + mu_C' mu_C at T against the training points: fixed
+    S_T = np.empty((k, Q, Q, n + 1))
+    S_T[..., :n] = np.transpose(sh.x_full[T], (0, 1, 3, 2)) + np.einsum("ar,js->arsj", mu[T], mu)
+    K_T = np.empty((k, Q, Q, n + 1))
+    K_T[..., :n] = D * np.transpose(sh.c_full[T], (0, 1, 3, 2)) + np.einsum("adr,jds->arsj", C[T], C)
+    S_new = np.empty((Q, Q, n + 1))
+    K_new = np.empty((Q, Q, n + 1))
+    dy = Y[T] - ynew  # y_j - y*  (k, D)
+    g2 = th.gamma**2
+    eps_o_c = th.eps_c if g.epsilon_form == "ones" else 0.0
+    # the priors' new-by-training blocks applied to the training means, and their new blocks
+    prior_c_t = th.beta * (eps_o_c * sh.C_sum - 2.0 * C[T].sum(axis=0).T)
+    prior_c_n = th.beta * (th.eps_c + 2.0 * k) * np.eye(Q)
+    prior_x_t = -2.0 * mu[T].sum(axis=0)
+    prior_x_n = (th.alpha + 2.0 * k) * np.eye(Q)
+    mx = mu[nb].mean(axis=0)  # start: the neighbours' mean latents, no spread
+    Sx = np.zeros((Q, Q))
     Cs = SC = None
     for _ in range(int(sweeps)):
         # q(C*) given q(x*) and the frozen training factors
-        xm = np.vstack([qx.mean, mx])
-        S = sla.block_diag(qx.full, Sx) + np.outer(xm.ravel(), xm.ravel())
-        P = th.gamma**2 * c_quad(ga, S, Lt) + prior_c
-        rhs = th.gamma * np.swapaxes(h_stat(Ya, ga, xm), 1, 2).reshape(N * Q, D)
-        fixed = np.swapaxes(qc.mean, 1, 2).reshape(nt, D)
-        cm, SC = _conditional(P, rhs, nt, fixed)
-        Cs = np.swapaxes(cm.reshape(m, Q, D), 1, 2)
+        S_T[..., n] = mu[T][:, :, None] * mx[None, None, :]
+        S_new[..., :n] = np.einsum("r,js->rsj", mx, mu)
+        S_new[..., n] = Sx + np.outer(mx, mx)
+        row = _c_row(wmul, deg, lt_new, lt_T, S_new, S_T)
+        rhs = th.gamma * np.einsum("ad,aq->qd", dy, mu[T] - mx)
+        rhs -= g2 * np.einsum("rsj,jds->rd", row[..., :n], C) + prior_c_t
+        cm, SC = _chol_moments(g2 * row[..., n] + prior_c_n, rhs)
+        Cs = cm.T  # (D, Q)
         # q(x*) given q(C*)
-        Cm = np.concatenate([qc.mean, Cs])
-        Mu = np.swapaxes(Cm, 0, 1).reshape(D, N * Q)
-        K = D * sla.block_diag(qc.full, SC) + Mu.T @ Mu
-        P = th.gamma**2 * x_quad(ga, K, Lt) + prior_x
-        rhs = th.gamma * b_tilde(Ya, ga, Cm).reshape(N * Q, 1)
-        xn, Sx = _conditional(P, rhs, nt, qx.mean.reshape(nt, 1))
-        xn = xn.reshape(m, Q)
+        K_T[..., n] = np.einsum("adr,ds->ars", C[T], Cs)
+        K_new[..., :n] = np.einsum("dr,jds->rsj", Cs, C)
+        K_new[..., n] = D * SC + Cs.T @ Cs
+        row = _x_row(wmul, deg, lt_new, lt_T, K_new, K_T)
+        rhs = -th.gamma * np.einsum("adq,ad->q", C[T] + Cs, dy)
+        rhs -= g2 * np.einsum("rsj,js->r", row[..., :n], mu) + prior_x_t
+        xn, Sx = _chol_moments(g2 * row[..., n] + prior_x_n, rhs)
         done = np.max(np.abs(xn - mx)) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
         mx = xn
         if done:
             break
-    idx = np.arange(m)
-    cov = Sx.reshape(m, Q, m, Q)[idx, :, idx, :]
-    ccov = SC.reshape(m, Q, m, Q)[idx, :, idx, :]
-    return mx, cov, Cs, ccov
+    return mx, Sx, Cs, SC
 
 
 # --------------------------------------------------------------------------- factorised solver
