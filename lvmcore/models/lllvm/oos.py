@@ -7,7 +7,9 @@ by coordinate ascent (``transform_points``, on the fit's solver and likelihood):
 - quadratic variant: the new points decouple (graph-local blocks);
 - gaussian likelihood, dense solver: the new points couple to every training point through
   (eps_y O + 2 gamma L*)^{-1} of the enlarged Laplacian L*, so the E-step is taken on the enlarged
-  dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*));
+  dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*)),
+  on the new point's rows of its precisions only (Lt*'s rows from the training Lt by a rank-k
+  update and a bordering; no enlarged (N Q, N Q) matrix is formed);
 - gaussian likelihood, factorised solver: the same in the per-point factorised family, CG on the new
   points' block of each factorised system (``qx.x_system``, ``qc.c_system``).
 
