@@ -75,6 +75,12 @@ def cached_lu(g: LLGraph, key: str, build, name: str, context: str):
     return hit
 
 
+def spd_lu(A, name: str, context: str = ""):
+    """SuperLU factor of a sparse symmetric positive definite matrix A (symmetric fill-reducing
+    ordering, no pivoting; ``.solve`` applies A^{-1}), as the preconditioners are factorised."""
+    return _lu(sp.csc_matrix(A), name, context)
+
+
 def _lu(A, name: str, context: str):
     try:  # symmetric positive definite: symmetric ordering, no pivoting
         return splu(A, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})

@@ -10,8 +10,12 @@ by coordinate ascent (``transform_points``, on the fit's solver and likelihood):
   dense model with the training factors fixed (exact coordinate ascent in q(x*) and in q(C*)),
   on the new point's rows of its precisions only (Lt*'s rows from the training Lt by a rank-k
   update and a bordering; no enlarged (N Q, N Q) matrix is formed);
-- gaussian likelihood, factorised solver: the same in the per-point factorised family, CG on the new
-  points' block of each factorised system (``qx.x_system``, ``qc.c_system``).
+- gaussian likelihood, factorised solver: the same in the per-point factorised family, on the new
+  point's rows of each factorised system of the enlarged graph (``qx.x_system``, ``qc.c_system``):
+  they read Lt* only on the new point's closed neighbourhood against its neighbours' closed
+  neighbourhoods, and (Lt* e~)[there], from the training Lt's columns at the k neighbours (k solves
+  with one factorisation of the training eps_y I + 2 gamma L per call), a rank-k update and a
+  bordering; no enlarged graph is built.
 
 Each new point is its own problem: it joins the training graph alone (so its answer never depends
 on which other points are transformed with it), and its coordinate ascent stops by its own rule.
@@ -28,7 +32,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
-from .cg import pcg
+from .cg import spd_lu
 from .operators import (
     QC,
     QX,
@@ -36,10 +40,8 @@ from .operators import (
     Theta,
     ctc,
     eps_lap_inverse,
-    prepare_graph,
+    etilde,
 )
-from .qc import c_system
-from .qx import x_system
 
 #: coordinate-ascent sweeps of the out-of-sample E-step for (x*, C*)
 OOS_SWEEPS = 50
@@ -326,63 +328,146 @@ def _transform_factorised(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, s
     """Out-of-sample E-step in the factorised family (paper 000 section 4.2): each new point joins
     the training graph alone with edges to its training neighbours ``nbr`` (M, k) (new points sharing
     a neighbour would move each other through Lt); the training factors and theta stay frozen;
-    q(x*) and q(C*) by coordinate ascent (CG on the new point's block of each system). Returns mean
-    (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov."""
+    q(x*) and q(C*) by coordinate ascent on the new point's rows of the factorised systems
+    (``qx.x_system``, ``qc.c_system`` of the enlarged graph; ``_transform_one_factorised``). Returns
+    mean (M, Q), cov (M, Q, Q), C mean (M, D, Q), C cov.
+
+    Shared by every new point, once per call: the SuperLU factor of the training
+    A = eps_y I + 2 gamma L, and Lt z0 for the training e~ z0 = e~(<C>, <x>) (n, D)."""
+    Y = np.asarray(Y, dtype=np.float64)
+    Ynew = np.asarray(Ynew, dtype=np.float64)
+    n = g.n
+    A = th.eps_y * sp.identity(n, format="csr") + 2.0 * th.gamma * g.local.lap
+    lu = spd_lu(A, "eps_y I + 2 gamma L (out-of-sample)")
+    sh = _FactorisedShared(lu=lu, lt_z0=lu.solve(etilde(g, qc.mean, qx.mean)))
     outs = [
-        _transform_batch_factorised(Y, g, qx, qc, th, Ynew[a : a + 1], nbr[a : a + 1], sweeps)
-        for a in range(len(Ynew))
+        _transform_one_factorised(Y, g, qx, qc, th, sh, Ynew[a], nbr[a], sweeps) for a in range(len(Ynew))
     ]
-    return tuple(np.concatenate([o[t] for o in outs]) for t in range(4))
+    return tuple(np.stack([o[t] for o in outs]) for t in range(4))
 
 
-def _restricted_solve(apply, b, fixed, new, diag_inv, x0):
-    """Means of the new rows with the others held at ``fixed``: CG on Lambda_nn v = b_n - Lambda_nt f_t."""
-    full = fixed.copy()
-    full[new] = 0.0
-    rhs = (b - apply(full))[new]
+@dataclass
+class _FactorisedShared:
+    """What every new point of one ``_transform_factorised`` call reads: ``lu`` the factor of the
+    training A = eps_y I + 2 gamma L; ``lt_z0`` (n, D) A^-1 e~(<C>, <x>) on the training graph."""
 
-    def op(v):
-        z = np.zeros_like(fixed)
-        z[new] = v
-        return apply(z)[new]
-
-    def prec(r):
-        return np.einsum("nqr,n...r->n...q", diag_inv, r)
-
-    return pcg(op, rhs, x0, prec)[0]
+    lu: object
+    lt_z0: np.ndarray
 
 
-def _transform_batch_factorised(Y, g, qx, qc, th, Ynew, nbr, sweeps):
+def _enlarged_lt_local(th: Theta, lt_HT, posT, lt_z0_T):
+    """Lt* = (eps_y I + 2 gamma L*)^-1 of the graph enlarged by one point joined to the training
+    points T (k,) (identity form), where the factorised out-of-sample step reads it: on the rows
+    H + [new] and the columns T + [new], (h + 1, k + 1), for training rows H (h,) holding T at
+    ``posT``; from the training Lt's columns at T on the rows H (``lt_HT`` (h, k)). Also Lt* z at the
+    rows T + [new] (k + 1, D) for z = [z0; 0], from (Lt z0)[T] (``lt_z0_T`` (k, D)).
+
+    As ``_enlarged_lt_rows`` with eps_o = 0: the enlarged matrix is [[B, b], [b', c]] with
+    B = A + 2 gamma E E', b = -2 gamma E 1, c = eps_y + 2 gamma k, B^-1 = Lt - Lt E G^-1 E' Lt,
+    G = I / (2 gamma) + E' Lt E, and s = c - b' B^-1 b."""
+    h, k = lt_HT.shape
+    two_g = 2.0 * th.gamma
+    lt_TT = lt_HT[posT]
+    G = np.eye(k) / two_g + lt_TT
+    Bi = lt_HT - lt_HT @ np.linalg.solve(G, lt_TT)  # B^-1 on H x T
+    Bb = -two_g * Bi.sum(axis=1)  # B^-1 b on H
+    Bb_T = Bb[posT]
+    s = th.eps_y + two_g * k + two_g * Bb_T.sum()
+    out = np.empty((h + 1, k + 1))
+    out[:h, :k] = Bi + np.outer(Bb, Bb_T) / s
+    out[:h, k] = -Bb / s
+    out[h, :k] = -Bb_T / s
+    out[h, k] = 1.0 / s
+    Bz = lt_z0_T - lt_TT @ np.linalg.solve(G, lt_z0_T)  # (B^-1 z0)[T]
+    bBz = -two_g * Bz.sum(axis=0)  # b' B^-1 z0 (D,)
+    return out, np.vstack([Bz + np.outer(Bb_T, bBz) / s, -bBz / s])
+
+
+def _transform_one_factorised(
+    Y, g: LLGraph, qx: QX, qc: QC, th: Theta, sh: _FactorisedShared, ynew, nb, sweeps
+):
+    """One new point ``ynew`` (D,) joined to training points ``nb`` (k,): the coordinate ascent of
+    the factorised family on the enlarged graph (the training factors fixed) on the new point's rows
+    of the two systems only. Returns mean (Q,), cov (Q, Q), C mean (D, Q), C cov (Q, Q).
+
+    With P = T + [new] (the new point's closed neighbourhood, new last), the new point's row of the
+    C row precision (``qc.c_system``: gamma^2 [G(m)' Lt* G(m) + sum_b (K' Lt* K)^(b) kron S_b] +
+    beta (eps_c I + 2 L*) kron I_Q) reads: through G(m)' Lt* G(m), (Lt* z)[P] for z = e~ of the
+    enlarged graph with C* = 0, which is z0 off P plus a part on P; through the local terms, the
+    centres b in P, each with Lt* on its closed neighbourhood against b and the new point. The x
+    precision (``qx.x_system``) likewise. So it needs Lt* on (H + [new]) x P only, H the training
+    points' closed neighbourhoods of T (``_enlarged_lt_local``); the terms of the centres in T are
+    fixed across sweeps, the new centre's and (Lt* z)[P] move with q(x*), q(C*)."""
     n, D, Q = qc.mean.shape
-    m, k = nbr.shape
-    N = n + m
-    extra = sp.csr_matrix((np.ones(m * k), (np.repeat(np.arange(n, N), k), nbr.ravel())), shape=(N, N))
-    W = (sp.block_diag([g.W, sp.csr_matrix((m, m))]).tocsr() + extra + extra.T).tocsr()
-    W.data[:] = 1.0
-    ga = prepare_graph(W, "factorised")
-    Ya = np.vstack([Y, Ynew])
-    new = np.arange(n, N)
-    mx = np.vstack([qx.mean, qx.mean[nbr].mean(axis=1)])
-    Sx = np.concatenate([qx.cov, np.zeros((m, Q, Q))])
-    Cm = np.concatenate([qc.mean, qc.mean[nbr].mean(axis=1)])
-    SC = np.concatenate([qc.cov, np.broadcast_to(np.eye(Q), (m, Q, Q))])
-    E = len(ga.ei)
+    W = g.W
+    T = np.unique(nb)  # the enlarged graph has one edge per neighbour
+    k = len(T)
+    m, S, M, V = qx.mean, qx.cov, qc.mean, qc.cov
+    # the training neighbours of each b in T, flat: own[e] the b (index into T), lnb[e] the neighbour
+    own = np.repeat(np.arange(k), W.indptr[T + 1] - W.indptr[T])
+    lnb = np.concatenate([W.indices[W.indptr[t] : W.indptr[t + 1]] for t in T]).astype(np.int64)
+    H = np.union1d(T, lnb)
+    h = len(H)
+    posT, posl = np.searchsorted(H, T), np.searchsorted(H, lnb)
+    E = np.zeros((n, k))
+    E[T, np.arange(k)] = 1.0
+    lt_HT = sh.lu.solve(E)[H]  # training Lt[H, T]: k solves with the shared factor
+    Ls, zeta0 = _enlarged_lt_local(th, lt_HT, posT, sh.lt_z0[T])
+    LPP = Ls[np.append(posT, h)]  # Lt* on P x P
+    # centres b in T: with rho_j = Lt*[b, j] - Lt*[new, j] on b's enlarged closed neighbourhood,
+    # (K' Lt* K)^(b)[new, b] = deg*_b rho_b - sum_{j in N(b)} rho_j - rho_new = -(J' Lt* J)^(b)[new, b],
+    # (K' Lt* K)^(b)[new, l] = rho_b - rho_l = (J' Lt* J)^(b)[new, l] (l in N(b)),
+    # (K' Lt* K)^(b)[new, new] = (J' Lt* J)^(b)[new, new] = rho_b - rho_new
+    ak = np.arange(k)
+    rho_b = Ls[posT, ak] - Ls[posT, k]
+    rho_n = Ls[h, :k] - Ls[h, k]
+    rho_l = Ls[posl, own] - Ls[posl, k]
+    c_b = (g.deg[T] + 1.0) * rho_b - np.bincount(own, rho_l, minlength=k) - rho_n
+    R_l = np.zeros((k, len(lnb)))
+    R_l[own, np.arange(len(lnb))] = rho_b[own] - rho_l
+    r_nn = rho_b - rho_n
+    loc_c = np.einsum("adq,aqr->dr", c_b[:, None, None] * M[T] + np.einsum("al,ldq->adq", R_l, M[lnb]), S[T])
+    loc_x = D * np.einsum("aq,aqr->r", R_l @ m[lnb] - c_b[:, None] * m[T], V[T])
+    diag_c = np.einsum("a,aqr->qr", r_nn, S[T])
+    diag_x = D * np.einsum("a,aqr->qr", r_nn, V[T])
+    # the new centre: kappa = K^(new)'s (and J^(new)'s) column of the new point on P
+    kappa = np.append(-np.ones(k), float(k))
+    kL = kappa @ LPP
+    k_nn = kL @ kappa
+    R_n = kL[k] - kL[:k]  # (K' Lt* K)^(new)[new, t] = -(J' Lt* J)^(new)[new, t]
+    mT, MT = m[T], M[T]
+    dy = Y[T] - ynew  # y_t - y*  (k, D)
+    g2 = th.gamma**2
+    eye = np.eye(Q)
+    prior_c = th.beta * (th.eps_c + 2.0 * k) * eye
+    prior_x = (th.alpha + 2.0 * k) * eye
+    lin_c = 2.0 * th.beta * MT.sum(axis=0)  # - beta 2 (L* C)_new with C* = 0
+    lin_x = 2.0 * mT.sum(axis=0)
+    mx = m[nb].mean(axis=0)  # start: the neighbours' mean latents, no spread
+    Sx = np.zeros((Q, Q))
+    Cs = SC = None
     for _ in range(int(sweeps)):
-        qxa = QX(mean=mx, cov=Sx, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
-        apply, diag, b = c_system(Ya, ga, qxa, th)
-        dinv = np.linalg.inv(diag[new])
-        Cm = Cm.copy()
-        Cm[new] = _restricted_solve(apply, b, Cm, new, dinv, Cm[new])
-        SC = np.concatenate([qc.cov, dinv])
-        qca = QC(mean=Cm, cov=SC, cov_edge=np.zeros((E, Q, Q)), logdet_prec=0.0)
-        apply, diag, b = x_system(Ya, ga, qca, th)
-        dinv = np.linalg.inv(diag[new])
-        xn = _restricted_solve(apply, b, mx, new, dinv, mx[new])
-        done = np.max(np.abs(xn - mx[new])) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
-        mx = mx.copy()
-        mx[new] = xn
-        Sx = np.concatenate([qx.cov, dinv])
+        # q(C*) given q(x*): U[i] = d e~_i / d C* on P
+        U = np.vstack([mT - mx, k * mx - mT.sum(axis=0)])
+        dm = np.einsum("tdq,tq->td", MT, mT - mx)
+        zeta = zeta0 + LPP @ np.vstack([dm, -dm.sum(axis=0)])  # (Lt* z)[P], z = e~ with C* = 0
+        prec = g2 * (U.T @ LPP @ U + k_nn * Sx + diag_c) + prior_c
+        rhs = th.gamma * np.einsum("td,tq->dq", dy, mT - mx) + lin_c
+        rhs -= g2 * (zeta.T @ U + np.einsum("t,tdq->dq", R_n, MT) @ Sx + loc_c)
+        Cs = np.linalg.solve(prec, rhs.T).T  # (D, Q)
+        SC = np.linalg.inv(prec)
+        # q(x*) given q(C*): B[i] = d e~_i / d x* on P
+        MC = MT + Cs
+        B = np.concatenate([-MC, (k * Cs + MT.sum(axis=0))[None]])
+        dx = np.einsum("tdq,tq->td", MC, mT)
+        zeta = zeta0 + LPP @ np.vstack([dx, -dx.sum(axis=0)])  # (Lt* z)[P], z = e~ with x* = 0
+        prec = g2 * (np.einsum("ij,idq,jdr->qr", LPP, B, B) + D * k_nn * SC + diag_x) + prior_x
+        rhs = -th.gamma * np.einsum("tdq,td->q", MC, dy) + lin_x
+        rhs -= g2 * (np.einsum("idq,id->q", B, zeta) - D * (R_n @ mT) @ SC + loc_x)
+        xn = np.linalg.solve(prec, rhs)
+        Sx = np.linalg.inv(prec)
+        done = np.max(np.abs(xn - mx)) <= 1e-10 * (1.0 + np.max(np.abs(xn)))
+        mx = xn
         if done:
             break
-    sym = lambda A: 0.5 * (A + np.swapaxes(A, 1, 2))  # noqa: E731
-    return mx[new], sym(Sx[new]), Cm[new], sym(SC[new])
+    return mx, 0.5 * (Sx + Sx.T), Cs, 0.5 * (SC + SC.T)
