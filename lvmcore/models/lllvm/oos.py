@@ -445,7 +445,7 @@ def _transform_one_factorised(
     lin_x = 2.0 * mT.sum(axis=0)
     mx = m[nb].mean(axis=0)  # start: the neighbours' mean latents, no spread
     Sx = np.zeros((Q, Q))
-    Cs = SC = None
+    Cs, SC = M[nb].mean(axis=0), eye  # returned as they are only when sweeps = 0
     for _ in range(int(sweeps)):
         # q(C*) given q(x*): U[i] = d e~_i / d C* on P
         U = np.vstack([mT - mx, k * mx - mT.sum(axis=0)])
