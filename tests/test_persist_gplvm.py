@@ -194,8 +194,14 @@ def test_gplvm_score_is_the_predictive_density_at_q_x(gp_fitted):
 @pytest.mark.slow  # an MRD fit to convergence and its compilations (about 40 s of CPU)
 def test_mrd_round_trip_and_each_row_its_own_problem(toy):
     (A, B), tr, te, est = toy
+    # a query observed in view 0 only needs the training rows scored on view 0: the same pair
+    assert est.reference_score_stats([A[tr], B[tr]], subsets=[(0,)]) == tuple(est.score_reference_["0"])
+    only = est.score_reference_
+    with pytest.raises(ValueError, match=r"no reference scores for rows observed in views 0,1"):
+        est.mapping_score([A[te], B[te]])
     est.reference_score_stats([A[tr], B[tr]])
     assert set(est.score_reference_) == {"0", "1", "0,1"}  # a row is scored on the views it has
+    assert only == {"0": est.score_reference_["0"]}
     loaded = _loaded(est)
     for obs in ({0: A[te]}, [A[te], B[te]]):
         np.testing.assert_allclose(loaded.mapping_score(obs), est.mapping_score(obs), rtol=0, atol=1e-10)

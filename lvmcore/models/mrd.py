@@ -84,27 +84,35 @@ class MRD(BaseCollapsedGPLVM):
         mu, S = self.infer(views if isinstance(views, (dict, list, tuple)) else {0: views}, max_iter)
         return (mu, S) if return_var else mu
 
-    def reference_score_stats(self, Y_train, random_state: int = 0) -> tuple[float, float]:
+    def reference_score_stats(self, Y_train, random_state: int = 0, subsets=None) -> tuple[float, float]:
         """Median and MAD of the training rows' scores (at most ``REFERENCE_SCORE_CELLS``, a seeded
-        subsample) for every non-empty set of observed views: a row observed in some views is
-        scored on those only, so its mapping score is standardised against the training rows
-        scored on the same views. ``score_reference_`` maps "0,1"-style keys to [median, MAD];
-        returns the all-views pair."""
+        subsample) for every non-empty set of observed views, or for the sets in ``subsets`` (view
+        indices each: those a query is observed in; each set is a solve per row, so a query that
+        lacks one of three views needs one of the seven): a row observed in some views is scored
+        on those only, so its mapping score is standardised against the training rows scored on
+        the same views. ``score_reference_`` maps "0,1"-style keys to [median, MAD]; returns the
+        pair of the largest set."""
         views = [np.asarray(Y) for Y in Y_train]
         n = len(views[0])
         rows = np.arange(n)
         if n > REFERENCE_SCORE_CELLS:
             rng = np.random.default_rng(random_state)
             rows = np.sort(rng.choice(n, REFERENCE_SCORE_CELLS, replace=False))
+        if subsets is None:
+            every = range(len(views))
+            subsets = [c for k in range(1, len(views) + 1) for c in itertools.combinations(every, k)]
+        subsets = sorted({tuple(sorted(int(v) for v in c)) for c in subsets}, key=lambda c: (len(c), c))
+        bad = [c for c in subsets if not c or not all(0 <= v < len(views) for v in c)]
+        if bad:
+            raise ValueError(f"subsets {bad}: each must name some of the views 0..{len(views) - 1}")
         out = {}
-        for k in range(1, len(views) + 1):
-            for subset in itertools.combinations(range(len(views)), k):
-                s = self.score_samples({v: views[v][rows] for v in subset})
-                med = float(np.median(s))
-                mad = float(np.median(np.abs(s - med)))
-                out[_subset_key(subset)] = [med, mad if mad > 0 else 1.0]
+        for subset in subsets:
+            s = self.score_samples({v: views[v][rows] for v in subset})
+            med = float(np.median(s))
+            mad = float(np.median(np.abs(s - med)))
+            out[_subset_key(subset)] = [med, mad if mad > 0 else 1.0]
         self.score_reference_ = out
-        return tuple(out[_subset_key(range(len(views)))])
+        return tuple(out[_subset_key(subsets[-1])])
 
     def reference_pair(self, Y_new) -> tuple[float, float]:
         """(median, MAD) of the training rows scored on the views ``Y_new`` is observed in (a dict
@@ -113,7 +121,13 @@ class MRD(BaseCollapsedGPLVM):
         ref = getattr(self, "score_reference_", None)
         if not ref:
             raise ValueError("MRD has no reference scores; call reference_score_stats(training views)")
-        med, mad = ref[_subset_key(self._as_observed(Y_new))]
+        key = _subset_key(self._as_observed(Y_new))
+        if key not in ref:
+            raise ValueError(
+                f"MRD has no reference scores for rows observed in views {key} (it has {sorted(ref)}); "
+                f"call reference_score_stats(training views, subsets=[({key},)])"
+            )
+        med, mad = ref[key]
         return med, mad
 
     def predict(
