@@ -20,6 +20,7 @@ MRD is built as the sweep builds it (tasks.registry: ``MODELS["mrd"].constructor
     .venv/bin/python -m bench.map.predict --data digits --mfeat DIR \
         --settings '[{"latent_dim": 8}, {"latent_dim": 16, "n_inducing": 60}]'
     .venv/bin/python -m bench.map.predict --data toy
+    .venv/bin/python -m bench.map.predict --data digits --mfeat DIR --write-h5mu OUT  # the CLI's files
 
 One core (bench/common.py)."""
 
@@ -117,6 +118,36 @@ def run(name, views, target, tr, te, settings, cols=None):
         )
 
 
+def write_h5mu(raw, tr, te, folder) -> None:
+    """The digits split as the CLI's files (the `embed-sweep run` / `map --predict` check of
+    bench/README): ``ref.h5mu`` (the training rows, modalities fac, kar and pix, ``obs["digit"]``)
+    and ``qry.h5mu`` (the held-out rows, fac and kar only), each view standardised as ``run``'s,
+    and ``pix_heldout.npy`` (the held-out rows' pix, the truth to score against)."""
+    import anndata as ad
+    import mudata as md
+    import pandas as pd
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    digit = np.repeat(np.arange(10), len(raw[TARGET]) // 10).astype(str)  # 200 of each, in order
+    names = np.array([f"digit{i:04d}" for i in range(len(digit))])
+    std = {v: standardise(raw[v], tr) for v in (*OBSERVED, TARGET)}
+    for rows, views, file in ((tr, (*OBSERVED, TARGET), "ref.h5mu"), (te, OBSERVED, "qry.h5mu")):
+        mods = {
+            v: ad.AnnData(
+                std[v][rows],
+                obs=pd.DataFrame(index=names[rows]),
+                var=pd.DataFrame(index=[f"{v}{j}" for j in range(std[v].shape[1])]),
+            )
+            for v in views
+        }
+        m = md.MuData(mods)
+        m.obs["digit"] = pd.Categorical(digit[rows])
+        m.write(folder / file)
+    np.save(folder / "pix_heldout.npy", std[TARGET][te])
+    print(f"wrote {folder}/ref.h5mu ({len(tr)} rows), qry.h5mu ({len(te)} rows), pix_heldout.npy")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="toy", choices=("digits", "toy", "both"))
@@ -124,6 +155,7 @@ def main():
     ap.add_argument("--settings", default='[{"latent_dim": 8}]', help="JSON list of MRD settings")
     ap.add_argument("--toy-n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write-h5mu", metavar="DIR", help="digits: write the split as .h5mu files and stop")
     a = ap.parse_args()
     print(f"on core {pin_one_core()}")
     settings = json.loads(a.settings)
@@ -133,6 +165,8 @@ def main():
         raw = mfeat(a.mfeat)
         names = [*OBSERVED, TARGET]
         tr, te = split(len(raw[TARGET]), a.seed)
+        if a.write_h5mu:
+            return write_h5mu(raw, tr, te, a.write_h5mu)
         views = [standardise(raw[n], tr) for n in names]
         run(f"digits {TARGET} from {'+'.join(OBSERVED)}", views, len(names) - 1, tr, te, settings)
     if a.data in ("toy", "both"):
