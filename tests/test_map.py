@@ -459,7 +459,17 @@ def test_predict_the_count_modality_with_mrd(api, sweep_cluster, tmp_path, monke
     assert cli_main([*argv, "--dataset", json.dumps(spec)]) == 0
     out = tmp_path / "mapped.h5mu"
     argv = ["map", str(tmp_path / "ref.zarr"), "--dataset", str(qry), "--to", str(out), "--predict", "rna"]
+    from lvmcore.models import MRD
+
+    scored, real_score = [], MRD.score_samples  # the plan scores the training rows here, in process
+
+    def score(self, Y_new):
+        scored.append(sorted(Y_new))
+        return real_score(self, Y_new)
+
+    monkeypatch.setattr(MRD, "score_samples", score)
     assert cli_main([*argv, "--cluster", sweep_cluster]) == 0
+    monkeypatch.setattr(MRD, "score_samples", real_score)
     got = mudata.read_h5mu(out)
     pred = got.mod["rna"]
     assert list(pred.var_names) == [f"gene{j}" for j in range(rna.shape[1])]
@@ -481,6 +491,7 @@ def test_predict_the_count_modality_with_mrd(api, sweep_cluster, tmp_path, monke
     store = str(tmp_path / "ref.zarr")
     est = mapping.reference_model(store, "mrd", _model_setting(got, "mrd"))
     views = [v["name"] for v in mapping.reference_views(store)["views"]]
+    assert scored == [[views.index("prot")]], scored  # on the query's one view, not every subset
     calls = _count(monkeypatch, newpoints, "maximise")
     again = mapping.map_cells(est, {views.index("prot"): prot[te]}, views.index("rna"))
     assert calls == [len(te)], calls
