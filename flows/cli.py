@@ -227,7 +227,7 @@ def cmd_map(a) -> int:
     copy of the query file; every refusal (tasks.results.mapping.plan_map) before any server starts."""
     env_defaults()
     from flows.server import local_server
-    from tasks.results.mapping import announce, plan_map
+    from tasks.results.mapping import plan_map
     from tasks.results.selection import parse_setting
 
     setting = parse_setting(a.setting)
@@ -236,7 +236,7 @@ def cmd_map(a) -> int:
     models = models_arg(a.model) if a.model is not None else None
     args = dict(models=models, setting=setting, predict=a.predict, fill_missing=a.fill_missing)
     flags = dict(overwrite=a.overwrite, replace_file=a.replace_file)
-    plan = plan_map(a.store, dataset, a.to, **args, **flags, say=announce)
+    plan = plan_map(a.store, dataset, a.to, **args, **flags)
     print(f"query {plan['query'].get('path')}: mapping onto {', '.join(plan['models'])} of {plan['store']}")
     out = Path(a.to).resolve().parent
     out.mkdir(parents=True, exist_ok=True)

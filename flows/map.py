@@ -78,7 +78,6 @@ def embed_sweep_map(
         fill_missing,
         overwrite=overwrite,
         replace_file=replace_file,
-        say=mapping.announce,
     )
     for note in plan["query"]["notes"]:
         print(f"note: {note}")

@@ -110,15 +110,13 @@ def plan_map(
     *,
     overwrite: bool = False,
     replace_file: bool = False,
-    say=None,
 ) -> dict:
     """The map's plan, a JSON-able dict, or a ValueError (one line, naming the fix) for a store
     without models, an unknown model or setting, a query of another width or lacking reference
     genes (without ``fill_missing="zeros"``), a damaged model array, ``predict`` on a model that
     cannot predict or naming a modality the reference lacks, an output that would replace a file
     or a key of the user's unasked. Reads metadata, the models and the query's var / obs only,
-    and scores the training cells where a model's store keeps no reference scores (``say``: the
-    line that announces it)."""
+    and scores the training cells where a model's store keeps no reference scores."""
     from tasks.sweep_plan import data_source  # the sweep's plan module: only where a map is planned
 
     path = existing_store(store)
@@ -150,7 +148,7 @@ def plan_map(
     check_widths(path, ref, query)
     # the reference views the query is observed in: MRD standardises its scores by training rows
     # scored on the same views
-    observed = ",".join(str(i) for i, v in enumerate(ref["views"]) if v["name"] not in query["missing_views"])
+    observed = tuple(i for i, v in enumerate(ref["views"]) if v["name"] not in query["missing_views"])
     keys = keys or list(groups)
     chosen = {}
     for m in keys:
@@ -159,7 +157,7 @@ def plan_map(
             chosen[m] = {"status": s["status"]}
             continue
         setting_m = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in s["setting"].items()}
-        est = reference_model(str(path), m, json.dumps(setting_m, sort_keys=True), None, observed, say)
+        est = reference_model(str(path), m, json.dumps(setting_m, sort_keys=True), views=observed)
         if predict is not None and not hasattr(est, "predict"):
             raise ValueError(
                 f"--predict {predict}: model {m} cannot predict a modality (MRD can); name an MRD "
@@ -185,26 +183,16 @@ def plan_map(
     }
 
 
-def announce(line: str) -> None:
-    """A progress line of the map's plan on standard output, at once (``plan_map``'s ``say``; one
-    function, so the CLI's plan and the flow's share ``reference_model``'s cache)."""
-    print(line, flush=True)
-
-
 @functools.lru_cache(maxsize=8)
 def reference_model(
-    store: str,
-    model: str,
-    setting: str,
-    score_reference: str | None = None,
-    views: str | None = None,
-    say=None,
+    store: str, model: str, setting: str, score_reference: str | None = None, views: tuple | None = None
 ):
     """The fitted model of ``model`` at ``setting`` (JSON text) with its reference scores, read once
     per process; a damaged array or a store without models refused in one line (tasks.results.models).
     ``score_reference``: the scores' JSON text as the plan computed them (``plan_map``), set rather
-    than computed again. ``views``: the reference views the query is observed in ("0,1"; MRD scores
-    its training rows on those only); ``say``: where the line announcing the scoring goes."""
+    than computed again. ``views``: the indices of the reference views the query is observed in
+    (MRD scores its training rows on those only). Scoring is announced on standard output: for the
+    GP-LVMs it is a solve per training cell (minutes for some), once per process."""
     est = load_model(store, model, json.loads(setting))
     cannot = f"model {model} ({type(est).__name__}) cannot score new cells, so it gives no mapping score"
     if type(est).score_samples is LatentModel.score_samples:
@@ -216,14 +204,14 @@ def reference_model(
         mrd = type(est).__name__ == "MRD"
         train = data["views"] if mrd else data["Y"]
         n = len(train[0]) if mrd else len(train)
-        if say is not None:
-            say(
-                f"{model}: scoring {min(n, REFERENCE_SCORE_CELLS):,} reference cells (the mapping score's "
-                "median and MAD; one solve per cell)"
-            )
+        print(
+            f"{model}: scoring {min(n, REFERENCE_SCORE_CELLS):,} reference cells (the mapping score's "
+            "median and MAD)",
+            flush=True,
+        )
         try:
             if mrd and views is not None:
-                est.reference_score_stats(train, subsets=[tuple(int(v) for v in views.split(","))])
+                est.reference_score_stats(train, subsets=[views])
             else:
                 est.reference_score_stats(train)
         except NotImplementedError as e:
