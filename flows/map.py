@@ -16,7 +16,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect_dask import DaskTaskRunner
 
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
-from tasks.results import mapping
+from tasks.results import mapping, reference
 from tasks.results.selection import select
 
 
@@ -31,7 +31,7 @@ def map_chunk_task(
 @flow(name="embed-sweep-map-chunks", log_prints=True)
 def map_chunks(plan: dict, read: dict, chunk_cells: int) -> dict:
     """Inner flow, run with a DaskTaskRunner: every chunk of every model a task on the cluster."""
-    names = [v["name"] for v in mapping.reference_views(plan["store"])["views"]]
+    names = [v["name"] for v in reference.reference_views(plan["store"])["views"]]
     target = names.index(plan["predict"]) if plan["predict"] is not None else None
     futures = {}
     for m, info in plan["models"].items():
@@ -92,7 +92,7 @@ def embed_sweep_map(
         runner = DaskTaskRunner(address=address, client_kwargs=client_kwargs(_cluster))
         results = map_chunks.with_options(task_runner=runner)(plan, read, int(chunk_cells))
     labels = {}
-    codes, names = mapping.reference_labels(plan["store"])
+    codes, names = reference.reference_labels(plan["store"])
     col = plan["reference"]["label_column"]
     if codes is not None and col and (codes >= 0).any():
         for m, r in results.items():

@@ -19,7 +19,7 @@ import zarr
 
 from flows.cli import main as cli_main
 from lvmcore import newpoints
-from tasks.results import mapping
+from tasks.results import mapping, reference
 from tests.cli_checks import refused
 
 sc = pytest.importorskip("scanpy")
@@ -153,7 +153,7 @@ def _same_as_in_process(mapped, models, calls=None) -> dict:
     Y = ad.read_h5ad(mapped["query"]).obsm["X_pca"].astype(np.float64)
     made = {}
     for m in models:
-        est = mapping.reference_model(str(mapped["store"]), m, _model_setting(out, m))
+        est = reference.reference_model(str(mapped["store"]), m, _model_setting(out, m))
         first = len(calls) if calls is not None else 0
         got = mapping.map_cells(est, Y)
         made[m] = [] if calls is None else calls[first:]
@@ -176,7 +176,7 @@ def test_a_chunk_given_the_plans_reference_scores_does_not_score_the_training_ce
     Y = ad.read_h5ad(mapped["query"]).obsm["X_pca"].astype(np.float64)[:30]
     for m in MODELS:
         setting = json.loads(_model_setting(out, m))
-        own = mapping.reference_model(str(mapped["store"]), m, json.dumps(setting, sort_keys=True))
+        own = reference.reference_model(str(mapped["store"]), m, json.dumps(setting, sort_keys=True))
         want = mapping.map_cells(own, Y)
         given = [float(v) for v in own.score_reference_]
 
@@ -209,7 +209,7 @@ def test_a_score_that_fails_raises_and_its_model_is_refused_before_work(mapped, 
     monkeypatch.setattr(PPCA, "score_samples", cannot)
     with pytest.raises(NotImplementedError):
         mapping.map_cells(est, Y[mapped["qry"]])
-    monkeypatch.setattr(mapping, "reference_model", mapping.reference_model.__wrapped__)  # no cache
+    monkeypatch.setattr(mapping, "reference_model", reference.reference_model.__wrapped__)  # no cache
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     out = mapped["tmp"] / "never.h5ad"
     argv = ["map", str(mapped["store"]), "--dataset", str(mapped["query"]), "--to", str(out)]
@@ -379,7 +379,7 @@ def test_missing_genes_refused_or_filled_and_the_pca_is_the_references(mapped, c
     want = pca.transform(Xq)
     sign = np.sign((Yq * want).sum(axis=0))  # a component's sign is the reference's own choice
     np.testing.assert_allclose(Yq, want * sign, rtol=0, atol=1e-6)
-    got = mapping.map_cells(mapping.reference_model(str(store), "ppca", _model_setting_of(plan)), Yq)
+    got = mapping.map_cells(reference.reference_model(str(store), "ppca", _model_setting_of(plan)), Yq)
     assert np.isfinite(got["score"]).all() and got["mean"].shape == (len(Yq), 5)
 
 
@@ -489,8 +489,8 @@ def test_predict_the_count_modality_with_mrd(api, sweep_cluster, tmp_path, monke
     assert 0.92 <= cover <= 0.98, cover
     # one solve per cell: place, score and prediction from the same q(x*), the map's numbers
     store = str(tmp_path / "ref.zarr")
-    est = mapping.reference_model(store, "mrd", _model_setting(got, "mrd"))
-    views = [v["name"] for v in mapping.reference_views(store)["views"]]
+    est = reference.reference_model(store, "mrd", _model_setting(got, "mrd"))
+    views = [v["name"] for v in reference.reference_views(store)["views"]]
     assert scored == [[views.index("prot")]], scored  # on the query's one view, not every subset
     calls = _count(monkeypatch, newpoints, "maximise")
     again = mapping.map_cells(est, {views.index("prot"): prot[te]}, views.index("rna"))

@@ -11,7 +11,6 @@ represents it (0: a typical reference cell; higher = better represented).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -21,15 +20,18 @@ import pandas as pd
 import zarr
 
 from lvmcore.checks import MISSING_LABEL
-from lvmcore.data import label_names, read_var, source_info
 from lvmcore.data import preprocess as pp
+from lvmcore.data import read_var
 from lvmcore.data.sources.h5ad import resolve_matrix
 from lvmcore.data.sources.hdf5 import h5mu_modalities, obsm_keys, read_obs
-from lvmcore.models._base import REFERENCE_SCORE_CELLS, LatentModel
-from tasks.inputs import load_data
 from tasks.results.export import aside_name
-from tasks.results.models import load_model, read_preprocessing
-from tasks.results.selection import model_groups, open_store, parse_setting, select, store_data_path
+from tasks.results.reference import (
+    reference_model,
+    reference_var_names,
+    reference_views,
+    reference_widths,
+)
+from tasks.results.selection import model_groups, open_store, parse_setting, select
 from tasks.results.state import check_complete
 from tasks.results.userfile import existing_keys
 from tasks.store.integrity import existing_store
@@ -45,55 +47,6 @@ CHUNK_CELLS = 2000
 #: rows of the query matrix read and preprocessed at a time
 READ_ROWS = 8192
 REFIT = "embed-sweep run ... --refit-models (the sweep's command with --refit-models)"
-
-
-# --- the reference: its views, their genes and preprocessing --------------------------------------
-
-
-def reference_views(store) -> dict:
-    """What the reference sweep read: ``{"kind": "h5ad" | "h5mu" | other | None, "fitted": "concat"
-    | a modality's name, "label_column", "views": [{"name", "group", "use_rep", "layer",
-    "preprocess", "target_sum", "var_names" (None for an obsm representation), "pca" ({"mean",
-    "components", "columns"}: the loadings, as scanpy's varm["PCs"].T, or None), "width"}]}``."""
-    data_path = store_data_path(store)
-    if not data_path.exists():
-        raise ValueError(
-            f"the ingested data of {store} is missing ({data_path}); re-run the sweep to restore it"
-        )
-    info = source_info(str(data_path)) or {}
-    attrs = _data_attrs(data_path)
-    prep = read_preprocessing(store) or {}
-    kind = info.get("kind")
-    opts = info.get("options") or {}
-    if kind == "h5mu":
-        mods = opts.get("modalities") or {m: {} for m in info.get("modalities", [])}
-        # the views' order is the ingest's list (the options' keys come back sorted from JSON)
-        names, fitted = list(info.get("modalities") or mods), opts.get("view", "concat")
-    else:
-        mods, names, fitted = {"X": opts}, ["X"], "X"
-    views = []
-    for name in names:
-        o = mods.get(name) or {}
-        p = dict(prep.get(name) or (prep if kind != "h5mu" else {}))
-        view = {
-            "name": name,
-            "group": f"mod/{name}" if kind == "h5mu" else "",
-            "use_rep": o.get("use_rep") or p.get("use_rep") or "X",
-            "layer": o.get("layer") if "layer" in o else p.get("layer"),
-            "preprocess": o.get("preprocess") if "preprocess" in o else p.get("preprocess"),
-            "target_sum": p.get("target_sum"),
-            "var_names": p.get("var_names"),
-            "pca": p.get("pca"),
-        }
-        views.append(view)
-    return {"kind": kind, "fitted": fitted, "label_column": attrs.get("label_column"), "views": views}
-
-
-def _data_attrs(data_path) -> dict:
-    try:
-        return json.loads((Path(data_path) / "zarr.json").read_text()).get("attributes", {})
-    except (OSError, ValueError):
-        return {}
 
 
 # --- the plan: every refusal before any server starts ---------------------------------------------
@@ -183,42 +136,6 @@ def plan_map(
     }
 
 
-@functools.lru_cache(maxsize=8)
-def reference_model(
-    store: str, model: str, setting: str, score_reference: str | None = None, views: tuple | None = None
-):
-    """The fitted model of ``model`` at ``setting`` (JSON text) with its reference scores, read once
-    per process; a damaged array or a store without models refused in one line (tasks.results.models).
-    ``score_reference``: the scores' JSON text as the plan computed them (``plan_map``), set rather
-    than computed again. ``views``: the indices of the reference views the query is observed in
-    (MRD scores its training rows on those only). Scoring is announced on standard output: for the
-    GP-LVMs it is a solve per training cell (minutes for some), once per process."""
-    est = load_model(store, model, json.loads(setting))
-    cannot = f"model {model} ({type(est).__name__}) cannot score new cells, so it gives no mapping score"
-    if type(est).score_samples is LatentModel.score_samples:
-        raise ValueError(f"{cannot}; leave it out with --model")
-    if score_reference is not None:
-        est.score_reference_ = json.loads(score_reference)
-    if not getattr(est, "score_reference_", None):
-        data = load_data(str(store_data_path(store)))
-        mrd = type(est).__name__ == "MRD"
-        train = data["views"] if mrd else data["Y"]
-        n = len(train[0]) if mrd else len(train)
-        print(
-            f"{model}: scoring {min(n, REFERENCE_SCORE_CELLS):,} reference cells (the mapping score's "
-            "median and MAD)",
-            flush=True,
-        )
-        try:
-            if mrd and views is not None:
-                est.reference_score_stats(train, subsets=[views])
-            else:
-                est.reference_score_stats(train)
-        except NotImplementedError as e:
-            raise ValueError(f"{cannot} ({e}); leave it out with --model") from e
-    return est
-
-
 def plan_query(ref: dict, src, opts: dict, fill_missing, predict) -> dict:
     """How each reference view is read from the query: ``{"path", "kind", "n", "obs_names",
     "views": {name: {"group", "use_rep", "layer", "columns" (the query's column of each reference
@@ -294,20 +211,6 @@ def _plan_view(path: str, v: dict, fill_missing, notes: list) -> dict:
             "--fill-missing zeros to fill them with zeros"
         )
     out.update(columns=cols.tolist(), dropped=dropped, filled=filled, width=len(ref_genes))
-    return out
-
-
-def reference_widths(store) -> dict:
-    """{view name: the width the reference's models were fitted on} (its ingested views), and
-    ``"Y"``: the single-view models' matrix."""
-    g = zarr.open_group(str(store_data_path(store)), mode="r")
-    names = [v["name"] for v in reference_views(store)["views"]]
-    out = {"Y": int(g["Y"].shape[1])}
-    views = [k for k in sorted(g.array_keys()) if k.startswith("view_")]
-    if views and len(views) == len(names):
-        out.update({n: int(g[f"view_{i}"].shape[1]) for i, n in enumerate(names)})
-    elif len(names) == 1:
-        out[names[0]] = out["Y"]
     return out
 
 
@@ -505,19 +408,6 @@ def join(parts: list[dict]) -> dict:
 # --- labels transferred from the reference cells' embedding ---------------------------------------
 
 
-def reference_labels(store) -> tuple[np.ndarray | None, list[str] | None]:
-    """(label codes of the reference cells, -1 none; category names) or (None, None)."""
-    data_path = store_data_path(store)
-    codes = load_data(str(data_path))["label"]
-    if codes is None:
-        return None, None
-    codes = np.asarray(codes).astype(np.int64)
-    names = label_names(str(data_path))
-    if names is None:
-        names = [str(i) for i in range(int(codes.max()) + 1 if (codes >= 0).any() else 0)]
-    return codes, names
-
-
 def transfer_labels(ref_X, ref_codes, names, query_X, k: int = MAP_NEIGHBORS):
     """kNN label transfer: each query cell's ``k`` nearest labelled reference cells in the
     embedding vote with weight 1 / distance (a cell at distance 0 takes its label alone); returns
@@ -571,7 +461,7 @@ def write_output(plan: dict, results: dict, labels: dict, uns: dict) -> dict:
             mean, var = r["predicted"]
             name = plan["predict"]
             if q["kind"] == "h5mu":
-                var_names = _reference_var_names(plan["store"], name, mean.shape[1])
+                var_names = reference_var_names(plan["store"], name, mean.shape[1])
                 mod = ad.AnnData(
                     X=mean, obs=pd.DataFrame(index=obj.obs_names), var=pd.DataFrame(index=var_names)
                 )
@@ -593,13 +483,6 @@ def write_output(plan: dict, results: dict, labels: dict, uns: dict) -> dict:
     finally:
         tmp.unlink(missing_ok=True)
     return {"path": str(out), "n_obs": int(obj.n_obs), "moved_aside": None if aside is None else str(aside)}
-
-
-def _reference_var_names(store, modality: str, width: int) -> list[str]:
-    for v in reference_views(store)["views"]:
-        if v["name"] == modality and v["var_names"] is not None and v["pca"] is None:
-            return [str(g) for g in v["var_names"]]
-    return [f"{modality}_{j}" for j in range(width)]
 
 
 def provenance(plan: dict) -> dict:
