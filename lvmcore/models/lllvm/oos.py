@@ -143,7 +143,7 @@ def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, swe
     """The gaussian likelihood on the dense solver: each new point alone on the enlarged dense model
     (through (eps_y O + 2 gamma L*)^-1 the points of one enlarged model would move each other), with
     only what its coordinate ascent reads: the new point's rows of the two precisions (its block and
-    its block against the frozen training means, ``_c_row`` / ``_x_row``) from the rows of
+    its block against the frozen training means, ``_c_rows`` / ``_x_rows``) from the rows of
     Lt* = (eps_y O + 2 gamma L*)^-1 at the new point and its k neighbours (``_enlarged_lt_rows``, a
     rank-k update and a bordering of the training Lt), never the enlarged (N Q, N Q) matrices.
 
@@ -160,6 +160,8 @@ def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, swe
         C_sum=qc.mean.sum(axis=0).T,  # (Q, D)
         x_full=qx.full.reshape(n, Q, n, Q),
         c_full=qc.full.reshape(n, Q, n, Q),
+        C_dsj=np.ascontiguousarray(qc.mean.transpose(1, 2, 0)).reshape(D, Q * n),
+        C_sjd=np.ascontiguousarray(qc.mean.transpose(2, 0, 1)).reshape(Q * n, D),
     )
     outs = [_transform_one_dense(Y, g, qx, qc, th, sh, Ynew[a], nbr[a], sweeps) for a in range(len(Ynew))]
     return tuple(np.stack([o[t] for o in outs]) for t in range(4))
@@ -169,13 +171,17 @@ def _transform_gaussian(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, Ynew, nbr, swe
 class _Shared:
     """What every new point of one ``_transform_gaussian`` call reads: ``lt`` (n, n), the training
     Lt = (eps_y O + 2 gamma L)^-1; ``lt_one`` (n,) Lt 1 (``ones`` form, else None);
-    ``C_sum`` (Q, D) sum_j <C_j>'; ``x_full``, ``c_full`` (n, Q, n, Q) the training covariances."""
+    ``C_sum`` (Q, D) sum_j <C_j>'; ``x_full``, ``c_full`` (n, Q, n, Q) the training covariances;
+    ``C_dsj`` (D, Q n) and ``C_sjd`` (Q n, D) the training C means [j, d, s] laid out for the
+    sweeps' contractions over them as matrix products."""
 
     lt: np.ndarray
     lt_one: np.ndarray | None
     C_sum: np.ndarray
     x_full: np.ndarray
     c_full: np.ndarray
+    C_dsj: np.ndarray
+    C_sjd: np.ndarray
 
 
 def _enlarged_lt_rows(g: LLGraph, th: Theta, lt_T, lt_one, T):
@@ -204,51 +210,82 @@ def _enlarged_lt_rows(g: LLGraph, th: Theta, lt_T, lt_one, T):
     return rows_T, row_new
 
 
-def _c_row(wmul, deg, lt_new, lt_T, S_new, S_T):
+def _c_rows(wmul, deg, lt_new, lt_T, S_T0, T):
     """The new point's rows of c_quad (``operators.c_quad``: <G_r(x)' Lt* G_s(x)>) on the enlarged
-    graph, (Q, Q, N) [r, s, j] = c_quad[(new, r), (j, s)]: row i of each of its nine terms reads the
-    rows of Lt* and of S = <x x'> at i and at its neighbours T only. ``wmul``: X -> X W* on the last
-    axis; ``deg`` (N,) the enlarged degrees; ``lt_new`` (N,), ``lt_T`` (k, N) rows of Lt*; ``S_new``
-    (Q, Q, N), ``S_T`` (k, Q, Q, N) rows of S, [.., r, s, j] = S[(., r), (j, s)]."""
-    k = len(lt_T)
-    LS = k * S_new - S_T.sum(axis=0)  # row i of L* S_rs
-    SL = S_new * deg - wmul(S_new)  # rows of S_rs L* at i and at T
-    SL_T = S_T * deg - wmul(S_T)
-    LW = wmul(lt_new)
-    WL = lt_T.sum(axis=0)
-    return (
-        lt_new * (LS * deg - wmul(LS))
-        + wmul(lt_new * LS)
-        - LW * LS
-        + np.einsum("an,arsn->rsn", lt_T, SL_T)
-        + wmul(np.einsum("an,arsn->rsn", lt_T, S_T))
-        - np.einsum("an,arsn->rsn", wmul(lt_T), S_T)
-        - WL * SL
-        - wmul(WL * S_new)
-        + wmul(WL) * S_new
+    graph as a function ``row(S_new, v)`` -> (Q, Q, N) [r, s, j] = c_quad[(new, r), (j, s)]: row i
+    of each of its nine terms reads the rows of Lt* and of S = <x x'> at i and at its neighbours T
+    only. ``wmul``: X -> X W* on the last axis; ``deg`` (N,) the enlarged degrees; ``lt_new`` (N,),
+    ``lt_T`` (k, N) rows of Lt*; ``S_new`` (Q, Q, N) the new point's rows of S, [r, s, j] =
+    S[(new, r), (j, s)]; the rows at T are ``S_T0`` (k, Q, Q, N), fixed for the point, with their
+    new point's column (zero in ``S_T0``) ``v`` (k, Q, Q), which a sweep changes. The terms of the
+    fixed part are computed here once: a sweep adds its column's share, which reaches column N and
+    the columns T only (W* joins the new point to T alone)."""
+    k, n = len(lt_T), len(deg) - 1
+    wlt_T = wmul(lt_T)
+    LW, WL = wmul(lt_new), lt_T.sum(axis=0)
+    wWL = wmul(WL)
+    S_sum = S_T0.sum(axis=0)
+    fixed = (
+        np.einsum("an,arsn->rsn", lt_T, S_T0 * deg - wmul(S_T0))
+        + wmul(np.einsum("an,arsn->rsn", lt_T, S_T0))
+        - np.einsum("an,arsn->rsn", wlt_T, S_T0)
     )
 
+    def row(S_new, v):
+        LS = k * S_new - S_sum  # row i of L* S_rs
+        LS[..., n] -= v.sum(axis=0)
+        SL = S_new * deg - wmul(S_new)  # the new point's rows of S_rs L*
+        out = (
+            lt_new * (LS * deg - wmul(LS))
+            + wmul(lt_new * LS)
+            - LW * LS
+            - WL * SL
+            - wmul(WL * S_new)
+            + wWL * S_new
+            + fixed
+        )
+        u = np.einsum("a,ars->rs", lt_T[:, n], v)
+        out[..., n] += deg[n] * u - np.einsum("a,ars->rs", wlt_T[:, n], v)
+        out[..., T] += u[..., None] - np.einsum("at,ars->rst", lt_T[:, T], v)
+        return out
 
-def _x_row(wmul, deg, lt_new, lt_T, K_new, K_T):
-    """The new point's rows of x_quad (``operators.x_quad``: sum_d <F(c_dr)' Lt* F(c_ds)>), (Q, Q, N),
-    from the rows of Lt* and of K = D Sigma_C + mu_C' mu_C at the new point and at T (as ``_c_row``)."""
-    k = len(lt_T)
-    UK = k * K_new + K_T.sum(axis=0)  # row i of U* K_rs, U* = diag(deg) + W*
-    KU = K_new * deg + wmul(K_new)
-    KU_T = K_T * deg + wmul(K_T)
-    LW = wmul(lt_new)
-    WL = lt_T.sum(axis=0)
-    return (
-        lt_new * (UK * deg + wmul(UK))
-        - wmul(lt_new * UK)
-        - LW * UK
-        - WL * KU
-        + wmul(WL * K_new)
-        + wmul(WL) * K_new
-        - np.einsum("an,arsn->rsn", lt_T, KU_T)
-        + wmul(np.einsum("an,arsn->rsn", lt_T, K_T))
-        + np.einsum("an,arsn->rsn", wmul(lt_T), K_T)
+    return row
+
+
+def _x_rows(wmul, deg, lt_new, lt_T, K_T0, T):
+    """The new point's rows of x_quad (``operators.x_quad``: sum_d <F(c_dr)' Lt* F(c_ds)>) as a
+    function ``row(K_new, v)`` -> (Q, Q, N), from the rows of Lt* and of K = D Sigma_C + mu_C'
+    mu_C at the new point and at T, the fixed part once (as ``_c_rows``)."""
+    k, n = len(lt_T), len(deg) - 1
+    wlt_T = wmul(lt_T)
+    LW, WL = wmul(lt_new), lt_T.sum(axis=0)
+    wWL = wmul(WL)
+    K_sum = K_T0.sum(axis=0)
+    fixed = (
+        -np.einsum("an,arsn->rsn", lt_T, K_T0 * deg + wmul(K_T0))
+        + wmul(np.einsum("an,arsn->rsn", lt_T, K_T0))
+        + np.einsum("an,arsn->rsn", wlt_T, K_T0)
     )
+
+    def row(K_new, v):
+        UK = k * K_new + K_sum  # row i of U* K_rs, U* = diag(deg) + W*
+        UK[..., n] += v.sum(axis=0)
+        KU = K_new * deg + wmul(K_new)
+        out = (
+            lt_new * (UK * deg + wmul(UK))
+            - wmul(lt_new * UK)
+            - LW * UK
+            - WL * KU
+            + wmul(WL * K_new)
+            + wWL * K_new
+            + fixed
+        )
+        u = np.einsum("a,ars->rs", lt_T[:, n], v)
+        out[..., n] += np.einsum("a,ars->rs", wlt_T[:, n], v) - deg[n] * u
+        out[..., T] += u[..., None] - np.einsum("at,ars->rst", lt_T[:, T], v)
+        return out
+
+    return row
 
 
 def _chol_moments(P, rhs):
@@ -284,7 +321,8 @@ def _transform_one_dense(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, sh: _Shared, 
     S_T = np.empty((k, Q, Q, n + 1))
     S_T[..., :n] = np.transpose(sh.x_full[T], (0, 1, 3, 2)) + np.einsum("ar,js->arsj", mu[T], mu)
     K_T = np.empty((k, Q, Q, n + 1))
-    K_T[..., :n] = D * np.transpose(sh.c_full[T], (0, 1, 3, 2)) + np.einsum("adr,jds->arsj", C[T], C)
+    CC_T = (C[T].transpose(0, 2, 1).reshape(k * Q, D) @ sh.C_dsj).reshape(k, Q, Q, n)  # <C_a>' <C_j>
+    K_T[..., :n] = D * np.transpose(sh.c_full[T], (0, 1, 3, 2)) + CC_T
     S_new = np.empty((Q, Q, n + 1))
     K_new = np.empty((Q, Q, n + 1))
     dy = Y[T] - ynew  # y_j - y*  (k, D)
@@ -298,21 +336,23 @@ def _transform_one_dense(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, sh: _Shared, 
     mx = mu[nb].mean(axis=0)  # start: the neighbours' mean latents, no spread
     Sx = np.zeros((Q, Q))
     Cs = SC = None
+    S_T[..., n] = 0.0  # the new point's column: a sweep's (``_c_rows``)
+    K_T[..., n] = 0.0
+    c_row = _c_rows(wmul, deg, lt_new, lt_T, S_T, T)
+    x_row = _x_rows(wmul, deg, lt_new, lt_T, K_T, T)
     for _ in range(int(sweeps)):
         # q(C*) given q(x*) and the frozen training factors
-        S_T[..., n] = mu[T][:, :, None] * mx[None, None, :]
         S_new[..., :n] = np.einsum("r,js->rsj", mx, mu)
         S_new[..., n] = Sx + np.outer(mx, mx)
-        row = _c_row(wmul, deg, lt_new, lt_T, S_new, S_T)
+        row = c_row(S_new, mu[T][:, :, None] * mx[None, None, :])
         rhs = th.gamma * np.einsum("ad,aq->qd", dy, mu[T] - mx)
-        rhs -= g2 * np.einsum("rsj,jds->rd", row[..., :n], C) + prior_c_t
+        rhs -= g2 * (np.ascontiguousarray(row[..., :n]).reshape(Q, Q * n) @ sh.C_sjd) + prior_c_t
         cm, SC = _chol_moments(g2 * row[..., n] + prior_c_n, rhs)
         Cs = cm.T  # (D, Q)
         # q(x*) given q(C*)
-        K_T[..., n] = np.einsum("adr,ds->ars", C[T], Cs)
-        K_new[..., :n] = np.einsum("dr,jds->rsj", Cs, C)
+        K_new[..., :n] = (Cs.T @ sh.C_dsj).reshape(Q, Q, n)
         K_new[..., n] = D * SC + Cs.T @ Cs
-        row = _x_row(wmul, deg, lt_new, lt_T, K_new, K_T)
+        row = x_row(K_new, np.einsum("adr,ds->ars", C[T], Cs))
         rhs = -th.gamma * np.einsum("adq,ad->q", C[T] + Cs, dy)
         rhs -= g2 * np.einsum("rsj,js->r", row[..., :n], mu) + prior_x_t
         xn, Sx = _chol_moments(g2 * row[..., n] + prior_x_n, rhs)
