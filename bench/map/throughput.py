@@ -7,8 +7,10 @@ The data: the synthetic count atlas of bench.data.atlas (``--atlas``: its ``atla
 normalised to 10^4 counts per cell and log1p'd; a seeded half of the cells is the reference, the
 other half the query. The reference's PCA (scanpy ``pp.pca``, 50 components) gives the models'
 50-D input, and the query is projected by the reference's loadings (as ``embed-sweep map``
-applies a stored PCA: the projection is not timed). Labels: the branch crossed with the
-pseudotime quarter. ``tl.ingest`` gets the same cells in gene space: ``pp.pca(50)``,
+applies a stored PCA: the projection is not timed). MRD gets two views instead: the genes split
+in two seeded halves, each its own reference PCA (25 components), mapped once observed in both and
+once in the first alone with the second predicted (Algorithm 1, in the same chunks). Labels: the
+branch crossed with the pseudotime quarter. ``tl.ingest`` gets the same cells in gene space: ``pp.pca(50)``,
 ``pp.neighbors``, ``tl.umap`` on the reference (their cost said apart), a first ``tl.ingest`` of
 200 query cells (numba compiles UMAP's and pynndescent's functions on it: minutes, said apart), then
 ``tl.ingest`` of the query (timed: the anchor).
@@ -39,13 +41,14 @@ import numpy as np
 
 from bench.common import pin_one_core, reset_peak, status_mb
 
-MODELS = "ppca,bgplvm_rbf,bgplvm_linear,hgplvm_point,hgplvm_sparse,hgplvm_bayesian,glle_em,lllvm"
+MODELS = "ppca,bgplvm_rbf,bgplvm_linear,hgplvm_point,hgplvm_sparse,hgplvm_bayesian,glle_em,lllvm,mrd"
 #: the sweep's models (tasks.registry, its default inducing points) with fewer iterations: the
 #: reference fit is not what is timed (a fit stopped far short, 20 + 10 iterations, transferred
 #: labels at 0.25 accuracy, so each fit still runs far enough to give a usable reference)
 OPTIONS = {
     "bgplvm_rbf": {"max_iter": 100, "init_iters": 50},
     "bgplvm_linear": {"max_iter": 100, "init_iters": 50},
+    "mrd": {"max_iter": 100, "init_iters": 50},
     "hgplvm_sparse": {"max_iter": 20},
     "hgplvm_bayesian": {"max_iter": 20},
     "hgplvm_point": {"max_iter": 50},
@@ -87,6 +90,25 @@ def atlas(path, n, seed=0):
     return ref, qry, Yr, Yq, lr, lq, list(names), time.perf_counter() - t0
 
 
+def two_views(ref, qry, seed=0, comps=25):
+    """MRD's input: the genes split in two seeded halves, each half a view of its own reference
+    PCA (``comps`` components, scanpy ``pp.pca``) with the query projected by its loadings (as
+    ``embed-sweep map`` applies a modality's stored PCA). Returns ([ref view a, b], [query a, b])."""
+    import scanpy as sc
+
+    genes = np.random.default_rng(seed + 2).permutation(ref.n_vars)
+    halves = np.sort(genes[: ref.n_vars // 2]), np.sort(genes[ref.n_vars // 2 :])
+    vr, vq = [], []
+    for cols in halves:
+        r = ref[:, cols].copy()
+        sc.pp.pca(r, n_comps=comps)
+        pcs = r.varm["PCs"]
+        mean = np.asarray(r.X.mean(axis=0)).ravel()
+        vr.append(np.asarray(r.obsm["X_pca"], dtype=np.float64))
+        vq.append(np.asarray(qry[:, cols].X @ pcs - mean @ pcs, dtype=np.float64))
+    return vr, vq
+
+
 def build(key, q, options):
     from tasks.registry import DEFAULT_DIM_VALUE, MODELS
 
@@ -96,38 +118,62 @@ def build(key, q, options):
 
 
 def measure(key, Yr, lr, Yq, lq, names, a, opts, ref_cells, query_cells, anchor):
-    from tasks.results.mapping import chunks, join, map_cells, transfer_labels
-
+    """One line per mapping of ``key``'s fit. MRD (``Yr`` / ``Yq`` lists of views): one fit, then
+    the query mapped twice, observed in both views, and observed in view 0 alone with view 1
+    predicted (Algorithm 1) as part of each chunk's work."""
     rng = np.random.default_rng(0)
-    nr, nq = min(ref_cells.get(key, len(Yr)), len(Yr)), min(query_cells.get(key, len(Yq)), len(Yq))
-    rr = np.sort(rng.choice(len(Yr), nr, replace=False)) if nr < len(Yr) else np.arange(len(Yr))
-    qq = np.sort(rng.choice(len(Yq), nq, replace=False)) if nq < len(Yq) else np.arange(len(Yq))
+    mrd = isinstance(Yr, list)
+    Nr, Nq = (len(Yr[0]), len(Yq[0])) if mrd else (len(Yr), len(Yq))
+    nr, nq = min(ref_cells.get(key, Nr), Nr), min(query_cells.get(key, Nq), Nq)
+    rr = np.sort(rng.choice(Nr, nr, replace=False)) if nr < Nr else np.arange(Nr)
+    qq = np.sort(rng.choice(Nq, nq, replace=False)) if nq < Nq else np.arange(Nq)
     est = build(key, a.latent_dim, opts.get(key, {}))
+    train = [V[rr] for V in Yr] if mrd else Yr[rr]
     t0 = time.perf_counter()
-    est.fit(Yr[rr])
-    fit_s = time.perf_counter() - t0
+    est.fit(train)
+    fit = f"fit {time.perf_counter() - t0:.0f} s ({getattr(est, 'n_iter_', '?')} it.)"
+    for observed, predict in [((0, 1), None), ((0,), 1)] if mrd else [(None, None)]:
+        what = key
+        if mrd:
+            what += f" (views {list(observed)} observed" + (
+                "" if predict is None else f", view {predict} predicted"
+            )
+            what += ")"
+        query = {v: Yq[v][qq] for v in observed} if mrd else Yq[qq]
+        map_one(what, est, train, query, observed, predict, lr[rr], lq[qq], names, a.chunk, anchor, fit)
+    del est
+    gc.collect()
+
+
+def map_one(what, est, train, query, observed, predict, lr, lq, names, chunk, anchor, fit):
+    """The reference scores (timed apart), then the query mapped as ``embed-sweep map`` maps its
+    chunks and the labels transferred (timed together): one printed line."""
+    from tasks.results.mapping import chunks, join, map_cells, rows_of, transfer_labels
+
+    nq, nr = len(lq), len(lr)
     t0 = time.perf_counter()
-    est.reference_score_stats(Yr[rr])
+    if observed is None:
+        est.reference_score_stats(train)
+    else:
+        est.reference_score_stats(train, subsets=[tuple(observed)])
     ref_s = time.perf_counter() - t0
     before = status_mb("VmRSS")
     reset_peak()
     t0 = time.perf_counter()
-    got = join([map_cells(est, Yq[qq][i:j]) for i, j in chunks(nq, a.chunk)])
+    got = join([map_cells(est, rows_of(query, i, j), predict) for i, j in chunks(nq, chunk)])
     map_s = time.perf_counter() - t0
-    cat, _ = transfer_labels(est.embedding_, lr[rr], names, got["mean"])
+    cat, _ = transfer_labels(est.embedding_, lr, names, got["mean"])
     dt = time.perf_counter() - t0
     peak = status_mb()
-    acc = float((np.asarray(cat.codes) == lq[qq]).mean())
+    acc = float((np.asarray(cat.codes) == lq).mean())
     rate = nq / dt
     print(
-        f"{key}: {rate:,.0f} cells/s ({dt:.1f} s for {nq:,} query cells onto {nr:,} reference cells; "
+        f"{what}: {rate:,.0f} cells/s ({dt:.1f} s for {nq:,} query cells onto {nr:,} reference cells; "
         f"map {map_s:.1f} s, labels {dt - map_s:.1f} s), {rate / anchor:.2f} x ingest; peak RSS "
-        f"{peak:,.0f} MiB (from {before:,.0f}); label accuracy {acc:.3f}; fit {fit_s:.0f} s "
-        f"({getattr(est, 'n_iter_', '?')} it.), reference scores {ref_s:.1f} s",
+        f"{peak:,.0f} MiB (from {before:,.0f}); label accuracy {acc:.3f}; {fit}, reference scores "
+        f"{ref_s:.1f} s",
         flush=True,
     )
-    del est, got
-    gc.collect()
 
 
 def main():
@@ -148,12 +194,15 @@ def main():
         f"normalise, log1p, reference PCA(50) and query projection {prep_s:.0f} s",
         flush=True,
     )
+    keys = a.models.split(",")
+    views = two_views(ref, qry) if "mrd" in keys else None
     anchor = ingest(ref, qry, lq, names)
     del ref, qry
     gc.collect()
     opts, rc, qc = json.loads(a.options), json.loads(a.ref_cells), json.loads(a.query_cells)
-    for key in a.models.split(","):
-        measure(key, Yr, lr, Yq, lq, names, a, opts, rc, qc, anchor)
+    for key in keys:
+        yr, yq = views if key == "mrd" else (Yr, Yq)
+        measure(key, yr, lr, yq, lq, names, a, opts, rc, qc, anchor)
 
 
 def ingest(ref, qry, lq, names) -> float:
