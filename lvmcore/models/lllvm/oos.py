@@ -210,20 +210,26 @@ def _enlarged_lt_rows(g: LLGraph, th: Theta, lt_T, lt_one, T):
     return rows_T, row_new
 
 
-def _c_rows(wmul, deg, lt_new, lt_T, S_T0, T):
+def _lt_products(wmul, lt_new, lt_T):
+    """What ``_c_rows`` and ``_x_rows`` read of the rows of Lt* alone: (lt_T W*, lt_new W*, the
+    column sums of lt_T, their product with W*)."""
+    WL = lt_T.sum(axis=0)
+    return wmul(lt_T), wmul(lt_new), WL, wmul(WL)
+
+
+def _c_rows(wmul, deg, lt_new, lt_T, lt_w, S_T0, T):
     """The new point's rows of c_quad (``operators.c_quad``: <G_r(x)' Lt* G_s(x)>) on the enlarged
     graph as a function ``row(S_new, v)`` -> (Q, Q, N) [r, s, j] = c_quad[(new, r), (j, s)]: row i
     of each of its nine terms reads the rows of Lt* and of S = <x x'> at i and at its neighbours T
     only. ``wmul``: X -> X W* on the last axis; ``deg`` (N,) the enlarged degrees; ``lt_new`` (N,),
-    ``lt_T`` (k, N) rows of Lt*; ``S_new`` (Q, Q, N) the new point's rows of S, [r, s, j] =
-    S[(new, r), (j, s)]; the rows at T are ``S_T0`` (k, Q, Q, N), fixed for the point, with their
-    new point's column (zero in ``S_T0``) ``v`` (k, Q, Q), which a sweep changes. The terms of the
-    fixed part are computed here once: a sweep adds its column's share, which reaches column N and
-    the columns T only (W* joins the new point to T alone)."""
+    ``lt_T`` (k, N) rows of Lt*, ``lt_w`` their products (``_lt_products``); ``S_new`` (Q, Q, N)
+    the new point's rows of S, [r, s, j] = S[(new, r), (j, s)]; the rows at T are ``S_T0`` (k, Q,
+    Q, N), fixed for the point, with their new point's column (zero in ``S_T0``) ``v`` (k, Q, Q),
+    which a sweep changes. The terms of the fixed part are computed here once: a sweep adds its
+    column's share, which reaches column N and the columns T only (W* joins the new point to T
+    alone)."""
     k, n = len(lt_T), len(deg) - 1
-    wlt_T = wmul(lt_T)
-    LW, WL = wmul(lt_new), lt_T.sum(axis=0)
-    wWL = wmul(WL)
+    wlt_T, LW, WL, wWL = lt_w
     S_sum = S_T0.sum(axis=0)
     fixed = (
         np.einsum("an,arsn->rsn", lt_T, S_T0 * deg - wmul(S_T0))
@@ -252,14 +258,12 @@ def _c_rows(wmul, deg, lt_new, lt_T, S_T0, T):
     return row
 
 
-def _x_rows(wmul, deg, lt_new, lt_T, K_T0, T):
+def _x_rows(wmul, deg, lt_new, lt_T, lt_w, K_T0, T):
     """The new point's rows of x_quad (``operators.x_quad``: sum_d <F(c_dr)' Lt* F(c_ds)>) as a
     function ``row(K_new, v)`` -> (Q, Q, N), from the rows of Lt* and of K = D Sigma_C + mu_C'
     mu_C at the new point and at T, the fixed part once (as ``_c_rows``)."""
     k, n = len(lt_T), len(deg) - 1
-    wlt_T = wmul(lt_T)
-    LW, WL = wmul(lt_new), lt_T.sum(axis=0)
-    wWL = wmul(WL)
+    wlt_T, LW, WL, wWL = lt_w
     K_sum = K_T0.sum(axis=0)
     fixed = (
         -np.einsum("an,arsn->rsn", lt_T, K_T0 * deg + wmul(K_T0))
@@ -338,8 +342,9 @@ def _transform_one_dense(Y, g: LLGraph, qx: QX, qc: QC, th: Theta, sh: _Shared, 
     Cs = SC = None
     S_T[..., n] = 0.0  # the new point's column: a sweep's (``_c_rows``)
     K_T[..., n] = 0.0
-    c_row = _c_rows(wmul, deg, lt_new, lt_T, S_T, T)
-    x_row = _x_rows(wmul, deg, lt_new, lt_T, K_T, T)
+    lt_w = _lt_products(wmul, lt_new, lt_T)
+    c_row = _c_rows(wmul, deg, lt_new, lt_T, lt_w, S_T, T)
+    x_row = _x_rows(wmul, deg, lt_new, lt_T, lt_w, K_T, T)
     for _ in range(int(sweeps)):
         # q(C*) given q(x*) and the frozen training factors
         S_new[..., :n] = np.einsum("r,js->rsj", mx, mu)
