@@ -45,6 +45,16 @@ def _cluster_args(method, client) -> dict:
     return {k: v for k, v in (("client", client), ("worker", get_worker().address)) if k in params}
 
 
+def _memory_args(est) -> dict:
+    """``memory_bytes`` for an estimator whose fit refuses work that cannot fit it (LL-LVM's sparse
+    solvers): the memory available, inside a Dask worker at most its memory limit."""
+    if not getattr(est, "fit_takes_memory_bytes", False):
+        return {}
+    from tasks.knn import memory_budget  # the same budget a kNN search on this worker gets
+
+    return {"memory_bytes": memory_budget()}
+
+
 def _with_sources(data: dict, data_path: str, graph, graph_path):
     """The data and graph this fit read from the ingested stores, each carrying where it is stored
     (:mod:`lvmcore.rows`): chunked work on the cluster reads its rows there, not from this task.
@@ -100,7 +110,7 @@ def fit_point(
         t0 = time.perf_counter()
         Y, views, graph = _with_sources(data, data_path, graph, graph_path)
         with _dask_context(est) as client:
-            fit_args = _cluster_args(est.fit, client)
+            fit_args = {**_cluster_args(est.fit, client), **_memory_args(est)}
             if spec.multiview:
                 est.fit(views, **fit_args)
             elif graph is not None:

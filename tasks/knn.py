@@ -42,9 +42,10 @@ def knn_client():
         return None
 
 
-def knn_memory_budget() -> int:
-    """Bytes a kNN search may use here: the smaller of the available memory and the Dask worker's
-    memory limit inside a worker, else the available memory."""
+def memory_budget() -> int:
+    """Bytes work in this process may use (a kNN search, an LL-LVM fit's level blocks): the
+    smaller of the available memory and the Dask worker's memory limit inside a worker, else the
+    available memory."""
     avail = available_memory()
     try:
         limit = get_worker().memory_manager.memory_limit
@@ -64,7 +65,7 @@ def build_graph(data_path: str, k_max: int, graph_path: str, method: str = "auto
     if p.exists():
         shutil.rmtree(p)
     Y = load_data(data_path)["Y"]
-    budget = knn_memory_budget()
+    budget = memory_budget()
     used = choose_knn_method(*Y.shape, k_max, budget) if method == "auto" else method  # recorded below
     idx, dist = knn(Y, k_max, method=used, client=knn_client())
     ds = xr.Dataset(

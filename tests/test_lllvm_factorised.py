@@ -255,3 +255,27 @@ def test_short_circuit_lowers_the_factorised_bound():
 
     good, bad = _short_circuit(50, solver="factorised")
     assert good > bad + 5.0, (good, bad)
+
+
+def test_a_graph_whose_level_blocks_cannot_fit_is_refused_before_the_fit():
+    """The sparse solvers hold dense blocks over the graph's breadth-first levels: their bytes are
+    those of the assembled blocks, and a fit whose ``memory_bytes`` cannot hold them is refused
+    before any work, naming the widest level and the fixes; with enough memory the same data fit.
+    A sweep's point passes its worker's budget (tasks.fit)."""
+    from lvmcore.models.lllvm.operators import LEVEL_COPIES_MIN, level_bytes, prepare_graph
+    from tasks.fit import _memory_args
+    from tasks.knn import memory_budget
+
+    Y = lllvm_swiss_roll(300, seed=3)[0]
+    idx, _ = knn(Y, 8)
+    g = prepare_graph(adjacency(idx), "factorised")
+    blocks = g.lap_eye.diag + g.lap_eye.sub
+    assert level_bytes(g.ls) == sum(b.nbytes for b in blocks)
+    need = LEVEL_COPIES_MIN * level_bytes(g.ls)
+    with pytest.raises(ValueError, match=r"breadth-first levels are up to [\d,]+ of its 300 points wide"):
+        LLLVM(solver="factorised", n_neighbors=8, max_iter=1).fit(Y, graph=idx, memory_bytes=need - 1)
+    m = LLLVM(solver="factorised", n_neighbors=8, max_iter=1).fit(Y, graph=idx, memory_bytes=need)
+    assert np.all(np.isfinite(m.embedding_))
+    got = _memory_args(m)["memory_bytes"]  # the available memory moves between two reads
+    assert 0 < got < memory_budget() + 2**28
+    assert _memory_args(object()) == {}

@@ -82,6 +82,7 @@ def lllvm_fit(
     epsilon_form: str = "identity",
     qc0: tuple[np.ndarray, np.ndarray] | None = None,
     client=None,
+    memory_bytes: int | None = None,
 ):
     """Variational EM on (already preprocessed) Y (N, D) with the symmetric 0/1 adjacency W.
 
@@ -95,7 +96,7 @@ def lllvm_fit(
     Y = np.asarray(Y, dtype=np.float64)
     n, D = Y.shape
     Q = int(n_components)
-    g = prepare_graph(W, solver, chunks, likelihood, epsilon_form, client=client)
+    g = prepare_graph(W, solver, chunks, likelihood, epsilon_form, client=client, memory_bytes=memory_bytes)
     th = Theta(alpha=float(alpha0), beta=float(beta0), gamma=float(gamma0), eps_c=eps_c, eps_y=eps_y)
     rng = np.random.default_rng(random_state)
     E = len(g.ei)
@@ -369,10 +370,16 @@ class LLLVM(LatentModel):
         return W  # a disconnected graph is fitted per component (``models.components``)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, Y, graph=None, *, client=None):
+    #: ``fit`` takes ``memory_bytes`` (what a sweep's worker may use: tasks.fit passes it)
+    fit_takes_memory_bytes = True
+
+    def fit(self, Y, graph=None, *, client=None, memory_bytes=None):
         """Fit on Y (N, D); ``graph``: None (kNN of Y), an (N, >= k) int array of neighbour indices or a
         symmetric sparse adjacency; ``client``: the Dask client the ``chunks`` of the quadratic
-        variant run on (None: local threads). Returns self."""
+        variant run on (None: local threads); ``memory_bytes``: what the fit may use (default the
+        memory available), against which the sparse and factorised solvers refuse, before any
+        work, a graph whose breadth-first levels are too wide (``operators.check_level_memory``).
+        Returns self."""
         self._validate_params()
         Y = check_data(Y)
         n, D = Y.shape
@@ -396,6 +403,7 @@ class LLLVM(LatentModel):
             eps_y=float(self.epsilon_y),
             chunks=self.chunks,
             client=client,
+            memory_bytes=memory_bytes,
             init=self.init,
             random_state=self.random_state,
             likelihood=self.likelihood,

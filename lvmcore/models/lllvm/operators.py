@@ -30,6 +30,7 @@ import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from lvmcore.graph import available_memory
 from lvmcore.linalg import NumericalError, chol_solve, jitter_cholesky, logdet_from_chol
 from lvmcore.sparse_chol import BlockTridiagonal, LevelStructure
 
@@ -44,6 +45,9 @@ _potri = sla.get_lapack_funcs("potri", dtype=np.float64)
 _LAP_MEMO_SIZE = 8
 #: Lt factorisations kept per graph on the factorised path (one per gamma visited by the gamma search)
 _LT_MEMO = 3
+#: level-block matrices a sparse or factorised fit holds at least: I and 2 L as assembled, and one
+#: factor of their combination eps I + 2 b L (the memoised factors and selected inverses come on top)
+LEVEL_COPIES_MIN = 3
 
 
 # --------------------------------------------------------------------------- containers
@@ -140,11 +144,13 @@ def prepare_graph(
     likelihood: str = "gaussian",
     epsilon_form: str = "identity",
     client=None,
+    memory_bytes: int | None = None,
 ) -> LLGraph:
     """Shared graph quantities for a symmetric 0/1 adjacency W and solver 'dense' | 'sparse' |
     'factorised' (the paper's likelihood with per-point factorised q, ``local.py``);
     ``chunks`` (points per chunk) runs the per-point edge sums of the quadratic variant as Dask tasks,
-    on ``client``'s cluster where one is given."""
+    on ``client``'s cluster where one is given. ``memory_bytes``: what the fit may use
+    (``check_level_memory``; default the memory available)."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     if epsilon_form not in EPSILON_FORMS:
@@ -194,6 +200,7 @@ def prepare_graph(
         g.omega, g.eigvec = om, V
     else:
         g.ls = LevelStructure(W)
+        check_level_memory(g.ls, solver, memory_bytes)
         if not (np.array_equal(g.ls.ei, ei) and np.array_equal(g.ls.ej, ej)):
             raise RuntimeError("edge order of the level structure differs from the graph's")
         g.lap_eye = BlockTridiagonal.assemble(g.ls, np.ones((n, 1, 1)), np.zeros((E, 1, 1)))
@@ -201,6 +208,33 @@ def prepare_graph(
         if solver == "factorised":
             g.local = local_structure(W, deg, ei, ej, g.ls)
     return g
+
+
+def level_bytes(ls: LevelStructure) -> int:
+    """Bytes of one level-block matrix on ``ls`` with 1 x 1 point blocks (a Laplacian's): its
+    diagonal and sub-diagonal level blocks, dense."""
+    s = ls.sizes.astype(np.int64)
+    return int(8 * (np.sum(s * s) + np.sum(s[1:] * s[:-1])))
+
+
+def check_level_memory(ls: LevelStructure, solver: str, budget: int | None = None) -> None:
+    """Refuse, before any block is assembled, a graph whose breadth-first levels are so wide that
+    the level-block matrices (``LEVEL_COPIES_MIN`` of ``level_bytes``) exceed ``budget`` (default:
+    what the system has available; a caller inside a Dask worker passes its memory limit). A
+    manifold's kNN graph has levels of about N^(1 - 1/d)
+    points; an expander-like one (data of high intrinsic dimension: an atlas's PCA) a few levels
+    of thousands, where the blocks grow like N^2."""
+    need = LEVEL_COPIES_MIN * level_bytes(ls)
+    budget = available_memory() if budget is None else int(budget)
+    if need > budget:
+        s = ls.sizes
+        raise ValueError(
+            f"solver={solver!r}: the neighbour graph's breadth-first levels are up to {int(s.max()):,} of "
+            f"its {ls.n:,} points wide ({ls.n_levels} levels; an expander-like graph, as data of high "
+            f"intrinsic dimension give), so the fit's level blocks need at least {need / 1e9:.1f} GB, "
+            f"above the {budget / 1e9:.1f} GB available; fit fewer points or fewer neighbours "
+            "(n_neighbors), or a model whose cost does not follow the graph's levels (the GP-LVMs)"
+        )
 
 
 # --------------------------------------------------------------------------- Laplacian functions
