@@ -21,7 +21,7 @@ from flows.artifacts import publish_results, start_progress, update_progress
 from flows.cluster import client_kwargs, normalise_cluster, start_cluster
 from flows.progress import Progress
 from flows.tasks import extras_task, grid_points_task, ingest_task, knn_task, refit_points_task, report_task
-from tasks.costs import check_plan, predicted_seconds
+from tasks.costs import HIGH_DIM_GROWTH, check_plan, graph_growth, predicted_seconds
 from tasks.knn import graph_matches
 from tasks.point import (
     extras_summary,
@@ -238,7 +238,17 @@ def sweep_grid(
             extras_inline(s, grid, extras),
         )
         futures[id(fut)] = (fut, s.key, items)
-    predicted = predicted_seconds(plan, todo, n_workers, extras)
+    high_dim = False
+    if graph and todo:  # an expander-like kNN graph (data of high intrinsic dimension): GLLE fills
+        growth = graph_growth(graph, max(ks))
+        high_dim = growth >= HIGH_DIM_GROWTH
+        if high_dim:
+            print(
+                f"the kNN graph's balls grow like a {growth:.1f}-dimensional manifold's (a swiss roll's: "
+                "about 2): data of high intrinsic dimension, so the prediction below takes the cost "
+                "model's terms for such data"
+            )
+    predicted = predicted_seconds(plan, todo, n_workers, extras, high_dim=high_dim)
     progress = _progress(store, len(todo), total - len(todo), predicted)
     unwritten = None
     for fut in as_completed([f for f, _, _ in futures.values()]):

@@ -417,6 +417,27 @@ def slice_knn(indices, distances, k: int):
     return indices[:, :k], distances[:, :k]
 
 
+def growth_dimension(S, samples: int = 32, hops: int = 3, seed: int = 0) -> float:
+    """How a neighbour graph's balls grow: the median over a seeded sample of points of
+    log(|B(hops)| / |B(1)|) / log(hops), |B(r)| the points within r hops of the point on the
+    symmetric pattern ``S`` (e.g. :func:`adjacency`). Balls grow like r^d on a d-dimensional
+    manifold's graph (a swiss roll's: about 2); the kNN graph of data of high intrinsic
+    dimension (an atlas's PCA) is expander-like and grows faster (3 to 4 at k = 15), which is
+    what makes a sparse factorisation on it fill (GLLE's eigensolves). A few sparse products with
+    ``samples`` columns: milliseconds at 10^5 points."""
+    S = sp.csr_matrix(S)
+    n = S.shape[0]
+    rows = np.random.default_rng(seed).choice(n, min(samples, n), replace=False)
+    X = np.zeros((n, len(rows)), dtype=np.float32)
+    X[rows, np.arange(len(rows))] = 1.0
+    P = S.astype(np.float32)
+    sizes = []
+    for _ in range(hops):
+        X = np.minimum(X + (P @ X), 1.0).astype(np.float32)
+        sizes.append(X.sum(axis=0))
+    return float(np.median(np.log(sizes[-1] / sizes[0]) / np.log(hops)))
+
+
 def adjacency(indices, mode: str = "union", n: int | None = None) -> sp.csr_matrix:
     """Symmetric 0/1 adjacency from neighbour lists.
 

@@ -5,6 +5,7 @@ constants in the code), and a point that runs past its prediction is stopped and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -325,6 +326,39 @@ def test_glles_upper_terms_hold_the_guard_and_the_plan_refuses_on_the_nominal_on
     costs.check_plan(plan, {"type": "local"}, max_point_hours=hours, out=None)
     with pytest.raises(ValueError, match="glle_em at N = 300 is predicted"):
         costs.check_plan(plan, {"type": "local"}, max_point_hours=0.5 * slow.seconds / 3600, out=None)
+
+
+def test_an_expander_like_knn_graph_is_predicted_by_the_upper_terms(tmp_path, no_server):
+    """Once the kNN graph exists the sweep measures how its balls grow (lvmcore.graph.
+    growth_dimension): a swiss roll's graph grows like a 2-D manifold's, the graph of a cloud of
+    intrinsic dimension 20 faster, above ``HIGH_DIM_GROWTH``; there the predicted seconds take
+    GLLE's ``upper`` terms (fitted on an atlas), elsewhere its nominal ones."""
+    import xarray as xr
+
+    from lvmcore.graph import knn
+
+    rng = np.random.default_rng(0)
+    t = 1.5 * np.pi * (1 + 2 * rng.uniform(size=3000))
+    roll = np.column_stack([t * np.cos(t), 20 * rng.uniform(size=3000), t * np.sin(t)])
+    cloud = rng.normal(size=(3000, 20))
+    growth = {}
+    for name, Y in (("roll", roll), ("cloud", cloud)):
+        idx, dist = knn(Y, 10)
+        path = tmp_path / f"{name}.zarr"
+        xr.Dataset(
+            {"indices": (("point", "neighbor"), idx), "distances": (("point", "neighbor"), dist)}
+        ).to_zarr(path)
+        growth[name] = costs.graph_growth(str(path), 10)
+    assert growth["roll"] < costs.HIGH_DIM_GROWTH < growth["cloud"], growth
+    grid = {"k": [10], "latent_dim": [2]}
+    plan = plan_sweep({"name": "swiss_roll", "n": 3000}, ["glle"], grid, str(tmp_path / "s"), None, 3, "auto")
+    plan = dataclasses.replace(plan, size=[20_000, 50])  # an atlas's PCA of that size
+    todo = [(s, (0, 0, 0), {"k": 10, "latent_dim": 2, "seed": 0}) for s in plan.specs if s.key == "glle_em"]
+    p = costs.predict("glle_em", todo[0][0].constructor_args(todo[0][2], {}), 20_000, [50], n_generations=3)
+    nominal = costs.predicted_seconds(plan, todo, 1, "all")
+    upper = costs.predicted_seconds(plan, todo, 1, "all", high_dim=True)
+    assert nominal == pytest.approx(p.seconds) and upper == pytest.approx(p.upper_seconds)
+    assert upper > nominal
 
 
 def test_the_grid_on_several_workers_takes_at_least_its_longest_point():

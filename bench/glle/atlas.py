@@ -83,24 +83,6 @@ def levina_bickel(Y: np.ndarray, k: int = K, sample: int = 5000, seed: int = 0) 
     return float(1.0 / np.mean(inv))
 
 
-def graph_dimension(W, samples: int = 32, hops: int = 3, seed: int = 0) -> float:
-    """The neighbour graph's growth dimension: the median over a seeded sample of points of
-    log(|B(hops)| / |B(1)|) / log(hops), |B(r)| the points within r hops on W's pattern. Balls grow
-    like r^d on a d-dimensional manifold's graph; an atlas's k = 15 graph is expander-like."""
-    from lvmcore import lle
-
-    S = lle.weight_pattern(W)
-    n = S.shape[0]
-    rows = np.random.default_rng(seed).choice(n, min(samples, n), replace=False)
-    X = np.zeros((n, len(rows)), dtype=np.float32)
-    X[rows, np.arange(len(rows))] = 1.0
-    sizes = []
-    for _ in range(hops):
-        X = np.minimum(X + (S @ X), 1.0).astype(np.float32)
-        sizes.append(X.sum(axis=0))
-    return float(np.median(np.log(sizes[-1] / sizes[0]) / np.log(hops)))
-
-
 def data(kind: str, n: int, folder: str):
     """(Y, idx) cached in ``folder``: atlas-like or roll50 data and its k = 15 kNN graph."""
     from bench.glle.scale import roll
@@ -147,13 +129,14 @@ def angle(A: np.ndarray, B: np.ndarray) -> float:
 
 def row(kind: str, n: int, solvers, folder: str) -> None:
     from lvmcore import lle
+    from lvmcore.graph import growth_dimension
 
     t0 = time.perf_counter()
     Y, idx = data(kind, n, folder)
     made = time.perf_counter() - t0
     W = lle.weight_matrix(lle.barycenter_weights(Y, idx), idx)
     c0 = time.process_time()
-    dim = graph_dimension(W)
+    dim = growth_dimension(lle.weight_pattern(W))
     dim_s = time.process_time() - c0
     ref = None
     res = {

@@ -28,8 +28,10 @@ from tasks.costs.model import (
 )
 from tasks.costs.plan import (
     DEFAULT_MAX_POINT_HOURS,
+    HIGH_DIM_GROWTH,
     check_plan,
     cluster_limits,
+    graph_growth,
     grid_seconds,
     plan_costs,
     plan_table,
@@ -40,6 +42,7 @@ from tasks.costs.plan import (
 __all__ = [
     "COSTS_PATH",
     "DEFAULT_MAX_POINT_HOURS",
+    "HIGH_DIM_GROWTH",
     "WIDTH_MARGIN",
     "PointOverrun",
     "Prediction",
@@ -48,6 +51,7 @@ __all__ = [
     "cluster_limits",
     "costs_path",
     "evaluate_terms",
+    "graph_growth",
     "fmt_bytes",
     "fmt_seconds",
     "grid_seconds",

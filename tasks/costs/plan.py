@@ -247,10 +247,28 @@ def check_plan(
     return rows
 
 
-def predicted_seconds(plan, todo, n_workers: int, extras: str = "chosen") -> float | None:
+#: a neighbour graph whose balls grow at least this fast (``lvmcore.graph.growth_dimension``: a
+#: swiss roll's 1.5-1.9, pbmc68k_reduced's 2.4, an atlas's 50-D PCA 3.2-4.2) is predicted by the
+#: cost entries' ``upper`` terms, fitted on such data (tasks.costs.model)
+HIGH_DIM_GROWTH = 2.5
+
+
+def graph_growth(graph_path: str, k: int) -> float:
+    """The growth dimension of the sweep's kNN graph at ``k`` neighbours (its stored indices)."""
+    from lvmcore.graph import adjacency, growth_dimension
+    from tasks.inputs import load_graph
+
+    return growth_dimension(adjacency(load_graph(graph_path)[0][:, :k]))
+
+
+def predicted_seconds(
+    plan, todo, n_workers: int, extras: str = "chosen", high_dim: bool = False
+) -> float | None:
     """The plan's predicted seconds for the grid points ``todo`` ((spec, index, point) triples) on
     ``n_workers`` workers (:func:`grid_seconds`; None if a point has none); GLLE's diagnostics
-    where the points compute them (``extras``: :func:`extras_once`)."""
+    where the points compute them (``extras``: :func:`extras_once`). ``high_dim``: the kNN graph
+    is expander-like (:func:`graph_growth` at least ``HIGH_DIM_GROWTH``), so an entry's ``upper``
+    terms predict its points where it has them."""
     n, D = (int(x) for x in plan.size)
     n_views = int(plan.layout.get("n_views", 1) or 1)
     dims = [max(1, D // n_views)] * n_views if n_views > 1 else [D]
@@ -263,8 +281,9 @@ def predicted_seconds(plan, todo, n_workers: int, extras: str = "chosen") -> flo
             p = predict(spec.key, args, n, dims if spec.multiview else dims[:1], gens)
             if p is None:
                 return None
-            total += p.seconds
-            longest = max(longest, p.seconds)
+            sec = p.upper_seconds if high_dim and p.upper_seconds is not None else p.seconds
+            total += sec
+            longest = max(longest, sec)
     except Exception:  # a prediction is a courtesy here; the plan checked the points already
         return None
     return grid_seconds(total, longest, n_workers)
