@@ -246,7 +246,7 @@ def sweep_grid(
             print(
                 f"the kNN graph's balls grow like a {growth:.1f}-dimensional manifold's (a swiss roll's: "
                 "about 2): data of high intrinsic dimension, so the prediction below takes the cost "
-                "model's terms for such data"
+                "model's terms for such data where it has them (GLLE's)"
             )
     predicted = predicted_seconds(plan, todo, n_workers, extras, high_dim=high_dim)
     progress = _progress(store, len(todo), total - len(todo), predicted)
