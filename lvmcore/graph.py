@@ -422,9 +422,9 @@ def growth_dimension(S, samples: int = 32, hops: int = 3, seed: int = 0) -> floa
     log(|B(hops)| / |B(1)|) / log(hops), |B(r)| the points within r hops of the point on the
     symmetric pattern ``S`` (e.g. :func:`adjacency`). Balls grow like r^d on a d-dimensional
     manifold's graph (a swiss roll's: about 2); the kNN graph of data of high intrinsic
-    dimension (an atlas's PCA) is expander-like and grows faster (3 to 4 at k = 15), which is
-    what makes a sparse factorisation on it fill (GLLE's eigensolves). A few sparse products with
-    ``samples`` columns: milliseconds at 10^5 points."""
+    dimension (an atlas's PCA) is expander-like and grows faster, which is what makes a sparse
+    factorisation on it fill (GLLE's eigensolves). A few sparse products with ``samples``
+    columns."""
     S = sp.csr_matrix(S)
     n = S.shape[0]
     rows = np.random.default_rng(seed).choice(n, min(samples, n), replace=False)

@@ -543,7 +543,7 @@ class LLLVM(LatentModel):
         E-step and the likelihood term at its means), its neighbours its ``n_neighbors`` nearest
         other training rows: itself left out. A training row's conditional in the fitted graph
         instead scores it by the x and C fitted to it, so a new cell of a kind the reference holds
-        would sit below a typical reference cell (3.5 MADs on pbmc68k_reduced's held-out 20%)."""
+        would sit well below a typical reference cell."""
         self._check_fitted()
         Ytr = self.Y_train_
         n, k = len(Ytr), int(self.n_neighbors)
