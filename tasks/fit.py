@@ -45,10 +45,11 @@ def _cluster_args(method, client) -> dict:
     return {k: v for k, v in (("client", client), ("worker", get_worker().address)) if k in params}
 
 
-def _memory_args(est) -> dict:
-    """``memory_bytes`` for an estimator whose fit refuses work that cannot fit it (LL-LVM's sparse
-    solvers): the memory available, inside a Dask worker at most its memory limit."""
-    if not getattr(est, "fit_takes_memory_bytes", False):
+def _memory_args(method) -> dict:
+    """``memory_bytes`` for an estimator method that takes it (LL-LVM's fit, whose sparse solvers
+    refuse work that cannot fit it): the memory available, inside a Dask worker at most its memory
+    limit."""
+    if "memory_bytes" not in inspect.signature(method).parameters:
         return {}
     from tasks.knn import memory_budget  # the same budget a kNN search on this worker gets
 
@@ -110,7 +111,7 @@ def fit_point(
         t0 = time.perf_counter()
         Y, views, graph = _with_sources(data, data_path, graph, graph_path)
         with _dask_context(est) as client:
-            fit_args = {**_cluster_args(est.fit, client), **_memory_args(est)}
+            fit_args = {**_cluster_args(est.fit, client), **_memory_args(est.fit)}
             if spec.multiview:
                 est.fit(views, **fit_args)
             elif graph is not None:

@@ -262,6 +262,7 @@ def test_a_graph_whose_level_blocks_cannot_fit_is_refused_before_the_fit():
     those of the assembled blocks, and a fit whose ``memory_bytes`` cannot hold them is refused
     before any work, naming the widest level and the fixes; with enough memory the same data fit.
     A sweep's point passes its worker's budget (tasks.fit)."""
+    from lvmcore.models import PPCA
     from lvmcore.models.lllvm.operators import LEVEL_COPIES_MIN, level_bytes, prepare_graph
     from tasks.fit import _memory_args
     from tasks.knn import memory_budget
@@ -276,6 +277,6 @@ def test_a_graph_whose_level_blocks_cannot_fit_is_refused_before_the_fit():
         LLLVM(solver="factorised", n_neighbors=8, max_iter=1).fit(Y, graph=idx, memory_bytes=need - 1)
     m = LLLVM(solver="factorised", n_neighbors=8, max_iter=1).fit(Y, graph=idx, memory_bytes=need)
     assert np.all(np.isfinite(m.embedding_))
-    got = _memory_args(m)["memory_bytes"]  # the available memory moves between two reads
+    got = _memory_args(m.fit)["memory_bytes"]  # the available memory moves between two reads
     assert 0 < got < memory_budget() + 2**28
-    assert _memory_args(object()) == {}
+    assert _memory_args(PPCA().fit) == {}  # a fit that does not take it gets none

@@ -370,9 +370,6 @@ class LLLVM(LatentModel):
         return W  # a disconnected graph is fitted per component (``models.components``)
 
     # ------------------------------------------------------------------ fit
-    #: ``fit`` takes ``memory_bytes`` (what a sweep's worker may use: tasks.fit passes it)
-    fit_takes_memory_bytes = True
-
     def fit(self, Y, graph=None, *, client=None, memory_bytes=None):
         """Fit on Y (N, D); ``graph``: None (kNN of Y), an (N, >= k) int array of neighbour indices or a
         symmetric sparse adjacency; ``client``: the Dask client the ``chunks`` of the quadratic
