@@ -78,35 +78,37 @@ def atlas(path, n, seed=0):
     a.obs["label"] = lab
     half = np.random.default_rng(seed + 1).permutation(len(lab))
     ref, qry = a[np.sort(half[:n])].copy(), a[np.sort(half[n:])].copy()
-    sc.pp.pca(ref, n_comps=50)
+    Yr, Yq = reference_pca(ref, qry, 50)
+    code_of = {s: i for i, s in enumerate(names)}
+    lr = np.array([code_of[s] for s in ref.obs["label"]])
+    lq = np.array([code_of[s] for s in qry.obs["label"]])
+    return ref, qry, Yr, Yq, lr, lq, list(names), time.perf_counter() - t0
+
+
+def reference_pca(ref, qry, comps):
+    """(the reference's scores, the query projected by the reference's loadings): scanpy's
+    ``pp.pca`` of ``comps`` components on ``ref`` (its entries removed again: ``tl.ingest`` makes
+    its own), the query centred by the reference's mean, as ``embed-sweep map`` applies a stored
+    PCA."""
+    import scanpy as sc
+
+    sc.pp.pca(ref, n_comps=comps)
     pcs = ref.varm["PCs"]
     mean = np.asarray(ref.X.mean(axis=0)).ravel()
     Yr = np.asarray(ref.obsm["X_pca"], dtype=np.float64)
     Yq = np.asarray(qry.X @ pcs - mean @ pcs, dtype=np.float64)
-    code_of = {s: i for i, s in enumerate(names)}
-    lr = np.array([code_of[s] for s in ref.obs["label"]])
-    lq = np.array([code_of[s] for s in qry.obs["label"]])
     del ref.obsm["X_pca"], ref.varm["PCs"], ref.uns["pca"]
-    return ref, qry, Yr, Yq, lr, lq, list(names), time.perf_counter() - t0
+    return Yr, Yq
 
 
 def two_views(ref, qry, seed=0, comps=25):
     """MRD's input: the genes split in two seeded halves, each half a view of its own reference
     PCA (``comps`` components, scanpy ``pp.pca``) with the query projected by its loadings (as
     ``embed-sweep map`` applies a modality's stored PCA). Returns ([ref view a, b], [query a, b])."""
-    import scanpy as sc
-
     genes = np.random.default_rng(seed + 2).permutation(ref.n_vars)
     halves = np.sort(genes[: ref.n_vars // 2]), np.sort(genes[ref.n_vars // 2 :])
-    vr, vq = [], []
-    for cols in halves:
-        r = ref[:, cols].copy()
-        sc.pp.pca(r, n_comps=comps)
-        pcs = r.varm["PCs"]
-        mean = np.asarray(r.X.mean(axis=0)).ravel()
-        vr.append(np.asarray(r.obsm["X_pca"], dtype=np.float64))
-        vq.append(np.asarray(qry[:, cols].X @ pcs - mean @ pcs, dtype=np.float64))
-    return vr, vq
+    vr, vq = zip(*(reference_pca(ref[:, cols].copy(), qry[:, cols], comps) for cols in halves))
+    return list(vr), list(vq)
 
 
 def build(key, q, options):
